@@ -1,0 +1,406 @@
+"""The configuration schema: one dataclass per section, with verl's key names and meanings.
+
+Each field carries a one-line docstring (the string literal below it); docs/configuration.md is
+written from the same words. Keys of verl's default PPO config that relm accepts but does not use
+live in `relm.config.verl_keys`, not here: this file holds only what relm acts on.
+
+Defaults follow verl where a verl user would expect them; the built-in demo preset
+(`relm/config/demo.yaml`) supplies small sizes when no dataset is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CustomClsConfig:
+    """A user class loaded from a file (verl's `data.custom_cls`)."""
+
+    path: str | None = None
+    """Python file that defines the class."""
+    name: str | None = None
+    """Name of the class in that file."""
+
+
+@dataclass
+class DataConfig:
+    """Where prompts come from and how they are batched (`data.*`)."""
+
+    train_files: list[str] | None = None
+    """Parquet file(s) of training prompts; unset runs the built-in demo task."""
+    val_files: list[str] | None = None
+    """Parquet file(s) of validation prompts."""
+    prompt_key: str = "prompt"
+    """Column holding the list of chat messages."""
+    reward_fn_key: str = "data_source"
+    """Column whose value selects the rule scorer."""
+    max_prompt_length: int = 512
+    """Prompts longer than this many tokens (after the chat template) are filtered out."""
+    max_response_length: int = 512
+    """Generation stops after this many new tokens."""
+    train_batch_size: int = 1024
+    """Prompts per training step (each sampled `rollout.n` times)."""
+    val_batch_size: int | None = None
+    """Prompts per validation batch; unset means the whole validation set at once."""
+    shuffle: bool = True
+    """Shuffle the training prompts each epoch (seeded, so a resume continues the same order)."""
+    filter_overlong_prompts: bool = True
+    """Drop prompts longer than `max_prompt_length` (relm always does: a prompt is never truncated)."""
+    truncation: str = "error"
+    """verl's truncation mode; relm filters long prompts instead of truncating them."""
+    return_raw_chat: bool = False
+    """Keep the raw chat messages beside the token ids (used by reward models with another template)."""
+    trust_remote_code: bool = False
+    """Allow the tokenizer's own code from its folder."""
+    seed: int | None = None
+    """Seed for the shuffle; unset uses the top-level `seed`."""
+    custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
+    """A user dataset class (not supported yet: a set path is an error)."""
+
+
+@dataclass
+class ModelConfig:
+    """The policy model (`actor_rollout_ref.model.*`)."""
+
+    path: str = "zoo:tiny/qwen2"
+    """Local folder, Hub id, `zoo:NAME` (random weights, known config) or `zoo:tiny/NAME` (shrunk)."""
+    tokenizer_path: str | None = None
+    """Tokenizer folder or Hub id; unset uses `path`."""
+    custom_chat_template: str | None = None
+    """A Jinja chat template that replaces the tokenizer's own."""
+    override_config: dict[str, Any] = field(default_factory=dict)
+    """Values set on the model's HF config before loading (e.g. `{attn_implementation: eager}`)."""
+    enable_gradient_checkpointing: bool = True
+    """Recompute activations in backward to save memory."""
+    use_remove_padding: bool = True
+    """Pack sequences without padding for the training forward where the architecture allows."""
+    trust_remote_code: bool = False
+    """Allow model code shipped inside the model folder."""
+    external_lib: str | None = None
+    """A module imported before loading, for architectures registered outside transformers."""
+    dtype: str = "auto"
+    """Weight dtype for training: `auto` (bf16 on GPU, fp32 on CPU), `float32`, `bfloat16`, `float16`."""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup (`*.optim.*`)."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    lr_warmup_steps: int = -1
+    """Warmup steps; -1 derives them from `lr_warmup_steps_ratio`."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Share of the total training steps spent warming up."""
+    min_lr_ratio: float = 0.0
+    """Floor of the cosine schedule as a share of `lr`."""
+    warmup_style: str = "constant"
+    """`constant` (flat after warmup) or `cosine` (decays to `min_lr_ratio`)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    total_training_steps: int = -1
+    """Filled in by the trainer from the data and epochs; a set value wins."""
+
+
+@dataclass
+class PolicyLossConfig:
+    """Which surrogate the actor minimises (`actor.policy_loss.*`)."""
+
+    loss_mode: str = "vanilla"
+    """`vanilla` (clipped PPO surrogate) or another registered policy loss."""
+
+
+@dataclass
+class ActorConfig:
+    """Policy optimisation (`actor_rollout_ref.actor.*`)."""
+
+    strategy: str = "fsdp"
+    """verl's training backend name; relm trains with PyTorch (FSDP2 when distributed)."""
+    ppo_mini_batch_size: int = 256
+    """Prompts per optimizer step (times `rollout.n` responses)."""
+    ppo_micro_batch_size: int | None = None
+    """Deprecated global micro-batch size; use `ppo_micro_batch_size_per_gpu`."""
+    ppo_micro_batch_size_per_gpu: int | None = None
+    """Responses per forward/backward; gradients accumulate up to the mini-batch."""
+    use_dynamic_bsz: bool = False
+    """Form micro-batches by token count instead of by row count."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget of one micro-batch when `use_dynamic_bsz` is on."""
+    ppo_epochs: int = 1
+    """Passes over each step's responses."""
+    shuffle: bool = False
+    """Shuffle responses between mini-batches."""
+    clip_ratio: float = 0.2
+    """PPO clip range; the default for both `clip_ratio_low` and `clip_ratio_high`."""
+    clip_ratio_low: float | None = None
+    """Lower clip range (ratio >= 1 - low); unset uses `clip_ratio`."""
+    clip_ratio_high: float | None = None
+    """Upper clip range (ratio <= 1 + high); unset uses `clip_ratio`."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (must exceed 1)."""
+    loss_agg_mode: str = "token-mean"
+    """`token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean` or `seq-mean-token-sum-norm`."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus."""
+    use_kl_loss: bool = False
+    """Add KL to the reference model as a loss term (GRPO style)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss term."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator for the loss: `kl` (k1), `abs`, `mse` (k2), `low_var_kl` (k3)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """Policy loss selection."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Actor optimizer."""
+
+
+@dataclass
+class RefConfig:
+    """The frozen reference policy (`actor_rollout_ref.ref.*`)."""
+
+    log_prob_micro_batch_size: int | None = None
+    """Deprecated global size; use `log_prob_micro_batch_size_per_gpu`."""
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    """Responses per reference forward; unset uses the actor's micro-batch size."""
+
+
+@dataclass
+class ValKwargsConfig:
+    """Sampling for validation (`rollout.val_kwargs.*`)."""
+
+    temperature: float = 0.0
+    """Validation temperature (0 is greedy)."""
+    top_p: float = 1.0
+    """Validation nucleus sampling threshold."""
+    top_k: int = -1
+    """Validation top-k (-1 is off)."""
+    n: int = 1
+    """Samples per validation prompt."""
+    do_sample: bool = False
+    """Sample at validation (false is greedy)."""
+
+
+@dataclass
+class RolloutConfig:
+    """Generation (`actor_rollout_ref.rollout.*`)."""
+
+    name: str = "hf"
+    """Rollout engine: `hf` (HF generate-style reference engine)."""
+    n: int = 1
+    """Responses sampled per prompt."""
+    temperature: float = 1.0
+    """Sampling temperature (0 is greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    top_k: int = -1
+    """Top-k sampling (-1 is off)."""
+    do_sample: bool = True
+    """Sample (false is greedy)."""
+    dtype: str = "bfloat16"
+    """Generation dtype on GPU; on CPU relm generates in the training dtype."""
+    gpu_memory_utilization: float = 0.5
+    """Share of GPU memory the engine may take for weights and KV cache."""
+    ignore_eos: bool = False
+    """Keep generating after eos (benchmarks with fixed lengths)."""
+    prompt_length: int | None = None
+    """verl mirror of `data.max_prompt_length`; set from it when unset."""
+    response_length: int | None = None
+    """verl mirror of `data.max_response_length`; set from it when unset."""
+    log_prob_micro_batch_size: int | None = None
+    """Deprecated global size; use `log_prob_micro_batch_size_per_gpu`."""
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    """Responses per old-logprob forward; unset uses the actor's micro-batch size."""
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel size of the engine (1 for the native engines)."""
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    """Sampling for validation."""
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """Policy, its reference and its generator share one model (`actor_rollout_ref.*`)."""
+
+    hybrid_engine: bool = True
+    """verl's colocation switch; relm always colocates actor and rollout."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """Policy optimisation."""
+    ref: RefConfig = field(default_factory=RefConfig)
+    """Reference policy."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation."""
+
+
+@dataclass
+class CriticModelConfig:
+    """The value model (`critic.model.*`)."""
+
+    path: str | None = None
+    """Model for the critic backbone; unset uses the actor's `model.path`."""
+    tokenizer_path: str | None = None
+    """Tokenizer of the critic; unset uses the actor's."""
+    override_config: dict[str, Any] = field(default_factory=dict)
+    """Values set on the critic's HF config before loading."""
+    enable_gradient_checkpointing: bool = True
+    """Recompute activations in backward to save memory."""
+    use_remove_padding: bool = True
+    """Pack sequences without padding for the critic forward."""
+    trust_remote_code: bool = False
+    """Allow model code shipped inside the model folder."""
+    external_lib: str | None = None
+    """A module imported before loading."""
+
+
+@dataclass
+class CriticConfig:
+    """Value function training (`critic.*`)."""
+
+    strategy: str = "fsdp"
+    """verl's training backend name; relm trains with PyTorch."""
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    """The value model."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    """Critic optimizer."""
+    ppo_mini_batch_size: int | None = None
+    """Prompts per critic optimizer step; unset uses the actor's."""
+    ppo_micro_batch_size: int | None = None
+    """Deprecated global micro-batch size; use `ppo_micro_batch_size_per_gpu`."""
+    ppo_micro_batch_size_per_gpu: int | None = None
+    """Responses per critic forward/backward; unset uses the actor's."""
+    forward_micro_batch_size_per_gpu: int | None = None
+    """Responses per value forward; unset uses `ppo_micro_batch_size_per_gpu`."""
+    use_dynamic_bsz: bool = False
+    """Form micro-batches by token count."""
+    ppo_max_token_len_per_gpu: int = 32768
+    """Token budget of one critic micro-batch when `use_dynamic_bsz` is on."""
+    ppo_epochs: int | None = None
+    """Passes over each step's responses; unset uses the actor's."""
+    shuffle: bool = False
+    """Shuffle responses between mini-batches."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value."""
+    cliprange_value: float = 0.5
+    """Clip range of the value loss around the old values."""
+    loss_agg_mode: str = "token-mean"
+    """How the value loss is averaged (same modes as the actor)."""
+
+
+@dataclass
+class RewardModelConfig:
+    """A learned reward model (`reward_model.*`)."""
+
+    enable: bool = False
+    """Score responses with a reward model (not supported yet: true is an error)."""
+    reward_manager: str = "naive"
+    """How rule scores are computed; relm scores one response at a time (`naive`)."""
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """A user's scoring function (`custom_reward_function.*`)."""
+
+    path: str | None = None
+    """Python file defining the function."""
+    name: str = "compute_score"
+    """Function name: `f(data_source, solution_str, ground_truth, extra_info) -> float | dict`."""
+
+
+@dataclass
+class KLControlConfig:
+    """KL penalty controller (`algorithm.kl_ctrl.*`)."""
+
+    type: str = "fixed"
+    """`fixed` or `adaptive` (Ziegler et al. 2019)."""
+    kl_coef: float = 0.001
+    """Initial (or fixed) KL coefficient."""
+    horizon: int = 10000
+    """Adaptive controller horizon."""
+    target_kl: float = 0.1
+    """Adaptive controller target KL."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimation and reward shaping (`algorithm.*`)."""
+
+    gamma: float = 1.0
+    """Discount factor."""
+    lam: float = 1.0
+    """GAE lambda."""
+    adv_estimator: str = "gae"
+    """Advantage estimator: `gae`, `grpo`, `rloo`, `reinforce_plus_plus`, ..."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide GRPO advantages by the group's std (false gives Dr. GRPO)."""
+    use_kl_in_reward: bool = False
+    """Subtract a KL penalty to the reference from the token rewards."""
+    kl_penalty: str = "kl"
+    """KL estimator in the reward: `kl`, `abs`, `mse`, `low_var_kl`."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """Controller of the in-reward KL coefficient."""
+
+
+@dataclass
+class TrainerConfig:
+    """The loop, logging and checkpoints (`trainer.*`)."""
+
+    total_epochs: int = 30
+    """Passes over the training prompts."""
+    total_training_steps: int | None = None
+    """Stop after this many steps; unset runs `total_epochs`."""
+    project_name: str = "relm"
+    """Project name for loggers and the default run folder."""
+    experiment_name: str = "demo"
+    """Experiment name for loggers and the default run folder."""
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Loggers: `console`, `jsonl` (metrics.jsonl in the run folder)."""
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    """Run folder: metrics.jsonl, checkpoints."""
+    save_freq: int = -1
+    """Save a checkpoint every this many steps (-1: never; the last step is saved when > 0)."""
+    test_freq: int = -1
+    """Validate every this many steps (-1: never)."""
+    val_before_train: bool = True
+    """Validate before the first step when validation files are given."""
+    critic_warmup: int = 0
+    """Steps that update only the critic before the actor starts."""
+    n_gpus_per_node: int = 1
+    """GPUs per node."""
+    nnodes: int = 1
+    """Nodes."""
+    device: str = "auto"
+    """`auto` (cuda when available), `cuda` or `cpu`."""
+    balance_batch: bool = True
+    """Balance tokens across data-parallel ranks (a no-op on one device)."""
+    resume_mode: str = "auto"
+    """`auto`, `disable` or `resume_path`."""
+    resume_from_path: str | None = None
+    """Checkpoint folder when `resume_mode=resume_path`."""
+
+
+@dataclass
+class RelmConfig:
+    """The whole run."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts and batching."""
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    """Policy, reference and generator."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """Value function."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """Learned reward model."""
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    """User scoring function."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages and reward shaping."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop, logs, checkpoints."""
+    seed: int = 42
+    """Seed of every random generator relm owns."""

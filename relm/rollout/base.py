@@ -1,0 +1,80 @@
+"""The rollout protocol: token ids in; response ids, their logprobs and finish reasons out.
+
+Every generator (the HF reference engine, the native engine, vLLM, a test double) implements
+`RolloutEngine`. Keeping the surface this narrow is what lets the trainer swap engines with one
+config key and lets parity tests compare two engines on the same prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+FINISH_STOP = "stop"
+"""The response ended with an eos token (included in the response)."""
+FINISH_LENGTH = "length"
+"""The response reached `max_new_tokens` without eos."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample; one set per `generate` call."""
+
+    n: int = 1
+    """Responses per prompt; outputs are grouped prompt by prompt ([p0s0, p0s1, ..., p1s0, ...])."""
+    max_new_tokens: int = 512
+    """Response length limit; also the width of the padded outputs."""
+    temperature: float = 1.0
+    """0 (or `do_sample=False`) is greedy."""
+    top_p: float = 1.0
+    """Nucleus threshold; 1.0 is off."""
+    top_k: int = -1
+    """Top-k; -1 or 0 is off."""
+    do_sample: bool = True
+    """False is greedy whatever the temperature."""
+    ignore_eos: bool = False
+    """Keep generating past eos (fixed-length benchmarks)."""
+    seed: int | None = None
+    """Seed for this call's sampling; None continues the engine's generator."""
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature <= 0.0
+
+
+@dataclass
+class GenerationOutput:
+    """What an engine returns for `num_prompts * n` responses, right-padded to `max_new_tokens`.
+
+    Logprobs are of the sampled token under the distribution that was sampled from after
+    temperature scaling (as vLLM and verl report them); 0 at padding.
+    """
+
+    response_ids: torch.Tensor
+    """[N, R] int64, padded with the tokenizer's pad id; N = num_prompts * n, R = max_new_tokens."""
+    response_mask: torch.Tensor
+    """[N, R] int64, 1 on generated tokens (eos included), 0 on padding."""
+    logprobs: torch.Tensor
+    """[N, R] float32, logprob of each generated token; 0 on padding."""
+    finish_reasons: list[str]
+    """N entries, `stop` or `length`."""
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        """[N] number of generated tokens per response."""
+        return self.response_mask.sum(dim=-1)
+
+
+class RolloutEngine(Protocol):
+    """A generator the trainer drives; implementations live beside this file."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        """Sample `params.n` responses for each prompt (token ids, no padding)."""
+        ...
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the actor's current weights (HF parameter names) into the engine, in memory."""
+        ...

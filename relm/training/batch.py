@@ -1,0 +1,92 @@
+"""`ExperienceBatch`: one step's responses and everything computed about them.
+
+Layout follows verl: the prompt block is left-padded and the response block right-padded, so the
+concatenation `[prompt | response]` has the boundary at a fixed column P and every response token
+t sits at column P + t. Tensors over response tokens are all [N, R].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ExperienceBatch:
+    """N = num_prompts * n responses. Optional fields are filled stage by stage."""
+
+    prompt_ids: torch.Tensor
+    """[N, P] int64, left-padded."""
+    prompt_mask: torch.Tensor
+    """[N, P] int64."""
+    response_ids: torch.Tensor
+    """[N, R] int64, right-padded."""
+    response_mask: torch.Tensor
+    """[N, R] int64, 1 on generated tokens."""
+    group_ids: torch.Tensor
+    """[N] int64, the prompt each response answers (GRPO-style groups)."""
+    data_sources: list[str]
+    ground_truths: list[Any]
+    extra_infos: list[dict[str, Any]]
+    finish_reasons: list[str]
+    rollout_logprobs: torch.Tensor | None = None
+    """[N, R] logprobs reported by the rollout engine."""
+    old_logprobs: torch.Tensor | None = None
+    """[N, R] actor logprobs before this step's update."""
+    ref_logprobs: torch.Tensor | None = None
+    """[N, R] reference-model logprobs."""
+    values: torch.Tensor | None = None
+    """[N, R] critic values before this step's update."""
+    token_scores: torch.Tensor | None = None
+    """[N, R] task score on the last response token, 0 elsewhere."""
+    token_rewards: torch.Tensor | None = None
+    """[N, R] scores minus the in-reward KL penalty (if any)."""
+    advantages: torch.Tensor | None = None
+    """[N, R]."""
+    returns: torch.Tensor | None = None
+    """[N, R]."""
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """[N, P + R] prompt and response."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """[N, P + R]."""
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        """[N, P + R]: 0 at each row's first real token, so left padding does not shift positions."""
+        return (self.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+    @property
+    def response_width(self) -> int:
+        return self.response_ids.shape[1]
+
+    def select(self, index: torch.Tensor | list[int]) -> ExperienceBatch:
+        """The rows at `index` (tensor fields indexed, list fields picked), for mini/micro-batches."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        picked: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                picked[f.name] = value[idx.to(value.device)]
+            elif isinstance(value, list):
+                picked[f.name] = [value[i] for i in idx.tolist()]
+        return replace(self, **picked)
+
+    def to(self, device: torch.device | str) -> ExperienceBatch:
+        """A copy with every tensor on `device`."""
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
