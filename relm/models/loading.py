@@ -1,0 +1,260 @@
+"""Turn `model.path` into a causal LM on a device, or a `UserError` that says why it cannot be one.
+
+Everything that builds a policy, reference or critic goes through `load_causal_lm`, so the checks
+(is this a decoder-only text model? does every override key exist?) and the RL-specific settings
+(no dropout, sdpa attention) are applied in exactly one place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
+from relm.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+# The names `from_pretrained` reads; a shard never comes without its index. Matching these exactly
+# (not any *.bin) keeps a trainer's `training_args.bin` or our own `value_head.safetensors` from
+# passing for model weights.
+_WEIGHT_FILE_NAMES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+
+# Bidirectional encoders: some have a `*ForCausalLM` class in transformers, but their pretraining
+# never taught left-to-right generation, so RL on them would only train noise.
+_ENCODER_ONLY_MODEL_TYPES = frozenset(
+    {
+        "albert",
+        "bert",
+        "big_bird",
+        "camembert",
+        "convbert",
+        "data2vec-text",
+        "deberta",
+        "deberta-v2",
+        "distilbert",
+        "electra",
+        "ernie",
+        "esm",
+        "megatron-bert",
+        "mobilebert",
+        "modernbert",
+        "mpnet",
+        "rembert",
+        "roberta",
+        "roberta-prelayernorm",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "xmod",
+    }
+)
+# Only masked-LM heads mark an encoder: a causal model saved with a classification head (a reward
+# model) is still a decoder, and a common critic initialisation.
+_ENCODER_HEAD_SUFFIXES = ("ForMaskedLM",)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# Keys that are loading arguments rather than config attributes.
+_LOAD_KWARG_KEYS = frozenset({"attn_implementation"})
+
+
+def resolve_model_dir(path: str) -> str:
+    """A local folder holding `config.json` for `path` (`zoo:` name, local folder or cached Hub id).
+
+    Raises:
+        UserError: the folder is missing or has no config.json, or a Hub id is not in the local
+            cache (this machine has no network to download it).
+    """
+    if path.startswith("zoo:"):
+        from relm.models.zoo import materialize_zoo  # lazy: the zoo pulls in tokenizer building
+
+        return str(materialize_zoo(path))
+    local = Path(os.path.expanduser(path))
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise UserError(
+                f"model folder `{path}` has no config.json; pass the folder of a Hugging Face "
+                "checkpoint (config.json plus weights)"
+            )
+        return str(local)
+    if local.exists():
+        raise UserError(f"model path `{path}` is a file; pass the folder that holds config.json")
+    if path.startswith(("/", ".", "~")) or not _HUB_ID.match(path):
+        raise UserError(f"model folder `{path}` does not exist; check `model.path`")
+    return _cached_hub_dir(path)
+
+
+def _cached_hub_dir(repo_id: str) -> str:
+    """The HF-cache snapshot folder of `repo_id`, with its weights, or a UserError."""
+    from transformers.utils import cached_file
+
+    not_cached = (
+        f"model `{repo_id}` is not in the local Hugging Face cache and this machine cannot download it; "
+        "pass a local folder"
+    )
+    try:
+        config_file = cached_file(repo_id, "config.json", local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise UserError(not_cached) from exc
+    if config_file is None:
+        raise UserError(not_cached)
+    folder = Path(config_file).parent
+    # Only the config being cached would silently turn a real model into random weights.
+    if not _has_weight_files(folder):
+        raise UserError(
+            f"model `{repo_id}` has its config but not its weights in the local Hugging Face cache; "
+            "pass a local folder with the weights"
+        )
+    return str(folder)
+
+
+def _has_weight_files(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in _WEIGHT_FILE_NAMES)
+
+
+def pick_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    """The torch dtype for a config string; `auto` is bf16 on CUDA and fp32 elsewhere.
+
+    CPU bf16 matmuls are slow and lose precision the CPU tests rely on, hence fp32 there.
+    """
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16}
+    table |= {"bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if name not in table:
+        raise UserError(f"dtype `{name}` is not one of auto, float32, bfloat16, float16")
+    return table[name]
+
+
+def load_config(
+    path: str, *, override_config: dict[str, Any] | None = None, trust_remote_code: bool = False
+) -> tuple[str, PretrainedConfig, str | None]:
+    """(model folder, checked config with dropout off and overrides applied, attn override or None).
+
+    Dropout is zeroed before the overrides, so a user who wants dropout can still ask for it; by
+    default it is off because the PPO ratio compares logprobs of two forwards of the same weights,
+    and dropout noise would make that ratio differ from 1 with no update at all.
+    """
+    folder = resolve_model_dir(path)
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except ValueError as exc:
+        raise UserError(f"model `{path}`: transformers cannot read its config.json ({exc})") from exc
+    _refuse_non_causal(config, path, trust_remote_code)
+    _disable_dropout(config)
+    attn_implementation = None
+    for key, value in (override_config or {}).items():
+        if key in _LOAD_KWARG_KEYS:
+            attn_implementation = str(value)
+        elif key == "rope_theta" and isinstance(getattr(config, "rope_parameters", None), dict):
+            # transformers 5 moved rope_theta into rope_parameters; verl-era configs still set it.
+            config.rope_parameters = {**config.rope_parameters, "rope_theta": value}
+        elif hasattr(config, key) or key in config.to_dict():
+            setattr(config, key, value)
+        else:
+            raise UserError(
+                f"override_config key `{key}` is not an attribute of the {config.model_type} config of "
+                f"`{path}`; check the spelling against its config.json"
+            )
+    return folder, config, attn_implementation
+
+
+def _refuse_non_causal(config: PretrainedConfig, path: str, trust_remote_code: bool) -> None:
+    model_type = getattr(config, "model_type", "")
+    architectures = list(getattr(config, "architectures", None) or [])
+    if getattr(config, "vision_config", None) is not None:
+        raise UserError(
+            f"model `{path}` ({model_type}) is a vision-language model (its config has vision_config); "
+            "relm trains text-only causal LMs: pass the text model"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise UserError(
+            f"model `{path}` ({model_type}) is an encoder-decoder model; relm trains decoder-only causal LMs"
+        )
+    encoder_heads = [a for a in architectures if a.endswith(_ENCODER_HEAD_SUFFIXES)]
+    causal_heads = [a for a in architectures if a.endswith("ForCausalLM")]
+    if model_type in _ENCODER_ONLY_MODEL_TYPES or (encoder_heads and not causal_heads):
+        raise UserError(
+            f"model `{path}` ({model_type}, {', '.join(architectures) or 'no architectures'}) is an "
+            "encoder-only (BERT-like) model that cannot generate text; pass a decoder-only causal LM"
+        )
+    remote_causal = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote_causal:
+        raise UserError(
+            f"model `{path}`: transformers has no causal-LM class for model_type `{model_type}`; "
+            "upgrade transformers, set `external_lib`, or `trust_remote_code` for a model that ships code"
+        )
+
+
+def _disable_dropout(config: PretrainedConfig) -> None:
+    for key, value in config.to_dict().items():
+        is_rate = isinstance(value, float) and not isinstance(value, bool)
+        if is_rate and ("dropout" in key or key.endswith("pdrop")):
+            setattr(config, key, 0.0)
+
+
+def load_causal_lm(
+    path: str,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    override_config: dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """A decoder-only causal LM from `path`, on `device` in `dtype`, dropout off.
+
+    A folder with a config but no weight files gives a model initialised from `seed`, with a warning:
+    this is how configs of known models become benchmark and compatibility subjects without a
+    download.
+
+    Raises:
+        UserError: see `resolve_model_dir`, plus: not a decoder-only text model; unknown override key.
+    """
+    folder, config, attn_override = load_config(
+        path, override_config=override_config, trust_remote_code=trust_remote_code
+    )
+    attn_choices = [attn_override] if attn_override else ["sdpa", "eager"]
+    for i, attn in enumerate(attn_choices):
+        try:
+            model = _build(
+                folder, config, dtype=dtype, attn=attn, trust_remote_code=trust_remote_code, seed=seed
+            )
+            break
+        except ValueError:
+            # transformers refuses sdpa for architectures without it; eager always exists.
+            if i + 1 == len(attn_choices):
+                raise
+            logger.info(
+                "model `%s` refused attn_implementation=%s; trying %s", path, attn, attn_choices[i + 1]
+            )
+    # eval() as from_pretrained leaves it (from_config does not): the update loops call train().
+    return model.eval().to(device)
+
+
+def _build(
+    folder: str,
+    config: PretrainedConfig,
+    *,
+    dtype: torch.dtype,
+    attn: str,
+    trust_remote_code: bool,
+    seed: int,
+) -> PreTrainedModel:
+    common = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": trust_remote_code}
+    if _has_weight_files(Path(folder)):
+        try:
+            return AutoModelForCausalLM.from_pretrained(folder, config=config, **common)
+        except OSError as exc:
+            raise UserError(f"model folder `{folder}`: could not read its weights ({exc})") from exc
+    logger.warning("model folder `%s` has no weight files: using RANDOM weights (seed %d)", folder, seed)
+    # A private RNG scope: seeding must make the weights reproducible without resetting the
+    # caller's global random stream (data shuffling, sampling).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, **common)

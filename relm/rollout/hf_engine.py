@@ -1,0 +1,227 @@
+"""The reference rollout engine: a plain sampling loop over an HF causal LM with its KV cache.
+
+It exists to be obviously correct (the engine the others are checked against) and to run anywhere
+transformers runs. It is written out instead of calling `model.generate` so that every choice the
+trainer depends on is visible here: grouped repetition, left padding and positions, which
+distribution the reported logprob comes from, and what a finished row emits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from relm.data.records import left_pad
+from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, SamplingParams
+
+
+class HFRolloutEngine:
+    """`RolloutEngine` over an HF causal LM (usually the actor's own module, colocated).
+
+    Args:
+        model: the causal LM to generate with; its training mode is restored after each call.
+        pad_token_id: id written after a response ends (mask 0 there).
+        eos_token_ids: ids that end a response (the eos token is kept, mask 1); may be empty.
+        device: where prompts go and the sampling generator lives (the model's device).
+        seed: initial seed of the engine's generator; `SamplingParams.seed` resets it per call.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        pad_token_id: int,
+        eos_token_ids: list[int],
+        device: torch.device | str,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.device = torch.device(device)
+        self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        """Sample `params.n` responses per prompt, grouped prompt by prompt; tensors come back on CPU.
+
+        CPU output is what every engine returns (vLLM's are Python lists), so the trainer does not
+        depend on which engine ran; the copy is [N, R] ints and floats, negligible beside decoding.
+        """
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate needs at least one prompt and no empty prompt")
+        if params.n < 1 or params.max_new_tokens < 1:
+            raise ValueError(f"n ({params.n}) and max_new_tokens ({params.max_new_tokens}) must be >= 1")
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._generate(prompts, params)
+        finally:
+            self.model.train(was_training)
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        # Grouped repetition [p0, p0, .., p1, ..] before prefill: each copy is then an ordinary row
+        # everywhere below, and the order is the one GenerationOutput promises.
+        repeated = [prompt for prompt in prompts for _ in range(params.n)]
+        input_ids, attention_mask = (
+            t.to(self.device) for t in left_pad(repeated, self.pad_token_id)
+        )  # [N, P]
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [N, P]: left padding does not shift
+        num_rows = input_ids.shape[0]
+        cache = DynamicCache(config=getattr(self.model, "config", None))
+        logits = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]  # [N, V]
+        next_position = position_ids[:, -1] + 1  # [N]
+
+        finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
+        stopped_by_eos = torch.zeros_like(finished)
+        tokens, masks, logprobs = [], [], []
+        for step in range(params.max_new_tokens):
+            token, logprob = sample_next_token(logits, params, self.generator)  # [N], [N]
+            live = ~finished
+            token = torch.where(live, token, self.pad_token_id)
+            tokens.append(token)
+            masks.append(live.long())
+            logprobs.append(torch.where(live, logprob, 0.0))
+            if not params.ignore_eos and self.eos_token_ids.numel():
+                hit_eos = live & torch.isin(token, self.eos_token_ids)
+                stopped_by_eos |= hit_eos
+                finished |= hit_eos
+            # One host sync a step; decoding is memory-bound, so it costs little beside the forward.
+            if step + 1 == params.max_new_tokens or bool(finished.all()):
+                break
+            # Finished rows keep feeding pad with mask 1: their outputs are discarded, and a constant
+            # batch shape keeps the cache simple.
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(num_rows, 1)], dim=1)
+            logits = self.model(
+                input_ids=token[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_position[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]  # [N, V]
+            next_position = next_position + 1
+        return self._pack(tokens, masks, logprobs, stopped_by_eos, params.max_new_tokens)
+
+    def _pack(
+        self,
+        tokens: list[torch.Tensor],
+        masks: list[torch.Tensor],
+        logprobs: list[torch.Tensor],
+        stopped_by_eos: torch.Tensor,
+        width: int,
+    ) -> GenerationOutput:
+        """Stack the per-step columns and right-pad them to `width` = max_new_tokens."""
+        num_rows, num_steps = tokens[0].shape[0], len(tokens)
+        response_ids = torch.full((num_rows, width), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((num_rows, width), dtype=torch.long)
+        response_logprobs = torch.zeros((num_rows, width), dtype=torch.float32)
+        response_ids[:, :num_steps] = torch.stack(tokens, dim=1).cpu()
+        response_mask[:, :num_steps] = torch.stack(masks, dim=1).cpu()
+        response_logprobs[:, :num_steps] = torch.stack(logprobs, dim=1).float().cpu()
+        reasons = [FINISH_STOP if stop else FINISH_LENGTH for stop in stopped_by_eos.tolist()]
+        return GenerationOutput(response_ids, response_mask, response_logprobs, reasons)
+
+    @torch.no_grad()
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy tensors into the engine's model by HF parameter/buffer name.
+
+        Colocated with the actor's own module the tensors are the engine's own and nothing moves;
+        with a separate copy (another dtype or device) each is copied with its shape checked.
+        Floating tensors may change dtype (fp32 master weights into a bf16 generator). Sharded
+        DTensors are gathered first, which is a collective: call this on every rank.
+
+        Raises:
+            KeyError: a name the engine's model does not have.
+            ValueError: a shape mismatch, or a dtype change between floating and integer tensors.
+        """
+        own = dict(self.model.named_parameters(remove_duplicate=False))
+        own.update(self.model.named_buffers(remove_duplicate=False))
+        for name, tensor in named_tensors:
+            target = own.get(name)
+            if target is None:
+                raise KeyError(f"sync_weights: `{name}` is not a parameter or buffer of the rollout model")
+            tensor = _full(tensor)
+            if tensor.shape != target.shape:
+                raise ValueError(
+                    f"sync_weights: `{name}` has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+                )
+            if tensor.dtype.is_floating_point != target.dtype.is_floating_point:
+                raise ValueError(
+                    f"sync_weights: `{name}` is {tensor.dtype}, the rollout model holds {target.dtype}"
+                )
+            if _same_memory(tensor, target):
+                continue
+            target.copy_(tensor)
+
+
+def sample_next_token(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, V] next-token logits -> ([N] token ids, [N] fp32 logprobs of those tokens).
+
+    The logprob is under softmax(logits / temperature) *before* top-k/top-p filtering: that is the
+    distribution the trainer's `response_logprobs` recomputes, so rollout and trainer logprobs are
+    comparable token by token (filtering would renormalise over a set the trainer cannot see).
+    Greedy (temperature 0) reports logprobs at temperature 1.
+    """
+    scale = params.temperature if params.temperature > 0 else 1.0
+    scaled = logits.float() / scale  # [N, V]
+    if params.greedy:
+        token = scaled.argmax(dim=-1)
+    else:
+        probs = torch.softmax(filter_top_k_top_p(scaled, params.top_k, params.top_p), dim=-1)  # [N, V]
+        # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability p_i. One batched
+        # kernel on the device, no host sync (torch.multinomial syncs); the clamp avoids 0 / 0.
+        noise = torch.empty_like(probs).exponential_(generator=generator)
+        token = (probs / noise.clamp_min(torch.finfo(probs.dtype).tiny)).argmax(dim=-1)
+    logprob = torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)  # [N]
+    return token, logprob
+
+
+def filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """[N, V] scaled logits with tokens outside the top-k, then outside the top-p nucleus, at -inf.
+
+    The nucleus is the smallest set of most likely tokens whose mass reaches `top_p` (taken after
+    top-k, as vLLM orders them); the most likely token always stays.
+    """
+    vocab_size = scaled.shape[-1]
+    if 0 < top_k < vocab_size:
+        kth_largest = torch.topk(scaled, top_k, dim=-1).values[:, -1:]  # [N, 1]
+        scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = scaled.sort(dim=-1, descending=True)  # [N, V]
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of strictly likelier tokens
+        drop_sorted = mass_before >= top_p
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)  # back to vocab order
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    return scaled
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind a possibly sharded DTensor (FSDP2 parameters)."""
+    full_tensor = getattr(tensor, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else tensor
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.data_ptr() == b.data_ptr()
+        and a.stride() == b.stride()
+    )

@@ -1,0 +1,133 @@
+"""The training-side forward: per-token logprobs, entropy and values of the response block.
+
+Layout (see `relm.training.batch`): `input_ids` is `[prompt | response]` with the boundary at column
+P = T - R, so response token t sits at column P + t and is predicted by the logits at column
+P + t - 1. These are pure functions of a model and tensors; the actor and critic updates call them
+under autograd, the experience stage under `torch.no_grad`.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+# Token positions whose fp32 vocabulary rows are materialized at once when no chunk is given:
+# 2^26 fp32 values = 256 MiB per intermediate, whatever the vocabulary size.
+_DEFAULT_CHUNK_VALUES = 1 << 26
+
+
+def response_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_width: int,
+    *,
+    temperature: float = 1.0,
+    compute_entropy: bool = False,
+    vocab_chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob (and entropy) of each response token under `softmax(logits / temperature)`.
+
+    Memory: the model returns logits only for the last R + 1 columns (`logits_to_keep`, which every
+    HF causal LM in transformers 5 accepts; it keeps model-specific logit soft-capping or scaling,
+    which running `lm_head` on hidden states ourselves would silently skip). Those [N, R + 1, V]
+    logits stay in the model dtype; the fp32 log-softmax runs over chunks of `vocab_chunk` token
+    positions, each under activation checkpointing when autograd is on, so neither the forward nor
+    the backward ever holds an [N, R, V] fp32 tensor, only one chunk's.
+
+    Args:
+        model: an HF causal LM (called with `use_cache=False`).
+        input_ids, attention_mask, position_ids: [N, T] with the response in the last R columns.
+        response_width: R.
+        temperature: the rollout temperature, so the ratio compares the distribution sampled from;
+            values <= 0 (greedy) mean 1.
+        compute_entropy: also return the entropy of the temperature-scaled distribution.
+        vocab_chunk: token positions whose full-vocabulary fp32 rows are held at once; None sizes
+            chunks to about 2^26 fp32 values.
+
+    Returns:
+        ([N, R] fp32 logprobs, [N, R] fp32 entropy or None). Values at padded response positions
+        are finite but meaningless; callers mask them with the response mask.
+    """
+    num_rows, width = input_ids.shape
+    if not 0 < response_width < width:
+        raise ValueError(
+            f"response_width {response_width} must be in [1, {width - 1}] for sequences of {width}"
+        )
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    if _accepts_logits_to_keep(model):
+        logits = model(**kwargs, use_cache=False, logits_to_keep=response_width + 1).logits  # [N, R+1, V]
+    else:
+        logits = model(**kwargs, use_cache=False).logits[:, -response_width - 1 :]  # [N, R+1, V]
+    targets = input_ids[:, -response_width:]  # [N, R]; column P-1+t of `logits` predicts targets[:, t]
+
+    # Blocks of whole rows when a row fits the budget, else column slices of one row; slicing the
+    # [N, R+1, V] logits per block (instead of dropping the last column up front) avoids copying them.
+    positions_per_block = vocab_chunk or max(1, _DEFAULT_CHUNK_VALUES // logits.shape[-1])
+    rows_per_block = max(1, positions_per_block // response_width)
+    cols_per_block = min(response_width, positions_per_block)
+    scale = temperature if temperature > 0 else 1.0
+    use_checkpoint = torch.is_grad_enabled() and logits.requires_grad
+
+    logprob_rows, entropy_rows = [], []
+    for r0 in range(0, num_rows, rows_per_block):
+        logprob_cols, entropy_cols = [], []
+        for c0 in range(0, response_width, cols_per_block):
+            block = (slice(r0, r0 + rows_per_block), slice(c0, min(c0 + cols_per_block, response_width)))
+            args = (logits[block], targets[block], scale, compute_entropy)
+            if use_checkpoint:
+                # Saves only the (model-dtype) logits view; the fp32 softmax is recomputed in backward.
+                logprob, entropy = checkpoint(_token_logprobs, *args, use_reentrant=False)
+            else:
+                logprob, entropy = _token_logprobs(*args)
+            logprob_cols.append(logprob)
+            entropy_cols.append(entropy)
+        logprob_rows.append(torch.cat(logprob_cols, dim=1))
+        entropy_rows.append(torch.cat(entropy_cols, dim=1))
+    logprobs = torch.cat(logprob_rows)  # [N, R]
+    return logprobs, (torch.cat(entropy_rows) if compute_entropy else None)
+
+
+def _token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, scale: float, compute_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, c, V] logits, [n, c] targets -> ([n, c] logprob, [n, c] entropy or zeros when not asked)."""
+    scaled = logits.float() / scale  # [n, c, V]
+    log_norm = torch.logsumexp(scaled, dim=-1)  # [n, c]
+    logprob = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm  # [n, c]
+    if not compute_entropy:
+        return logprob, torch.zeros_like(logprob)
+    # H = -sum p log p = log Z - sum p * z, which needs no second [n, c, V] log-prob tensor.
+    probs = torch.softmax(scaled, dim=-1)  # [n, c, V]
+    entropy = log_norm - (probs * scaled).sum(dim=-1)  # [n, c]
+    return logprob, entropy
+
+
+def _accepts_logits_to_keep(model: nn.Module) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def response_values(
+    value_model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_width: int,
+) -> torch.Tensor:
+    """[N, R] fp32 values of the state before each response token (columns P-1 .. T-2).
+
+    Value t estimates the return from the moment token t is about to be chosen, i.e. after the
+    prompt and tokens < t; that is the last column the model has seen then, P + t - 1 (verl's
+    `values[:, -R - 1 : -1]`). It lines up with the logprob of token t for GAE.
+    """
+    values = value_model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+    )  # [N, T]
+    return values[:, -response_width - 1 : -1]
