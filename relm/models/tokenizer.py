@@ -1,0 +1,187 @@
+"""Tokenizers: the built-in character tokenizer, loading with preflight, and prompt encoding.
+
+Loading goes through one function so that every way a tokenizer can be unfit for RL (no pad
+token, no eos, no chat template, a folder that is not there) is caught in one place and turned
+into either a warning with a stated fallback or a one-line `UserError`, never a traceback deep
+inside batching or generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from relm.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+PAD_TOKEN = "<|pad|>"
+BOS_TOKEN = "<|bos|>"
+IM_START_TOKEN = "<|im_start|>"
+IM_END_TOKEN = "<|im_end|>"
+UNK_TOKEN = "<|unk|>"
+# Order fixes the ids: pad=0, bos=1, im_start=2, im_end=3, unk=4, then the characters.
+SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN, UNK_TOKEN)
+CHARACTERS = tuple(chr(code) for code in range(32, 127)) + ("\n",)
+"""Printable ASCII and newline: enough for the demo task and for readable test text."""
+_BYTE_LEVEL = {" ": "\u0120", "\n": "\u010a"}
+"""GPT-2 byte-level symbols of the two characters it does not map to themselves (Ġ, Ċ)."""
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""ChatML as Qwen uses it, so the tiny models exercise the same template shape as real ones."""
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A 101-token character-level tokenizer with a ChatML chat template, built in memory.
+
+    A BPE model with no merges splits text into single characters, so any ASCII string maps to
+    one token per character and the vocabulary (hence the tiny models' embedding) stays small.
+    Characters outside the vocabulary become `<|unk|>` (one per UTF-8 byte) rather than failing;
+    under `Qwen2Tokenizer` (below) they are dropped instead. ASCII text tokenizes identically.
+
+    The vocabulary is written in GPT-2's byte-level alphabet (space is `Ġ`, newline `Ċ`) with a
+    byte-level pre-tokenizer and decoder: transformers 5 loads a folder whose config says
+    `model_type: qwen2` with its own byte-level `Qwen2Tokenizer` whatever tokenizer class the folder
+    names, and only a byte-level vocabulary tokenizes the same way under both classes.
+    """
+    symbols = tuple(_BYTE_LEVEL.get(char, char) for char in CHARACTERS)
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + symbols)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=IM_END_TOKEN,
+        unk_token=UNK_TOKEN,
+        chat_template=CHATML_TEMPLATE,
+    )
+
+
+def load_tokenizer(
+    path: str, *, trust_remote_code: bool = False, path_key: str = "actor_rollout_ref.model.tokenizer_path"
+) -> PreTrainedTokenizerBase:
+    """Load a tokenizer from a folder, a Hub id or `zoo:NAME`, then run `preflight_tokenizer`.
+
+    Args:
+        path: Local folder, Hub id, or `zoo:NAME` (materialized into the relm cache first).
+        trust_remote_code: Allow tokenizer code shipped inside the folder.
+        path_key: The config key the path came from, named in the error message.
+
+    Raises:
+        UserError: The path cannot be loaded as a tokenizer.
+    """
+    # Imported here because zoo imports this module for the char tokenizer.
+    from relm.models.zoo import is_zoo_path, materialize_zoo
+
+    local = str(materialize_zoo(path)) if is_zoo_path(path) else path
+    if _looks_local(local) and not Path(local).expanduser().is_dir():
+        raise UserError(
+            f"{path_key}: tokenizer folder '{path}' does not exist; point {path_key} (or "
+            "actor_rollout_ref.model.path) at a folder holding tokenizer files"
+        )
+    local = str(Path(local).expanduser()) if _looks_local(local) else local
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # any loader failure is the path's fault from the user's side
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise UserError(
+            f"{path_key}: cannot load a tokenizer from '{path}' ({reason}); point {path_key} "
+            "(or actor_rollout_ref.model.path) at a folder holding tokenizer files, or at a Hub id "
+            "that is in the local cache"
+        ) from exc
+    return preflight_tokenizer(tokenizer, name=path)
+
+
+def _looks_local(path: str) -> bool:
+    """A filesystem path rather than a Hub id (`org/name`), so a missing one fails without a network wait."""
+    return os.path.isabs(path) or path.startswith((".", "~")) or os.path.exists(path) or path.count("/") > 1
+
+
+def preflight_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, name: str = "tokenizer"
+) -> PreTrainedTokenizerBase:
+    """Make a tokenizer usable for batched RL, warning about each fallback taken.
+
+    Batching needs a pad id; generation needs eos to stop; prompts need a chat template. None of
+    their absence is fatal, so each gets a logged fallback instead of an error.
+
+    Returns:
+        The same tokenizer, with `pad_token` set if it had none.
+    """
+    if tokenizer.eos_token is None:
+        logger.warning("tokenizer %s has no eos token: responses will only stop at max_response_length", name)
+    if tokenizer.pad_token is None:
+        choice = _pad_fallback(tokenizer)
+        tokenizer.pad_token = choice
+        logger.warning(
+            "tokenizer %s has no pad token: padding with %r (id %s); padded positions are masked",
+            name,
+            choice,
+            tokenizer.pad_token_id,
+        )
+    if not tokenizer.chat_template:
+        logger.warning(
+            "tokenizer %s has no chat template: prompts are the messages' contents joined by newlines "
+            "(set actor_rollout_ref.model.custom_chat_template to use one)",
+            name,
+        )
+    return tokenizer
+
+
+def _pad_fallback(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The token to pad with when a tokenizer has none.
+
+    A token the model never needs to emit is safest: one named like a pad (Llama 3's
+    `<|finetune_right_pad_id|>`), then unk, then a reserved special token. Eos is the last resort
+    because a pad equal to eos makes "strip trailing pads" indistinguishable from "strip eos".
+    """
+    eos, bos = tokenizer.eos_token, tokenizer.bos_token
+    specials = [
+        str(token)
+        for _, token in sorted(tokenizer.added_tokens_decoder.items())
+        if token.special and str(token) not in (eos, bos)
+    ]
+    for token in specials:
+        if "pad" in token.lower():
+            return token
+    if tokenizer.unk_token is not None and tokenizer.unk_token != eos:
+        return tokenizer.unk_token
+    for token in specials:
+        if "reserved" in token.lower():
+            return token
+    # Without even an eos, any id works as long as the mask hides it: take the first token.
+    return eos if eos is not None else tokenizer.convert_ids_to_tokens(0)
+
+
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    custom_chat_template: str | None = None,
+) -> list[int]:
+    """Token ids of a chat prompt, ending where the assistant's reply starts.
+
+    The template is rendered to text and then encoded without adding special tokens, because
+    templates that want a bos token write it themselves (adding it again would double it).
+    Without any template the contents are joined by newlines and encoded as plain text.
+    """
+    template = custom_chat_template or tokenizer.chat_template
+    if template:
+        text = tokenizer.apply_chat_template(
+            messages, chat_template=template, add_generation_prompt=True, tokenize=False
+        )
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    text = "\n".join(str(message["content"]) for message in messages)
+    return list(tokenizer.encode(text, add_special_tokens=True))

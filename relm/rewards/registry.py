@@ -1,0 +1,102 @@
+"""Rule scorers chosen by a row's `data_source`, as verl's `default_compute_score` does.
+
+A scorer is `f(solution_str, ground_truth) -> float | dict`; registering one under the data_source
+names it serves is all a built-in task needs. Anything else goes through
+`custom_reward_function.path`, which replaces this dispatch entirely.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from relm.data.demo_task import DEMO_DATA_SOURCE, letter_share_score
+from relm.errors import UserError
+
+Scorer = Callable[[str, Any], "float | dict[str, Any]"]
+
+_SCORERS: dict[str, Scorer] = {}
+
+
+def register_scorer(*data_sources: str) -> Callable[[Scorer], Scorer]:
+    """Decorator: serve rows whose data_source is any of `data_sources` with the function."""
+
+    def register(scorer: Scorer) -> Scorer:
+        for source in data_sources:
+            if _SCORERS.get(source, scorer) is not scorer:
+                raise ValueError(f"data_source {source!r} already has scorer {_SCORERS[source].__name__}")
+            _SCORERS[source] = scorer
+        return scorer
+
+    return register
+
+
+def registered_data_sources() -> list[str]:
+    """Data sources with a built-in scorer, sorted."""
+    return sorted(_SCORERS)
+
+
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
+) -> float | dict[str, Any]:
+    """Score one response with the scorer registered for its data_source.
+
+    Raises:
+        UserError: No scorer is registered for `data_source`.
+    """
+    scorer = _SCORERS.get(data_source)
+    if scorer is None:
+        raise UserError(
+            f"data_source '{data_source}' has no built-in scorer (built-in: "
+            f"{', '.join(registered_data_sources())}); pass custom_reward_function.path=FILE.py "
+            "defining compute_score(data_source, solution_str, ground_truth, extra_info)"
+        )
+    return scorer(solution_str, ground_truth)
+
+
+register_scorer(DEMO_DATA_SOURCE)(letter_share_score)
+
+
+_GSM8K_STRICT = re.compile(r"#### *(-?[0-9.,$]*[0-9])")
+_NUMBER = re.compile(r"-?[0-9.,$]*[0-9]")
+
+
+def extract_gsm8k_answer(solution_str: str, method: str = "strict") -> str | None:
+    """The final answer of a GSM8K response, normalised (no `,` or `$`); None when absent.
+
+    `strict` takes the number after the last `####` (the format GSM8K's references use);
+    `flexible` takes the last number anywhere, for models not trained on that format.
+    """
+    if method not in ("strict", "flexible"):
+        raise ValueError(f"method must be 'strict' or 'flexible', got {method!r}")
+    pattern = _GSM8K_STRICT if method == "strict" else _NUMBER
+    matches = pattern.findall(solution_str)
+    if not matches:
+        return None
+    return matches[-1].replace(",", "").replace("$", "")
+
+
+def gsm8k_score(
+    solution_str: str,
+    ground_truth: str,
+    method: str = "strict",
+    format_score: float = 0.0,
+    score: float = 1.0,
+) -> float:
+    """`score` for the right final answer, `format_score` for a wrong one, 0 for none.
+
+    Answers compare as numbers, so `18`, `18.0` and `$18` all match a reference of `18`.
+    """
+    answer = extract_gsm8k_answer(solution_str, method)
+    if answer is None:
+        return 0.0
+    reference = str(ground_truth).replace(",", "").replace("$", "").strip()
+    try:
+        correct = float(answer) == float(reference)
+    except ValueError:
+        correct = answer == reference
+    return score if correct else format_score
+
+
+register_scorer("openai/gsm8k")(gsm8k_score)
