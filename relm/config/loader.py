@@ -1,0 +1,353 @@
+"""Build a `RelmConfig` from a YAML file and verl/Hydra-style dotted overrides.
+
+Layers, lowest first: the schema's defaults, the demo preset (only when no `data.train_files` is
+given anywhere), the `--config` file, the overrides in command-line order. OmegaConf merges them and
+resolves `${...}` interpolations; the dataclasses are then built here by hand, not by OmegaConf's
+structured mode, so that every mistake becomes one `UserError` line naming the key, with a "did you
+mean" for typos, instead of an OmegaConf traceback.
+
+Keys of verl's config that relm does not implement are accepted and reported as warnings (see
+`relm.config.verl_keys`). `load_config` logs them on the "relm" logger; `load_config_with_warnings`
+returns them for a caller that prints them itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import logging
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from relm.config import verl_keys
+from relm.config.schema import RelmConfig
+from relm.config.validate import convert_deprecated
+from relm.errors import UserError
+
+logger = logging.getLogger("relm")
+
+DEMO_PRESET = Path(__file__).with_name("demo.yaml")
+"""Small sizes for the built-in demo task, layered under the user's values when no data is given."""
+
+
+def load_config(argv: list[str]) -> RelmConfig:
+    """Build the run's config from `[--config FILE.yaml] [section.key=value ...]`.
+
+    Warnings (verl keys relm ignores, deprecated keys) go to `logging.getLogger("relm")`.
+
+    Raises:
+        UserError: unreadable file, malformed override, unknown key, wrong type, or a verl feature
+            relm does not have switched on.
+    """
+    cfg, warnings = load_config_with_warnings(argv)
+    for line in warnings:
+        logger.warning(line)
+    return cfg
+
+
+def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
+    """`load_config` that returns the warning lines instead of logging them."""
+    merged = _merge_layers(_user_layers(argv))
+    ignored: dict[str, list[str]] = {}
+    cfg = _build(RelmConfig, merged, "", _Walk(root=merged, ignored=ignored))
+    warnings = [
+        f"{', '.join(f'`{key}`' for key in keys)}: verl {'keys' if len(keys) > 1 else 'key'} "
+        f"not used by relm ({verl_keys.ACCEPTED_UNUSED[pattern]})"
+        for pattern, keys in ignored.items()
+    ]
+    warnings += _fill_derived(cfg)
+    return cfg, warnings
+
+
+def _user_layers(argv: list[str]) -> list[tuple[str, DictConfig]]:
+    """The file (if any) then each override, lowest first, each with the text that names it in errors."""
+    config_path: str | None = None
+    overrides: list[tuple[str, DictConfig]] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--config" or arg.startswith("--config="):
+            if config_path is not None:
+                raise UserError(f"`{arg}`: `--config` given twice; merge the files or pass one")
+            config_path = arg.partition("=")[2] if "=" in arg else next(args, None)
+            if not config_path:
+                raise UserError("`--config` needs a file name: `--config FILE.yaml`")
+        elif arg.startswith("-"):
+            raise UserError(
+                f"`{arg}`: unknown option; relm takes `--config FILE.yaml` and `section.key=value` overrides"
+            )
+        else:
+            overrides.append((arg, _parse_override(arg)))
+    return ([(config_path, _load_file(config_path))] if config_path else []) + overrides
+
+
+def _parse_override(arg: str) -> DictConfig:
+    key, sep, value = arg.partition("=")
+    if not sep:
+        raise UserError(f"`{arg}`: an override must look like `section.key=value` (no `=` found)")
+    if key.startswith("~"):
+        raise UserError(f"`{arg}`: deleting keys with `~` is not supported; set the key to a value instead")
+    # Hydra's `+key` (add a key) and `++key` (add or override) are plain assignments here: the
+    # schema, not the default file, decides which keys exist.
+    key = key.lstrip("+")
+    if not key or any(not part for part in key.split(".")):
+        raise UserError(f"`{arg}`: malformed key `{key}`; use dotted names like `data.train_batch_size=64`")
+    try:
+        return OmegaConf.from_dotlist([f"{key}={value}"])
+    except (OmegaConfBaseException, yaml.YAMLError) as err:
+        raise UserError(f"`{arg}`: cannot parse the value ({_one_line(err)})") from err
+
+
+def _load_file(path: str) -> DictConfig:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise UserError(f"`{path}`: config file not found")
+    try:
+        loaded = OmegaConf.load(file)
+    except (OmegaConfBaseException, yaml.YAMLError, UnicodeDecodeError) as err:
+        raise UserError(f"`{path}`: not a readable YAML config ({_one_line(err)})") from err
+    if not isinstance(loaded, DictConfig):
+        raise UserError(f"`{path}`: the top level must be a mapping of sections (`data:`, `trainer:`, ...)")
+    return loaded
+
+
+_ABSENT = object()
+
+
+def _merge_layers(layers: list[tuple[str, DictConfig]]) -> DictConfig:
+    """Defaults, then the demo preset when no layer names training data, then the user's layers."""
+    train_files = None
+    for _, layer in layers:
+        value = OmegaConf.select(
+            layer, "data.train_files", default=_ABSENT, throw_on_resolution_failure=False
+        )
+        if value is not _ABSENT:
+            train_files = value  # a later `data.train_files=null` unsets an earlier value
+    merged = OmegaConf.create(dataclasses.asdict(RelmConfig()))
+    if train_files is None:
+        merged = OmegaConf.merge(merged, OmegaConf.load(DEMO_PRESET))
+    for source, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except (OmegaConfBaseException, TypeError, ValueError) as err:
+            raise UserError(
+                f"`{source}`: does not fit the config's shape ({_one_line(err)}); a section takes keys, "
+                "a key takes a value"
+            ) from err
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+@dataclasses.dataclass
+class _Walk:
+    """State shared while building: the merged tree (for lookups) and ignored verl keys by pattern."""
+
+    root: DictConfig
+    ignored: dict[str, list[str]]
+
+
+def _build(cls: type, node: DictConfig, prefix: str, walk: _Walk) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for raw_key in node:
+        key = str(raw_key)
+        dotted = prefix + key
+        if key == verl_keys.HYDRA_TARGET_KEY:
+            continue
+        if key not in hints:
+            _accept_unimplemented(node, key, dotted, walk)
+        elif dataclasses.is_dataclass(hints[key]):
+            section = _value(node, key, dotted, to_container=False)
+            if not isinstance(section, DictConfig):
+                example = dataclasses.fields(hints[key])[0].name
+                raise UserError(
+                    f"`{dotted}` is a section, not a value; set its keys, e.g. `{dotted}.{example}=...`"
+                )
+            kwargs[key] = _build(hints[key], section, dotted + ".", walk)
+        else:
+            kwargs[key] = _coerce(dotted, _value(node, key, dotted), hints[key])
+    return cls(**kwargs)
+
+
+def _value(node: DictConfig, key: str, dotted: str, to_container: bool = True) -> Any:
+    # A `???` placeholder never reaches here as such: merging it keeps the default beneath it, and an
+    # interpolation that points at one fails below.
+    try:
+        value = node[key]
+        if to_container and OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as err:
+        raise UserError(f"`{dotted}`: cannot resolve its value ({_one_line(err)})") from err
+    return value
+
+
+def _accept_unimplemented(node: DictConfig, key: str, dotted: str, walk: _Walk) -> None:
+    """Record every leaf under a key the schema lacks, or fail on the first that verl does not have."""
+    for leaf in _leaf_keys(node, key, dotted):
+        pattern = verl_keys.match_accepted(leaf)
+        if pattern is None:
+            raise _unknown_key(leaf)
+        walk.ignored.setdefault(pattern, []).append(leaf)
+        reason = verl_keys.UNSUPPORTED_WHEN_ENABLED.get(leaf)
+        if reason is None:
+            continue
+        value = OmegaConf.select(walk.root, leaf, throw_on_resolution_failure=False, throw_on_missing=False)
+        if value not in (None, False, 0, ""):  # the off values verl's defaults use
+            raise UserError(f"`{leaf}={value}`: {reason}")
+
+
+def _leaf_keys(node: DictConfig, key: str, dotted: str) -> Iterator[str]:
+    # Interpolations and `???` count as leaves: looking inside would resolve them, and an ignored
+    # key must never fail the run over a value relm does not read.
+    plain = not (OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key))
+    child = node[key] if plain else None
+    if isinstance(child, DictConfig) and len(child) > 0:
+        for child_key in child:
+            if child_key == verl_keys.HYDRA_TARGET_KEY:
+                continue
+            yield from _leaf_keys(child, str(child_key), f"{dotted}.{child_key}")
+    else:
+        yield dotted
+
+
+def _unknown_key(dotted: str) -> UserError:
+    close = difflib.get_close_matches(dotted, _known_key_names(), n=1, cutoff=0.6)
+    hint = f"did you mean `{close[0]}`?" if close else "docs/configuration.md lists the keys relm reads"
+    return UserError(f"unknown key `{dotted}`; {hint}")
+
+
+@functools.cache
+def _known_key_names() -> list[str]:
+    return _schema_keys(RelmConfig, "") + verl_keys.accepted_key_names()
+
+
+def _schema_keys(cls: type, prefix: str) -> list[str]:
+    keys: list[str] = []
+    for name, hint in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            keys += _schema_keys(hint, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def _coerce(dotted: str, value: Any, hint: Any) -> Any:
+    """Check one value against its field's type, converting only where no meaning can be lost."""
+    nullable = False
+    if isinstance(hint, types.UnionType):
+        nullable = type(None) in typing.get_args(hint)
+        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if value is None:
+        if nullable:
+            return None
+        raise _type_error(dotted, value, hint, nullable)
+    converted = _convert(value, hint)
+    if converted is _INVALID:
+        raise _type_error(dotted, value, hint, nullable)
+    return converted
+
+
+_INVALID = object()
+
+
+def _convert(value: Any, hint: Any) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is bool:
+        return value if isinstance(value, bool) else _INVALID
+    if hint is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _INVALID
+    if hint is float:
+        return float(value) if is_number else _INVALID
+    if hint is str:
+        # An unquoted `experiment_name=123` parses as an int; the user meant the text.
+        return str(value) if isinstance(value, str) or (is_number and isinstance(value, int)) else _INVALID
+    if origin is list:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return _INVALID
+        converted = [_convert(item, args[0]) for item in items]
+        return _INVALID if any(item is _INVALID for item in converted) else converted
+    if origin is dict:
+        return dict(value) if isinstance(value, dict) else _INVALID
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            return _INVALID
+        converted = [_convert(item, arg) for item, arg in zip(value, args, strict=True)]
+        return _INVALID if any(item is _INVALID for item in converted) else tuple(converted)
+    raise TypeError(f"schema type {hint!r} has no converter")  # a schema change the loader must learn
+
+
+def _type_error(dotted: str, value: Any, hint: Any, nullable: bool) -> UserError:
+    expected = _describe(hint) + (" or null" if nullable else "")
+    return UserError(f"`{dotted}` must be {expected}, got {_show(value)}")
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    simple = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if hint in simple:
+        return simple[hint]
+    if origin is list:
+        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s (or a single one)"
+    if origin is dict:
+        return "a mapping (`{key: value}`)"
+    if origin is tuple:
+        return f"a list of {len(args)} {_describe(args[0]).removeprefix('a ')}s"
+    return str(hint)
+
+
+def _show(value: Any) -> str:
+    kinds = {type(None): "null", bool: "a boolean", int: "an integer", float: "a float", str: "a string"}
+    kind = kinds.get(type(value), "a list" if isinstance(value, list | tuple) else "a mapping")
+    if isinstance(value, tuple):  # a list merged over a tuple default comes back as a tuple
+        value = list(value)
+    shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+    return f"{shown} ({kind})"
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        mark = err.problem_mark
+        return f"{err.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    # OmegaConf appends `full_key:`/`object_type=` lines; the first line carries the meaning.
+    return " ".join(str(err).strip().splitlines()[0].split()) or type(err).__name__
+
+
+def _fill_derived(cfg: RelmConfig) -> list[str]:
+    """Fill keys whose documented default is another key's value; returns deprecation warnings.
+
+    Done once here so that every consumer reads plain values and none re-implements a fallback.
+    """
+    warnings = convert_deprecated(cfg)
+    data, actor = cfg.data, cfg.actor_rollout_ref.actor
+    rollout, ref, critic = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref, cfg.critic
+    if rollout.prompt_length is None:
+        rollout.prompt_length = data.max_prompt_length
+    if rollout.response_length is None:
+        rollout.response_length = data.max_response_length
+    if actor.clip_ratio_low is None:
+        actor.clip_ratio_low = actor.clip_ratio
+    if actor.clip_ratio_high is None:
+        actor.clip_ratio_high = actor.clip_ratio
+    if critic.ppo_mini_batch_size is None:
+        critic.ppo_mini_batch_size = actor.ppo_mini_batch_size
+    if critic.ppo_micro_batch_size_per_gpu is None:
+        critic.ppo_micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu
+    if critic.forward_micro_batch_size_per_gpu is None:
+        critic.forward_micro_batch_size_per_gpu = critic.ppo_micro_batch_size_per_gpu
+    if critic.ppo_epochs is None:
+        critic.ppo_epochs = actor.ppo_epochs
+    for log_prob in (ref, rollout):
+        if log_prob.log_prob_micro_batch_size_per_gpu is None:
+            log_prob.log_prob_micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu
+    if data.seed is None:
+        data.seed = cfg.seed
+    return warnings

@@ -1,0 +1,327 @@
+"""Range, choice and cross-field checks on a built `RelmConfig`, before any model or data is loaded.
+
+Each rule raises `UserError` with one line that starts with the offending key, so a wrong run fails
+in a second with the fix named, not an hour later inside a training step. The allowed values live in
+the tuples below; a new estimator or engine is added there (and documented by `docs_gen`).
+
+Batch sizes follow verl: `data.train_batch_size` and `ppo_mini_batch_size` count prompts, each sampled
+`rollout.n` times; the `*_per_gpu` sizes count responses on one data-parallel rank; there are
+`trainer.n_gpus_per_node * trainer.nnodes` ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from relm.config.schema import RelmConfig
+from relm.errors import UserError
+
+CONFIG_OK_MESSAGE = "All configuration checks passed successfully!"
+"""What the CLI prints when `validate_config` passes (verl users grep for this line)."""
+
+ADV_ESTIMATORS = (
+    "gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+)
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo")
+"""Estimators whose baseline comes from the other responses to the same prompt: they need n >= 2."""
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+POLICY_LOSS_MODES = ("vanilla", "gspo")
+KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
+KL_CTRL_TYPES = ("fixed", "adaptive")
+WARMUP_STYLES = ("constant", "cosine")
+ROLLOUT_ENGINES = ("hf",)
+DEVICES = ("auto", "cpu", "cuda")
+LOGGERS = ("console", "jsonl")
+LOGGERS_NOT_YET = ("wandb", "tensorboard", "swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "file")
+"""verl logger names relm knows of but does not provide yet."""
+RESUME_MODES = ("auto", "disable", "resume_path")
+STRATEGIES = ("fsdp", "fsdp2")
+REWARD_MANAGERS = ("naive",)
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
+
+_DEPRECATED_GLOBAL_SIZES = (
+    ("actor_rollout_ref.actor", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu"),
+    ("actor_rollout_ref.ref", "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"),
+    ("actor_rollout_ref.rollout", "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"),
+    ("critic", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu"),
+)
+
+
+def num_data_parallel_ranks(cfg: RelmConfig) -> int:
+    """Ranks that split a batch: `n_gpus_per_node * nnodes`, as verl counts them."""
+    return cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+
+
+def convert_deprecated(cfg: RelmConfig) -> list[str]:
+    """Turn verl's deprecated global micro-batch sizes into per-GPU sizes, in place, as verl does.
+
+    verl divides a global size by the number of ranks; doing the same keeps old scripts running with
+    the batch they always had. Returns one warning line per converted key; both the old and the new
+    key set is an error, as in verl, because the two could disagree.
+    """
+    ranks = num_data_parallel_ranks(cfg)
+    if ranks < 1:
+        raise UserError(
+            f"`trainer.n_gpus_per_node` x `trainer.nnodes` must be at least 1, got {ranks}; set both positive"
+        )
+    warnings = []
+    for section_name, old, new in _DEPRECATED_GLOBAL_SIZES:
+        section = _section(cfg, section_name)
+        global_size = getattr(section, old)
+        if global_size is None:
+            continue
+        if getattr(section, new) is not None:
+            raise UserError(
+                f"`{section_name}.{old}` and `{section_name}.{new}` are both set; drop the deprecated `{old}`"
+            )
+        if global_size < ranks or global_size % ranks:
+            raise UserError(
+                f"`{section_name}.{old}={global_size}` (deprecated, counted over all GPUs) must be a "
+                f"positive multiple of the {ranks} GPUs; set `{section_name}.{new}` instead"
+            )
+        per_gpu = global_size // ranks
+        setattr(section, new, per_gpu)
+        setattr(section, old, None)
+        warnings.append(
+            f"`{section_name}.{old}` is deprecated: converted to `{section_name}.{new}={per_gpu}` "
+            f"({global_size} / {ranks} GPUs); set that key instead"
+        )
+    return warnings
+
+
+def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = None) -> None:
+    """Check every rule; the first broken one raises.
+
+    Args:
+        cfg: A config from `load_config` (derived keys filled in).
+        max_position_embeddings: The policy model's context limit, when known; prompt plus response
+            must fit in it.
+
+    Raises:
+        UserError: naming the key, its value and the fix.
+    """
+    _check_choices(cfg)
+    _check_ranges(cfg)
+    _check_batches(cfg)
+    _check_features(cfg)
+    data = cfg.data
+    total = data.max_prompt_length + data.max_response_length
+    if max_position_embeddings is not None and total > max_position_embeddings:
+        raise UserError(
+            f"`data.max_prompt_length={data.max_prompt_length}` + `data.max_response_length="
+            f"{data.max_response_length}` = {total} exceeds the model's max_position_embeddings="
+            f"{max_position_embeddings}; shorten one of them"
+        )
+
+
+def _check_choices(cfg: RelmConfig) -> None:
+    arr, algo, trainer = cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
+    for key, value, allowed in (
+        ("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
+        ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS),
+        ("algorithm.kl_ctrl.type", algo.kl_ctrl.type, KL_CTRL_TYPES),
+        ("actor_rollout_ref.actor.loss_agg_mode", arr.actor.loss_agg_mode, LOSS_AGG_MODES),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", arr.actor.policy_loss.loss_mode, POLICY_LOSS_MODES),
+        ("actor_rollout_ref.actor.kl_loss_type", arr.actor.kl_loss_type, KL_ESTIMATORS),
+        ("actor_rollout_ref.actor.strategy", arr.actor.strategy, STRATEGIES),
+        ("actor_rollout_ref.actor.optim.warmup_style", arr.actor.optim.warmup_style, WARMUP_STYLES),
+        ("actor_rollout_ref.model.dtype", arr.model.dtype, MODEL_DTYPES),
+        ("actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES),
+        ("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, ROLLOUT_DTYPES),
+        ("critic.strategy", cfg.critic.strategy, STRATEGIES),
+        ("critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES),
+        ("critic.optim.warmup_style", cfg.critic.optim.warmup_style, WARMUP_STYLES),
+        ("data.truncation", cfg.data.truncation, TRUNCATION_MODES),
+        ("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS),
+        ("trainer.device", trainer.device, DEVICES),
+        ("trainer.resume_mode", trainer.resume_mode, RESUME_MODES),
+    ):
+        _choice(key, value, allowed)
+    for name in trainer.logger:
+        if name in LOGGERS_NOT_YET:
+            raise UserError(
+                f"`trainer.logger` names `{name}`, which relm does not provide yet; use {_listed(LOGGERS)}"
+            )
+        _choice("trainer.logger", name, LOGGERS)
+
+
+def _check_ranges(cfg: RelmConfig) -> None:
+    data, arr, critic, algo = cfg.data, cfg.actor_rollout_ref, cfg.critic, cfg.algorithm
+    actor, rollout = arr.actor, arr.rollout
+    for key, value in (
+        ("data.max_prompt_length", data.max_prompt_length),
+        ("data.max_response_length", data.max_response_length),
+        ("data.train_batch_size", data.train_batch_size),
+        ("data.val_batch_size", data.val_batch_size),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu),
+        ("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs),
+        (
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+            arr.ref.log_prob_micro_batch_size_per_gpu,
+        ),
+        ("actor_rollout_ref.rollout.n", rollout.n),
+        (
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+            rollout.log_prob_micro_batch_size_per_gpu,
+        ),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
+        ("actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n),
+        ("critic.ppo_mini_batch_size", critic.ppo_mini_batch_size),
+        ("critic.ppo_micro_batch_size_per_gpu", critic.ppo_micro_batch_size_per_gpu),
+        ("critic.forward_micro_batch_size_per_gpu", critic.forward_micro_batch_size_per_gpu),
+        ("critic.ppo_max_token_len_per_gpu", critic.ppo_max_token_len_per_gpu),
+        ("critic.ppo_epochs", critic.ppo_epochs),
+        ("trainer.total_epochs", cfg.trainer.total_epochs),
+        ("trainer.total_training_steps", cfg.trainer.total_training_steps),
+        ("trainer.n_gpus_per_node", cfg.trainer.n_gpus_per_node),
+        ("trainer.nnodes", cfg.trainer.nnodes),
+    ):
+        if value is not None and value < 1:
+            raise UserError(f"`{key}` must be a positive integer, got {value}")
+    for key, value in (
+        ("actor_rollout_ref.actor.optim.lr", actor.optim.lr),
+        ("critic.optim.lr", critic.optim.lr),
+        ("actor_rollout_ref.actor.clip_ratio", actor.clip_ratio),
+        ("actor_rollout_ref.actor.grad_clip", actor.grad_clip),
+        ("critic.grad_clip", critic.grad_clip),
+        ("critic.cliprange_value", critic.cliprange_value),
+    ):
+        if not value > 0:
+            raise UserError(f"`{key}` must be greater than 0, got {value}")
+    for key, value in (
+        ("actor_rollout_ref.actor.clip_ratio_low", actor.clip_ratio_low),
+        ("actor_rollout_ref.actor.clip_ratio_high", actor.clip_ratio_high),
+        ("actor_rollout_ref.actor.kl_loss_coef", actor.kl_loss_coef),
+        ("actor_rollout_ref.actor.optim.weight_decay", actor.optim.weight_decay),
+        ("critic.optim.weight_decay", critic.optim.weight_decay),
+        ("algorithm.kl_ctrl.kl_coef", algo.kl_ctrl.kl_coef),
+        ("actor_rollout_ref.rollout.temperature", rollout.temperature),
+        ("actor_rollout_ref.rollout.val_kwargs.temperature", rollout.val_kwargs.temperature),
+        ("trainer.critic_warmup", cfg.trainer.critic_warmup),
+    ):
+        if value is not None and value < 0:
+            raise UserError(f"`{key}` must be 0 or more, got {value}")
+    for key, value in (
+        ("actor_rollout_ref.rollout.top_p", rollout.top_p),
+        ("actor_rollout_ref.rollout.val_kwargs.top_p", rollout.val_kwargs.top_p),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization", rollout.gpu_memory_utilization),
+        ("algorithm.gamma", algo.gamma),
+        ("algorithm.lam", algo.lam),
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", actor.optim.lr_warmup_steps_ratio),
+        ("actor_rollout_ref.actor.optim.min_lr_ratio", actor.optim.min_lr_ratio),
+        ("critic.optim.lr_warmup_steps_ratio", critic.optim.lr_warmup_steps_ratio),
+        ("critic.optim.min_lr_ratio", critic.optim.min_lr_ratio),
+    ):
+        if not 0 <= value <= 1:
+            raise UserError(f"`{key}` must be between 0 and 1, got {value}")
+    if rollout.gpu_memory_utilization == 0:
+        raise UserError(
+            "`actor_rollout_ref.rollout.gpu_memory_utilization` must be above 0 (at most 1), got 0"
+        )
+    for key, value in (
+        ("actor_rollout_ref.rollout.top_k", rollout.top_k),
+        ("actor_rollout_ref.rollout.val_kwargs.top_k", rollout.val_kwargs.top_k),
+    ):
+        if value < -1:
+            raise UserError(f"`{key}` must be -1 (off) or a count of 0 or more, got {value}")
+    if actor.clip_ratio_c <= 1:
+        raise UserError(
+            f"`actor_rollout_ref.actor.clip_ratio_c` must be greater than 1 (dual-clip bound), "
+            f"got {actor.clip_ratio_c}"
+        )
+    if algo.kl_ctrl.type == "adaptive" and (algo.kl_ctrl.horizon < 1 or algo.kl_ctrl.target_kl <= 0):
+        raise UserError(
+            f"`algorithm.kl_ctrl` (adaptive) needs horizon >= 1 and target_kl > 0, "
+            f"got horizon={algo.kl_ctrl.horizon}, target_kl={algo.kl_ctrl.target_kl}"
+        )
+
+
+def _check_batches(cfg: RelmConfig) -> None:
+    arr, ranks = cfg.actor_rollout_ref, num_data_parallel_ranks(cfg)
+    n, train = arr.rollout.n, cfg.data.train_batch_size
+    if train * n % ranks:
+        raise UserError(
+            f"`data.train_batch_size={train}` x `rollout.n={n}` = {train * n} responses do not split evenly "
+            f"over {ranks} GPUs; make the product a multiple of {ranks}"
+        )
+    if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS and n < 2:
+        raise UserError(
+            f"`actor_rollout_ref.rollout.n={n}`: `{cfg.algorithm.adv_estimator}` compares responses to the "
+            f"same prompt, so it needs n >= 2"
+        )
+    sections = [("actor_rollout_ref.actor", arr.actor)]
+    if cfg.algorithm.adv_estimator == "gae":  # only GAE trains a critic
+        sections.append(("critic", cfg.critic))
+    for name, section in sections:
+        # The loader fills the critic's sizes from the actor's; a hand-built config may not have.
+        mini = section.ppo_mini_batch_size or arr.actor.ppo_mini_batch_size
+        micro = section.ppo_micro_batch_size_per_gpu
+        if mini > train:
+            raise UserError(
+                f"`{name}.ppo_mini_batch_size={mini}` exceeds `data.train_batch_size={train}` (both count "
+                f"prompts); lower it"
+            )
+        if train % mini:
+            raise UserError(
+                f"`{name}.ppo_mini_batch_size={mini}` must divide `data.train_batch_size={train}` "
+                f"(both count prompts, as in verl)"
+            )
+        if micro is not None and not section.use_dynamic_bsz and (mini * n) % (micro * ranks):
+            raise UserError(
+                f"`{name}.ppo_micro_batch_size_per_gpu={micro}` x {ranks} GPUs must divide the "
+                f"{mini * n} responses of a mini-batch (`ppo_mini_batch_size={mini}` x `rollout.n={n}`)"
+            )
+
+
+def _check_features(cfg: RelmConfig) -> None:
+    data, rollout = cfg.data, cfg.actor_rollout_ref.rollout
+    if cfg.reward_model.enable:
+        raise UserError(
+            "`reward_model.enable=true`: reward models are not supported yet; score with a rule "
+            "(`data_source`) or `custom_reward_function.path`"
+        )
+    if data.custom_cls.path is not None:
+        raise UserError(
+            f"`data.custom_cls.path={data.custom_cls.path}`: custom dataset classes are not supported yet; "
+            f"write the prompts to parquet with a `{data.prompt_key}` column"
+        )
+    if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
+        raise UserError(
+            "`trainer.resume_mode=resume_path` needs `trainer.resume_from_path=<checkpoint folder>`"
+        )
+    for key, mirror, source_key, source in (
+        ("prompt_length", rollout.prompt_length, "max_prompt_length", data.max_prompt_length),
+        ("response_length", rollout.response_length, "max_response_length", data.max_response_length),
+    ):
+        if mirror is not None and mirror != source:
+            raise UserError(
+                f"`actor_rollout_ref.rollout.{key}={mirror}` differs from `data.{source_key}={source}`; relm "
+                f"reads `data.{source_key}`: set the two equal or drop the rollout key"
+            )
+
+
+def _choice(key: str, value: Any, allowed: Iterable[str]) -> None:
+    if value not in allowed:
+        raise UserError(f"`{key}={value}` is not supported; choose one of: {_listed(allowed)}")
+
+
+def _listed(values: Iterable[str]) -> str:
+    return ", ".join(values)
+
+
+def _section(cfg: RelmConfig, dotted: str) -> Any:
+    section: Any = cfg
+    for name in dotted.split("."):
+        section = getattr(section, name)
+    return section
