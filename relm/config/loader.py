@@ -345,6 +345,12 @@ def _fill_derived(cfg: RelmConfig) -> list[str]:
         critic.forward_micro_batch_size_per_gpu = critic.ppo_micro_batch_size_per_gpu
     if critic.ppo_epochs is None:
         critic.ppo_epochs = actor.ppo_epochs
+    if critic.use_dynamic_bsz is None:
+        critic.use_dynamic_bsz = actor.use_dynamic_bsz
+    if critic.shuffle is None:
+        critic.shuffle = actor.shuffle
+    if critic.loss_agg_mode is None:
+        critic.loss_agg_mode = actor.loss_agg_mode
     for log_prob in (ref, rollout):
         if log_prob.log_prob_micro_batch_size_per_gpu is None:
             log_prob.log_prob_micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu

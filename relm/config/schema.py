@@ -94,8 +94,8 @@ class OptimConfig:
     """Warmup steps; -1 derives them from `lr_warmup_steps_ratio`."""
     lr_warmup_steps_ratio: float = 0.0
     """Share of the total training steps spent warming up."""
-    min_lr_ratio: float = 0.0
-    """Floor of the cosine schedule as a share of `lr`."""
+    min_lr_ratio: float | None = 0.0
+    """Floor of the cosine schedule as a share of `lr` (null means 0)."""
     warmup_style: str = "constant"
     """`constant` (flat after warmup) or `cosine` (decays to `min_lr_ratio`)."""
     weight_decay: float = 0.01
@@ -276,20 +276,20 @@ class CriticConfig:
     """Responses per critic forward/backward; unset uses the actor's."""
     forward_micro_batch_size_per_gpu: int | None = None
     """Responses per value forward; unset uses `ppo_micro_batch_size_per_gpu`."""
-    use_dynamic_bsz: bool = False
-    """Form micro-batches by token count."""
+    use_dynamic_bsz: bool | None = None
+    """Form micro-batches by token count; unset uses the actor's."""
     ppo_max_token_len_per_gpu: int = 32768
     """Token budget of one critic micro-batch when `use_dynamic_bsz` is on."""
     ppo_epochs: int | None = None
     """Passes over each step's responses; unset uses the actor's."""
-    shuffle: bool = False
-    """Shuffle responses between mini-batches."""
+    shuffle: bool | None = None
+    """Shuffle responses between mini-batches; unset uses the actor's."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value."""
     cliprange_value: float = 0.5
     """Clip range of the value loss around the old values."""
-    loss_agg_mode: str = "token-mean"
-    """How the value loss is averaged (same modes as the actor)."""
+    loss_agg_mode: str | None = None
+    """How the value loss is averaged (same modes as the actor); unset uses the actor's."""
 
 
 @dataclass

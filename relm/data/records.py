@@ -29,7 +29,9 @@ class PromptBatch:
         return len(self.prompt_ids)
 
 
-def left_pad(sequences: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    sequences: list[list[int]], pad_id: int, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists into ([B, W] ids, [B, W] mask); W is the longest unless given.
 
     Left padding keeps every prompt's last token in the same column, which is where generation

@@ -1,0 +1,237 @@
+"""Building everything one run needs from a validated config: models, optimizers, engine, data, reward.
+
+Kept apart from the loop so that `trainer/ppo.py` reads as the algorithm alone, and so tests can build
+a run's parts and drive one step by hand.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from relm.algorithms.advantages import ESTIMATORS_WITH_CRITIC
+from relm.algorithms.kl import FixedKLController, make_kl_controller
+from relm.config.schema import RelmConfig
+from relm.data.dataset import PromptDataset
+from relm.data.demo_task import write_demo_parquet
+from relm.data.loader import PromptLoader
+from relm.models.loading import load_causal_lm, pick_dtype
+from relm.models.tokenizer import load_tokenizer
+from relm.models.value_model import load_value_model
+from relm.models.zoo import default_cache_dir
+from relm.rewards.custom import resolve_compute_score
+from relm.rewards.manager import RewardManager
+from relm.rollout.base import RolloutEngine
+from relm.rollout.hf_engine import HFRolloutEngine
+
+logger = logging.getLogger("relm")
+
+
+@dataclass
+class Sizes:
+    """Row counts the loop cuts batches by, derived once from the config."""
+
+    actor_rows_per_minibatch: int
+    actor_rows_per_microbatch: int
+    critic_rows_per_minibatch: int
+    critic_rows_per_microbatch: int
+    critic_epochs: int
+    rows_per_logprob_forward: int
+    total_training_steps: int
+
+
+@dataclass
+class RunComponents:
+    """Everything a PPO run holds; built by `build_components`."""
+
+    cfg: RelmConfig
+    device: torch.device
+    run_dir: Path
+    tokenizer: PreTrainedTokenizerBase
+    actor: nn.Module
+    actor_optimizer: torch.optim.Optimizer
+    actor_scheduler: torch.optim.lr_scheduler.LRScheduler
+    ref: nn.Module | None
+    critic: nn.Module | None
+    critic_optimizer: torch.optim.Optimizer | None
+    critic_scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    engine: RolloutEngine
+    reward: RewardManager
+    loader: PromptLoader
+    kl_ctrl: FixedKLController
+    sizes: Sizes
+    generator: torch.Generator
+    """Seeds mini-batch shuffles; its state is part of a checkpoint."""
+
+
+def pick_device(name: str) -> torch.device:
+    """`auto` is cuda when a GPU is visible, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_train_files(cfg: RelmConfig) -> list[str]:
+    """The user's parquet files, or the built-in demo task written into relm's cache."""
+    if cfg.data.train_files:
+        return list(cfg.data.train_files)
+    train, _ = write_demo_parquet(default_cache_dir() / "demo")
+    logger.info("no data.train_files given: training on the built-in demo task (%s)", train)
+    return [str(train)]
+
+
+def compute_sizes(cfg: RelmConfig, batches_per_epoch: int) -> Sizes:
+    """Rows per mini/micro-batch from verl's sizes (mini-batches count prompts, micro-batches responses)."""
+    actor, critic, rollout = cfg.actor_rollout_ref.actor, cfg.critic, cfg.actor_rollout_ref.rollout
+    actor_mini = actor.ppo_mini_batch_size * rollout.n
+    actor_micro = actor.ppo_micro_batch_size_per_gpu
+    if actor_micro is None:
+        actor_micro = min(actor_mini, 16)
+        logger.warning(
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is unset: relm uses %d responses per "
+            "forward/backward; set it to change this",
+            actor_micro,
+        )
+    critic_mini = (critic.ppo_mini_batch_size or actor.ppo_mini_batch_size) * rollout.n
+    critic_micro = critic.ppo_micro_batch_size_per_gpu or actor_micro
+    logprob_rows = rollout.log_prob_micro_batch_size_per_gpu or actor_micro
+    total = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * batches_per_epoch
+    return Sizes(
+        actor_rows_per_minibatch=actor_mini,
+        actor_rows_per_microbatch=actor_micro,
+        critic_rows_per_minibatch=critic_mini,
+        critic_rows_per_microbatch=critic_micro,
+        critic_epochs=critic.ppo_epochs or actor.ppo_epochs,
+        rows_per_logprob_forward=logprob_rows,
+        total_training_steps=total,
+    )
+
+
+def _optimizer_steps(total_steps: int, rows_per_step: int, rows_per_minibatch: int, epochs: int) -> int:
+    return total_steps * max(1, rows_per_step // rows_per_minibatch) * epochs
+
+
+def needs_reference(cfg: RelmConfig) -> bool:
+    """The reference model is built only when a KL term reads it."""
+    return cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss
+
+
+def build_components(cfg: RelmConfig, model_dir: str) -> RunComponents:
+    """Load tokenizer, actor (+ reference, critic), engine, data and reward for `cfg`.
+
+    `model_dir` is the resolved local folder of `actor_rollout_ref.model.path`.
+    """
+    from relm.training.optim import build_optimizer
+
+    arr = cfg.actor_rollout_ref
+    device = pick_device(cfg.trainer.device)
+    dtype = pick_dtype(arr.model.dtype, device)
+    torch.manual_seed(cfg.seed)
+
+    tokenizer = load_tokenizer(
+        arr.model.tokenizer_path or model_dir, trust_remote_code=arr.model.trust_remote_code
+    )
+    dataset = PromptDataset(
+        resolve_train_files(cfg),
+        tokenizer,
+        prompt_key=cfg.data.prompt_key,
+        reward_fn_key=cfg.data.reward_fn_key,
+        max_prompt_length=cfg.data.max_prompt_length,
+        custom_chat_template=arr.model.custom_chat_template,
+        return_raw_chat=cfg.data.return_raw_chat,
+    )
+    seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
+    loader = PromptLoader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=seed)
+    sizes = compute_sizes(cfg, loader.batches_per_epoch)
+    rows_per_step = cfg.data.train_batch_size * arr.rollout.n
+    compute_score = resolve_compute_score(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
+
+    load_kwargs = dict(
+        dtype=dtype, device=device, trust_remote_code=arr.model.trust_remote_code, seed=cfg.seed
+    )
+    actor = load_causal_lm(model_dir, override_config=arr.model.override_config, **load_kwargs)
+    if arr.model.enable_gradient_checkpointing:
+        actor.gradient_checkpointing_enable()
+    actor.eval()
+    actor_optimizer, actor_scheduler = build_optimizer(
+        actor,
+        arr.actor.optim,
+        _optimizer_steps(
+            sizes.total_training_steps, rows_per_step, sizes.actor_rows_per_minibatch, arr.actor.ppo_epochs
+        ),
+    )
+
+    ref = None
+    if needs_reference(cfg):
+        # A frozen copy of the starting policy: identical weights without a second read from disk.
+        ref = copy.deepcopy(actor).requires_grad_(False).eval()
+
+    critic = critic_optimizer = critic_scheduler = None
+    if cfg.algorithm.adv_estimator in ESTIMATORS_WITH_CRITIC:
+        critic_dir = cfg.critic.model.path or model_dir
+        if cfg.critic.model.path:
+            from relm.models.loading import resolve_model_dir
+
+            critic_dir = resolve_model_dir(cfg.critic.model.path)
+        critic = load_value_model(
+            critic_dir,
+            override_config=cfg.critic.model.override_config,
+            **{**load_kwargs, "trust_remote_code": cfg.critic.model.trust_remote_code},
+        )
+        if cfg.critic.model.enable_gradient_checkpointing:
+            critic.gradient_checkpointing_enable()
+        critic.eval()
+        critic_optimizer, critic_scheduler = build_optimizer(
+            critic,
+            cfg.critic.optim,
+            _optimizer_steps(
+                sizes.total_training_steps,
+                rows_per_step,
+                sizes.critic_rows_per_minibatch,
+                sizes.critic_epochs,
+            ),
+        )
+
+    eos_ids = _eos_token_ids(tokenizer, actor)
+    engine = HFRolloutEngine(
+        actor, pad_token_id=tokenizer.pad_token_id, eos_token_ids=eos_ids, device=device, seed=cfg.seed
+    )
+    kl = cfg.algorithm.kl_ctrl
+    return RunComponents(
+        cfg=cfg,
+        device=device,
+        run_dir=Path(cfg.trainer.default_local_dir),
+        tokenizer=tokenizer,
+        actor=actor,
+        actor_optimizer=actor_optimizer,
+        actor_scheduler=actor_scheduler,
+        ref=ref,
+        critic=critic,
+        critic_optimizer=critic_optimizer,
+        critic_scheduler=critic_scheduler,
+        engine=engine,
+        reward=RewardManager(tokenizer, compute_score),
+        loader=loader,
+        kl_ctrl=make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon),
+        sizes=sizes,
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+
+
+def _eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> list[int]:
+    """Every id that ends a response: the tokenizer's eos and the generation config's (may be a list)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif isinstance(gen_eos, list | tuple):
+        ids.update(int(i) for i in gen_eos)
+    return sorted(ids)

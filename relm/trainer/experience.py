@@ -1,0 +1,80 @@
+"""Turning prompts into scored, annotated experience: the first half of a PPO step."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from relm.data.records import PromptBatch, left_pad
+from relm.rollout.base import GenerationOutput
+from relm.training.batch import ExperienceBatch
+from relm.training.forward import response_logprobs, response_values
+
+
+def build_experience(
+    prompts: PromptBatch, gen: GenerationOutput, *, n: int, pad_token_id: int
+) -> ExperienceBatch:
+    """Join each prompt with its `n` responses (engines return them grouped prompt by prompt)."""
+    num_rows = len(prompts) * n
+    if gen.response_ids.shape[0] != num_rows:
+        raise RuntimeError(
+            f"engine returned {gen.response_ids.shape[0]} responses for {len(prompts)} x n={n}"
+        )
+    repeated = [ids for ids in prompts.prompt_ids for _ in range(n)]
+    prompt_ids, prompt_mask = left_pad(repeated, pad_token_id)
+
+    def rep(values: list) -> list:
+        return [v for v in values for _ in range(n)]
+
+    return ExperienceBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=gen.response_ids.cpu(),
+        response_mask=gen.response_mask.cpu(),
+        group_ids=torch.arange(len(prompts)).repeat_interleave(n),
+        data_sources=rep(prompts.data_sources),
+        ground_truths=rep(prompts.ground_truths),
+        extra_infos=rep(prompts.extra_infos),
+        finish_reasons=list(gen.finish_reasons),
+        rollout_logprobs=gen.logprobs.float().cpu(),
+    )
+
+
+@torch.no_grad()
+def batched_logprobs(
+    model: nn.Module,
+    batch: ExperienceBatch,
+    *,
+    rows_per_forward: int,
+    temperature: float,
+    device: torch.device,
+) -> torch.Tensor:
+    """[N, R] logprobs of the responses under `model`, in forward passes of `rows_per_forward` rows."""
+    chunks = []
+    for rows in torch.arange(len(batch)).split(rows_per_forward):
+        mb = batch.select(rows).to(device)
+        logprobs, _ = response_logprobs(
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.position_ids,
+            mb.response_width,
+            temperature=temperature,
+        )
+        chunks.append(logprobs.float().cpu())
+    return torch.cat(chunks)
+
+
+@torch.no_grad()
+def batched_values(
+    value_model: nn.Module, batch: ExperienceBatch, *, rows_per_forward: int, device: torch.device
+) -> torch.Tensor:
+    """[N, R] critic values V(s_t) before each response token."""
+    chunks = []
+    for rows in torch.arange(len(batch)).split(rows_per_forward):
+        mb = batch.select(rows).to(device)
+        values = response_values(
+            value_model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_width
+        )
+        chunks.append(values.float().cpu())
+    return torch.cat(chunks)

@@ -1,0 +1,195 @@
+"""The PPO loop: generate, score, annotate, estimate advantages, update, sync. Read top to bottom.
+
+One step, as data flows (shapes: N = train_batch_size * rollout.n responses, R = max_response_length):
+
+    prompts ──engine.generate──▶ responses [N, R] ──reward──▶ token_scores [N, R]
+      ──actor / ref / critic forward──▶ old_logprobs, ref_logprobs, values [N, R]
+      ──KL penalty──▶ token_rewards ──estimator──▶ advantages, returns [N, R]
+      ──critic update, actor update──▶ new weights ──engine.sync_weights──▶ next step
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+
+import torch
+
+from relm.algorithms.advantages import compute_advantages
+from relm.algorithms.kl import apply_kl_penalty
+from relm.data.records import PromptBatch
+from relm.rollout.base import SamplingParams
+from relm.trainer.checkpoint import save_checkpoint
+from relm.trainer.components import RunComponents
+from relm.trainer.experience import batched_logprobs, batched_values, build_experience
+from relm.trainer.loggers import make_loggers
+from relm.trainer.metrics import data_metrics, mean_of_lists, memory_metrics
+from relm.training.actor import update_actor
+from relm.training.batch import ExperienceBatch
+from relm.training.critic import update_critic
+
+logger = logging.getLogger("relm")
+
+
+@contextlib.contextmanager
+def timed(metrics: dict[str, float], name: str) -> Iterator[None]:
+    """Record the wall time of a phase as `timing_s/<name>`."""
+    start = time.perf_counter()
+    yield
+    metrics[f"timing_s/{name}"] = time.perf_counter() - start
+
+
+def sampling_params(c: RunComponents) -> SamplingParams:
+    rollout = c.cfg.actor_rollout_ref.rollout
+    return SamplingParams(
+        n=rollout.n,
+        max_new_tokens=c.cfg.data.max_response_length,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        do_sample=rollout.do_sample,
+        ignore_eos=rollout.ignore_eos,
+    )
+
+
+def greedy_baseline_scores(c: RunComponents, prompts: PromptBatch, n: int) -> torch.Tensor:
+    """ReMax's baseline: the score of one greedy response per prompt, repeated for its `n` samples."""
+    params = SamplingParams(n=1, max_new_tokens=c.cfg.data.max_response_length, do_sample=False)
+    greedy = build_experience(
+        prompts, c.engine.generate(prompts.prompt_ids, params), n=1, pad_token_id=c.tokenizer.pad_token_id
+    )
+    scores = c.reward(
+        greedy.response_ids,
+        greedy.response_mask,
+        greedy.data_sources,
+        greedy.ground_truths,
+        greedy.extra_infos,
+    ).scores
+    return scores.repeat_interleave(n)
+
+
+def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, float]:
+    """One full step on one batch of prompts; returns the step's metrics under verl's names."""
+    cfg, arr = c.cfg, c.cfg.actor_rollout_ref
+    n, temperature = arr.rollout.n, arr.rollout.temperature or 1.0
+    metrics: dict[str, float] = {}
+    step_start = time.perf_counter()
+
+    with timed(metrics, "gen"):
+        gen = c.engine.generate(prompts.prompt_ids, sampling_params(c))
+    batch: ExperienceBatch = build_experience(prompts, gen, n=n, pad_token_id=c.tokenizer.pad_token_id)
+
+    with timed(metrics, "reward"):
+        scored = c.reward(
+            batch.response_ids,
+            batch.response_mask,
+            batch.data_sources,
+            batch.ground_truths,
+            batch.extra_infos,
+        )
+        batch.token_scores = scored.token_scores
+        for name, values in scored.extra.items():
+            # Rows whose function left a key out carry NaN there.
+            metrics[f"reward_extra/{name}/mean"] = float(torch.tensor(values, dtype=torch.float64).nanmean())
+
+    rows = c.sizes.rows_per_logprob_forward
+    with timed(metrics, "old_log_prob"):
+        batch.old_logprobs = batched_logprobs(
+            c.actor, batch, rows_per_forward=rows, temperature=temperature, device=c.device
+        )
+    diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
+    if diff.numel():
+        metrics["rollout/logprob_diff_max"] = diff.max().item()
+        metrics["rollout/logprob_diff_mean"] = diff.mean().item()
+    if c.ref is not None:
+        with timed(metrics, "ref"):
+            batch.ref_logprobs = batched_logprobs(
+                c.ref, batch, rows_per_forward=rows, temperature=temperature, device=c.device
+            )
+    if c.critic is not None:
+        with timed(metrics, "values"):
+            batch.values = batched_values(c.critic, batch, rows_per_forward=rows, device=c.device)
+
+    with timed(metrics, "adv"):
+        if cfg.algorithm.use_kl_in_reward:
+            batch.token_rewards, kl_metrics = apply_kl_penalty(
+                batch.token_scores, batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
+                c.kl_ctrl.value, cfg.algorithm.kl_penalty,
+            )  # fmt: skip
+            metrics["actor/reward_kl_penalty"] = float(kl_metrics["reward_kl"])
+            metrics["actor/reward_kl_penalty_coeff"] = c.kl_ctrl.value
+            c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(prompts))
+        else:
+            batch.token_rewards = batch.token_scores
+        baseline = greedy_baseline_scores(c, prompts, n) if cfg.algorithm.adv_estimator == "remax" else None
+        batch.advantages, batch.returns = compute_advantages(
+            cfg.algorithm.adv_estimator,
+            token_rewards=batch.token_rewards,
+            response_mask=batch.response_mask,
+            values=batch.values,
+            group_ids=batch.group_ids,
+            gamma=cfg.algorithm.gamma,
+            lam=cfg.algorithm.lam,
+            norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+            baseline_scores=baseline,
+        )
+
+    skipped = 0
+    if c.critic is not None:
+        with timed(metrics, "update_critic"):
+            result = update_critic(
+                c.critic, c.critic_optimizer, c.critic_scheduler, batch, cfg.critic,
+                rows_per_minibatch=c.sizes.critic_rows_per_minibatch,
+                rows_per_microbatch=c.sizes.critic_rows_per_microbatch,
+                num_epochs=c.sizes.critic_epochs, device=c.device, generator=c.generator,
+            )  # fmt: skip
+        metrics.update(mean_of_lists(result.metrics))
+        skipped += result.num_skipped_updates
+    if step > cfg.trainer.critic_warmup:
+        with timed(metrics, "update_actor"):
+            result = update_actor(
+                c.actor, c.actor_optimizer, c.actor_scheduler, batch, arr.actor,
+                rows_per_minibatch=c.sizes.actor_rows_per_minibatch,
+                rows_per_microbatch=c.sizes.actor_rows_per_microbatch,
+                temperature=temperature, device=c.device, generator=c.generator,
+            )  # fmt: skip
+        metrics.update(mean_of_lists(result.metrics))
+        skipped += result.num_skipped_updates
+        with timed(metrics, "sync"):
+            c.engine.sync_weights(c.actor.named_parameters())
+    if skipped:
+        logger.warning(
+            "step %d: %d optimizer update(s) skipped for a non-finite gradient norm", step, skipped
+        )
+    metrics["training/skipped_updates"] = float(skipped)
+
+    metrics["timing_s/step"] = time.perf_counter() - step_start
+    num_tokens = int(batch.attention_mask.sum())
+    metrics["perf/total_num_tokens"] = float(num_tokens)
+    metrics["perf/throughput"] = (
+        num_tokens / metrics["timing_s/step"] / max(1, cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes)
+    )
+    metrics.update(data_metrics(batch))
+    metrics.update(memory_metrics(c.device))
+    return metrics
+
+
+def train(c: RunComponents) -> None:
+    """Run `total_training_steps` steps, logging every step and saving every `save_freq`."""
+    total = c.sizes.total_training_steps
+    loggers = make_loggers(c.cfg.trainer.logger, c.run_dir, total)
+    save_freq = c.cfg.trainer.save_freq
+    try:
+        for step in range(1, total + 1):
+            metrics = ppo_step(c, c.loader.next_batch(), step)
+            metrics["training/epoch"] = float(c.loader.epoch)
+            for sink in loggers:
+                sink.log(step, metrics)
+            if save_freq > 0 and (step % save_freq == 0 or step == total):
+                save_checkpoint(c, step)
+    finally:
+        for sink in loggers:
+            sink.close()
+    logger.info("training finished after %d steps; metrics in %s", total, c.run_dir / "metrics.jsonl")

@@ -1,0 +1,93 @@
+"""One PPO update of the policy over a step's responses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from relm.algorithms.kl import kl_estimate
+from relm.algorithms.losses import agg_loss, compute_policy_loss
+from relm.config.schema import ActorConfig
+from relm.training.batch import ExperienceBatch
+from relm.training.forward import response_logprobs
+from relm.training.minibatch import append_metrics, microbatch_indices, minibatch_indices
+from relm.training.optim import clip_and_step
+
+
+@dataclass
+class UpdateResult:
+    """Per-metric lists (one entry per micro- or mini-batch) and how many updates were skipped."""
+
+    metrics: dict[str, list[float]]
+    num_skipped_updates: int
+
+
+def update_actor(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: ExperienceBatch,
+    cfg: ActorConfig,
+    *,
+    rows_per_minibatch: int,
+    rows_per_microbatch: int,
+    temperature: float,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> UpdateResult:
+    """`cfg.ppo_epochs` passes of clipped-surrogate updates (plus entropy bonus and optional KL loss).
+
+    Each micro-batch loss is scaled by its share of the mini-batch, so accumulation over micro-batches
+    gives the mini-batch gradient whatever the micro-batch size (as verl does).
+    """
+    assert batch.old_logprobs is not None and batch.advantages is not None
+    if cfg.use_kl_loss:
+        assert batch.ref_logprobs is not None, "use_kl_loss needs reference logprobs"
+    model.train()
+    metrics: dict[str, list[float]] = {}
+    skipped = 0
+    for _ in range(cfg.ppo_epochs):
+        for mini in minibatch_indices(
+            len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
+        ):
+            for micro in microbatch_indices(mini, rows_per_microbatch):
+                mb = batch.select(micro).to(device)
+                logprobs, entropy = response_logprobs(
+                    model,
+                    mb.input_ids,
+                    mb.attention_mask,
+                    mb.position_ids,
+                    mb.response_width,
+                    temperature=temperature,
+                    compute_entropy=True,
+                )
+                mask = mb.response_mask
+                pg_loss, pg_metrics = compute_policy_loss(
+                    cfg.policy_loss.loss_mode,
+                    old_logprobs=mb.old_logprobs,
+                    logprobs=logprobs,
+                    advantages=mb.advantages,
+                    response_mask=mask,
+                    clip_ratio_low=cfg.clip_ratio_low,
+                    clip_ratio_high=cfg.clip_ratio_high,
+                    clip_ratio_c=cfg.clip_ratio_c,
+                    loss_agg_mode=cfg.loss_agg_mode,
+                )
+                entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode)
+                loss = pg_loss - cfg.entropy_coeff * entropy_loss
+                step_metrics = {"pg_loss": pg_loss.detach(), "entropy": entropy_loss.detach(), **pg_metrics}
+                if cfg.use_kl_loss:
+                    kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_loss_type)
+                    kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
+                    loss = loss + cfg.kl_loss_coef * kl_loss
+                    step_metrics.update(kl_loss=kl_loss.detach(), kl_coef=cfg.kl_loss_coef)
+                (loss * (len(micro) / len(mini))).backward()
+                append_metrics(metrics, "actor", step_metrics)
+            grad_norm, stepped = clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
+            skipped += int(not stepped)
+            append_metrics(metrics, "actor", {"grad_norm": grad_norm})
+    metrics["actor/lr"] = [scheduler.get_last_lr()[0]]
+    model.eval()
+    return UpdateResult(metrics=metrics, num_skipped_updates=skipped)

@@ -1,0 +1,81 @@
+"""AdamW with warmup and an optional cosine decay, as verl's `optim` section describes it."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from relm.config.schema import OptimConfig
+
+
+def num_warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
+    """Explicit `lr_warmup_steps` wins; otherwise the ratio of the total."""
+    if cfg.lr_warmup_steps >= 0:
+        return cfg.lr_warmup_steps
+    return int(cfg.lr_warmup_steps_ratio * total_steps)
+
+
+def lr_multiplier(
+    step: int, *, warmup_steps: int, total_steps: int, style: str, min_lr_ratio: float
+) -> float:
+    """Share of the peak lr at optimizer step `step` (0-based).
+
+    Linear warmup from 1/warmup to 1, then flat (`constant`) or a half cosine down to `min_lr_ratio`.
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if style == "constant":
+        return 1.0
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable parameters and its per-optimizer-step lr schedule.
+
+    `total_steps` counts optimizer steps (mini-batches x epochs x training steps), which is what the
+    scheduler is stepped by.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    warmup = num_warmup_steps(cfg, total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: lr_multiplier(
+            step,
+            warmup_steps=warmup,
+            total_steps=total_steps,
+            style=cfg.warmup_style,
+            min_lr_ratio=cfg.min_lr_ratio or 0.0,
+        ),
+    )
+    return optimizer, scheduler
+
+
+def clip_and_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    max_norm: float,
+) -> tuple[torch.Tensor, bool]:
+    """Clip the global grad norm, then step, unless the norm is not finite.
+
+    A NaN/inf gradient would poison AdamW's moments for the rest of the run, so such an update is
+    skipped (gradients dropped) and reported; the trainer counts skips.
+
+    Returns:
+        (grad_norm before clipping, whether the step was taken)
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    stepped = bool(torch.isfinite(grad_norm))
+    if stepped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return grad_norm.detach(), stepped
