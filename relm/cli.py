@@ -8,6 +8,7 @@ USAGE = """usage: relm <command> [args]
 
 commands:
   train [--config FILE.yaml] [section.key=value ...]   run PPO-family training (same as python -m relm.trainer.main_ppo)
+  compat MODEL [options]                                 check that a model loads, generates and trains (relm compat --help)
 """
 
 
@@ -21,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         from relm.trainer.main_ppo import main as train_main
 
         return train_main(rest)
+    if command == "compat":
+        from relm.compat.cli import main as compat_main
+
+        return compat_main(rest)
     print(f"error: unknown command `{command}`; run `relm --help` for the list", file=sys.stderr)
     return 2
 
