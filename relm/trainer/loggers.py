@@ -39,10 +39,18 @@ class MetricsLogger(Protocol):
 class JsonlLogger:
     """One JSON object per step, appended and flushed, so a killed run keeps every finished step."""
 
-    def __init__(self, run_dir: Path, *, append: bool = False) -> None:
+    def __init__(self, run_dir: Path, *, resume_step: int | None = None) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
-        if self.path.exists() and not append:
+        if self.path.exists() and resume_step is not None:
+            # Steps after the checkpoint will be run again: drop their old lines so each step appears once.
+            kept = [
+                line
+                for line in self.path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+            ]
+            self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        elif self.path.exists():
             # A fresh run in a used folder: keep the earlier record beside it rather than mixing or losing it.
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.path.stat().st_mtime))
             self.path.rename(run_dir / f"metrics.{stamp}.jsonl")
@@ -85,13 +93,13 @@ class ConsoleLogger:
 
 
 def make_loggers(
-    names: list[str], run_dir: Path, total_steps: int, *, append: bool = False
+    names: list[str], run_dir: Path, total_steps: int, *, resume_step: int | None = None
 ) -> list[MetricsLogger]:
     """Build the loggers named in `trainer.logger` (validated beforehand).
 
     metrics.jsonl is the run's own record, so it is written whether or not `jsonl` is named.
     """
-    loggers: list[MetricsLogger] = [JsonlLogger(run_dir, append=append)]
+    loggers: list[MetricsLogger] = [JsonlLogger(run_dir, resume_step=resume_step)]
     if "console" in names:
         loggers.append(ConsoleLogger(total_steps))
     return loggers

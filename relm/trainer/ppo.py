@@ -21,7 +21,7 @@ from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
 from relm.data.records import PromptBatch
 from relm.rollout.base import SamplingParams
-from relm.trainer.checkpoint import save_checkpoint
+from relm.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from relm.trainer.components import RunComponents
 from relm.trainer.experience import batched_logprobs, batched_values, build_experience
 from relm.trainer.loggers import make_loggers
@@ -41,9 +41,11 @@ def timed(metrics: dict[str, float], name: str) -> Iterator[None]:
     metrics[f"timing_s/{name}"] = time.perf_counter() - start
 
 
-def sampling_params(c: RunComponents) -> SamplingParams:
+def sampling_params(c: RunComponents, step: int) -> SamplingParams:
+    """This step's sampling; the seed is derived from (seed, step) so a resumed run samples the same."""
     rollout = c.cfg.actor_rollout_ref.rollout
     return SamplingParams(
+        seed=c.cfg.seed * 1_000_003 + step,
         n=rollout.n,
         max_new_tokens=c.cfg.data.max_response_length,
         temperature=rollout.temperature,
@@ -78,7 +80,7 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
     step_start = time.perf_counter()
 
     with timed(metrics, "gen"):
-        gen = c.engine.generate(prompts.prompt_ids, sampling_params(c))
+        gen = c.engine.generate(prompts.prompt_ids, sampling_params(c, step))
     batch: ExperienceBatch = build_experience(prompts, gen, n=n, pad_token_id=c.tokenizer.pad_token_id)
 
     with timed(metrics, "reward"):
@@ -178,11 +180,16 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
 
 def train(c: RunComponents) -> None:
     """Run `total_training_steps` steps, logging every step and saving every `save_freq`."""
-    total = c.sizes.total_training_steps
-    loggers = make_loggers(c.cfg.trainer.logger, c.run_dir, total)
-    save_freq = c.cfg.trainer.save_freq
+    total, trainer_cfg = c.sizes.total_training_steps, c.cfg.trainer
+    start = 0
+    checkpoint = find_resume_checkpoint(c.run_dir, trainer_cfg.resume_mode, trainer_cfg.resume_from_path)
+    if checkpoint is not None:
+        start = load_checkpoint(c, checkpoint)
+        logger.info("resumed from %s: continuing at step %d of %d", checkpoint, start + 1, total)
+    loggers = make_loggers(trainer_cfg.logger, c.run_dir, total, resume_step=start if checkpoint else None)
+    save_freq = trainer_cfg.save_freq
     try:
-        for step in range(1, total + 1):
+        for step in range(start + 1, total + 1):
             metrics = ppo_step(c, c.loader.next_batch(), step)
             metrics["training/epoch"] = float(c.loader.epoch)
             for sink in loggers:

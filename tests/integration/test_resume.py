@@ -1,0 +1,57 @@
+"""Resume is exact on CPU: stop after step k, resume, and steps k+1.. equal the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from relm.trainer.main_ppo import main
+
+pytestmark = pytest.mark.integration
+
+SMALL = [
+    "data.train_batch_size=8",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.actor.shuffle=true",
+    "data.max_response_length=8",
+    "trainer.logger=[]",
+]
+
+
+def steps(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_stopped_and_resumed_run_matches_the_uninterrupted_one(tmp_path: Path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert main([*SMALL, "trainer.total_training_steps=4", f"trainer.default_local_dir={whole}"]) == 0
+    first = [*SMALL, "trainer.save_freq=2", f"trainer.default_local_dir={split}"]
+    assert main([*first, "trainer.total_training_steps=2"]) == 0
+    assert (split / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert main([*first, "trainer.total_training_steps=4"]) == 0
+
+    a, b = steps(whole), steps(split)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    for key in ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "actor/ppo_kl"):
+        assert [r[key] for r in a] == [r[key] for r in b], key
+
+
+def test_resume_disable_starts_fresh_and_keeps_the_old_record(tmp_path: Path):
+    run = [*SMALL, "trainer.save_freq=1", f"trainer.default_local_dir={tmp_path}"]
+    assert main([*run, "trainer.total_training_steps=1"]) == 0
+    assert main([*run, "trainer.total_training_steps=1", "trainer.resume_mode=disable"]) == 0
+    assert [r["step"] for r in steps(tmp_path)] == [1]
+    assert len(list(tmp_path.glob("metrics.*.jsonl"))) == 1  # the first run's record, renamed, not lost
+
+
+def test_a_half_written_checkpoint_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    (tmp_path / "global_step_3").mkdir(parents=True)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
+    code = main([*SMALL, "trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path}"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "global_step_3" in err[0]
