@@ -7,6 +7,7 @@ Everything that builds a policy, reference or critic goes through `load_causal_l
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from relm.errors import UserError
+from relm.models.registry import registered_model_class
 
 logger = logging.getLogger(__name__)
 
@@ -141,10 +143,7 @@ def load_config(
     and dropout noise would make that ratio differ from 1 with no update at all.
     """
     folder = resolve_model_dir(path)
-    try:
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    except ValueError as exc:
-        raise UserError(f"model `{path}`: transformers cannot read its config.json ({exc})") from exc
+    config = read_config(folder, path, trust_remote_code)
     _refuse_non_causal(config, path, trust_remote_code)
     _disable_dropout(config)
     attn_implementation = None
@@ -164,31 +163,74 @@ def load_config(
     return folder, config, attn_implementation
 
 
-def _refuse_non_causal(config: PretrainedConfig, path: str, trust_remote_code: bool) -> None:
+def non_causal_reason(config: PretrainedConfig, trust_remote_code: bool = False) -> str | None:
+    """Why `config` is not a decoder-only text causal LM relm can train (one clause), or None."""
     model_type = getattr(config, "model_type", "")
     architectures = list(getattr(config, "architectures", None) or [])
     if getattr(config, "vision_config", None) is not None:
-        raise UserError(
-            f"model `{path}` ({model_type}) is a vision-language model (its config has vision_config); "
-            "relm trains text-only causal LMs: pass the text model"
+        return (
+            "is a vision-language model (its config has vision_config); relm trains text-only causal LMs: "
+            "pass the text model"
         )
     if getattr(config, "is_encoder_decoder", False):
-        raise UserError(
-            f"model `{path}` ({model_type}) is an encoder-decoder model; relm trains decoder-only causal LMs"
-        )
+        return "is an encoder-decoder model; relm trains decoder-only causal LMs"
     encoder_heads = [a for a in architectures if a.endswith(_ENCODER_HEAD_SUFFIXES)]
     causal_heads = [a for a in architectures if a.endswith("ForCausalLM")]
     if model_type in _ENCODER_ONLY_MODEL_TYPES or (encoder_heads and not causal_heads):
-        raise UserError(
-            f"model `{path}` ({model_type}, {', '.join(architectures) or 'no architectures'}) is an "
-            "encoder-only (BERT-like) model that cannot generate text; pass a decoder-only causal LM"
+        return (
+            f"is an encoder-only (BERT-like) model ({', '.join(architectures) or 'no architectures'}) that "
+            "cannot generate text; pass a decoder-only causal LM"
         )
     remote_causal = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote_causal:
-        raise UserError(
-            f"model `{path}`: transformers has no causal-LM class for model_type `{model_type}`; "
-            "upgrade transformers, set `external_lib`, or `trust_remote_code` for a model that ships code"
+        return (
+            f"has model_type `{model_type}`, for which transformers has no causal-LM class; upgrade "
+            "transformers, register its architecture (relm.models.registry.register_model_class), or set "
+            "`trust_remote_code` for a model that ships code"
         )
+    return None
+
+
+def read_config(folder: str, path: str, trust_remote_code: bool) -> PretrainedConfig:
+    """The folder's config; a registered architecture's config is read by its class's config class.
+
+    Raises:
+        UserError: config.json is not JSON, or transformers cannot read it (with how to register
+            an architecture transformers does not know).
+    """
+    try:
+        raw = json.loads((Path(folder) / "config.json").read_text())
+    except ValueError as exc:
+        raise UserError(f"model `{path}`: config.json is not valid JSON ({exc})") from exc
+    declared = (raw.get("architectures") or [None])[0]
+    registered = registered_model_class(declared)
+    if registered is not None:
+        config = registered.config_class.from_pretrained(folder)
+        # The folder's own model_type (unknown to transformers) would otherwise shadow the class's.
+        config.model_type = registered.config_class.model_type
+        return config
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except ValueError as exc:
+        reason = " ".join(str(exc).split()).split(". ")[0][:200]
+        hint = ""
+        if declared:
+            hint = (
+                f"; if {declared} is a known architecture under another name, register it first, e.g. "
+                f"`relm compat --register {declared}=MistralForCausalLM` or "
+                f"relm.models.registry.register_model_class('{declared}', 'MistralForCausalLM') in the module "
+                "named by `model.external_lib`"
+            )
+        raise UserError(
+            f"model `{path}`: transformers cannot read its config.json (model_type "
+            f"`{raw.get('model_type')}`: {reason}){hint}"
+        ) from exc
+
+
+def _refuse_non_causal(config: PretrainedConfig, path: str, trust_remote_code: bool) -> None:
+    reason = non_causal_reason(config, trust_remote_code)
+    if reason is not None:
+        raise UserError(f"model `{path}` ({getattr(config, 'model_type', '')}) {reason}")
 
 
 def _disable_dropout(config: PretrainedConfig) -> None:
@@ -219,7 +261,9 @@ def load_causal_lm(
     folder, config, attn_override = load_config(
         path, override_config=override_config, trust_remote_code=trust_remote_code
     )
-    attn_choices = [attn_override] if attn_override else ["sdpa", "eager"]
+    # sdpa has no logit soft-capping and would silently drop Gemma 2's, so capped models get eager.
+    capped = getattr(config.get_text_config(), "attn_logit_softcapping", None)
+    attn_choices = [attn_override] if attn_override else (["eager"] if capped else ["sdpa", "eager"])
     for i, attn in enumerate(attn_choices):
         try:
             model = _build(
@@ -247,9 +291,14 @@ def _build(
     seed: int,
 ) -> PreTrainedModel:
     common = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": trust_remote_code}
+    model_class = registered_model_class((getattr(config, "architectures", None) or [None])[0])
+    builder = AutoModelForCausalLM
+    if model_class is not None:
+        builder = model_class
+        common.pop("trust_remote_code")  # a concrete class has its code already
     if _has_weight_files(Path(folder)):
         try:
-            return AutoModelForCausalLM.from_pretrained(folder, config=config, **common)
+            return builder.from_pretrained(folder, config=config, **common)
         except OSError as exc:
             raise UserError(f"model folder `{folder}`: could not read its weights ({exc})") from exc
     logger.warning("model folder `%s` has no weight files: using RANDOM weights (seed %d)", folder, seed)
@@ -257,4 +306,6 @@ def _build(
     # caller's global random stream (data shuffling, sampling).
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        if model_class is not None:
+            return model_class._from_config(config, **common)
         return AutoModelForCausalLM.from_config(config, **common)
