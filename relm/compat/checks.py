@@ -1,0 +1,351 @@
+"""The three-stage compatibility check of one model: load, rollout, one full actor-critic update.
+
+Each stage uses the component `relm train` uses (the loader, the tokenizer preflight, the HF rollout
+engine, the trainer's forward and `ppo_step`), so a pass here means the training run would get
+through the same code, not a look-alike of it.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from relm.compat.measure import MemoryMeter, StageTimeout, collect_warnings, time_limit
+from relm.compat.report import ModelReport, StageName, StageResult
+from relm.data.records import PromptBatch
+from relm.errors import UserError
+from relm.models.loading import load_causal_lm, pick_dtype, read_config, resolve_model_dir
+from relm.models.registry import classify, inspect_model_architecture, registered_model_class
+from relm.models.tokenizer import encode_prompt, load_tokenizer
+from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, SamplingParams
+from relm.rollout.hf_engine import HFRolloutEngine
+
+PROMPTS = ("k", "Count to three.", "Write one short sentence about the sea, then stop.")
+"""Different lengths, so left padding and per-row positions are part of every rollout check."""
+
+
+class CheckFailed(Exception):
+    """A stage ran but what it produced is wrong (invalid ids, non-finite loss, ...)."""
+
+
+@dataclass
+class CompatOptions:
+    """How each model is checked."""
+
+    device: str = "auto"
+    """cpu, cuda or auto (cuda when visible)."""
+    steps: int = 1
+    """PPO steps in the update stage."""
+    stage_timeout_s: float = 600.0
+    """A stage running longer fails with `Timeout`."""
+    samples_per_prompt: int = 2
+    max_new_tokens: int = 16
+    seed: int = 0
+    tokenizer_path: str | None = None
+
+
+def logprob_tolerance(dtype: torch.dtype) -> float:
+    """Max |rollout - trainer| logprob allowed: the two paths differ by KV-cache vs full-sequence
+    kernels only, ~1e-6 in fp32; bf16 rounding of activations puts it near 1e-2."""
+    return 2e-3 if dtype == torch.float32 else 0.1
+
+
+@dataclass
+class _Loaded:
+    tokenizer: PreTrainedTokenizerBase
+    model: nn.Module
+    dtype: torch.dtype
+
+
+def check_model(model: str, options: CompatOptions) -> ModelReport:
+    """Run the three stages on `model` (folder, Hub id in the local cache, or `zoo:NAME`).
+
+    Raises:
+        UserError: `model` does not name a model folder (the caller's mistake, not the model's).
+    """
+    from relm.trainer.components import pick_device
+
+    folder = resolve_model_dir(model)
+    device = pick_device(options.device)
+    report = ModelReport(model=model, status="pass", classification="", reason="", model_dir=folder)
+    try:
+        config = read_config(folder, model, trust_remote_code=False)
+    except UserError as exc:
+        report.classification, report.reason = "unknown", str(exc)
+        report.stages.append(StageResult("load", "fail", error_class="UserError", error=str(exc)))
+        return _finish(report)
+    verdict = classify(config)
+    report.classification, report.reason = verdict.status, verdict.reason
+    if verdict.status == "unsupported":
+        report.status = "unsupported"
+        return report
+    report.architecture = inspect_model_architecture(config)
+    if verdict.status == "probe":
+        report.decisions.append(f"probed: {verdict.architecture} is not on relm's verified list")
+    elif verdict.reason.startswith("transformers builds"):
+        report.decisions.append(f"config names {verdict.architecture}; {verdict.reason}")
+    registered = registered_model_class(verdict.architecture)
+    if registered is not None and registered.__name__ != verdict.architecture:
+        report.decisions.append(f"built as {registered.__name__} (registered for {verdict.architecture})")
+
+    loaded: dict[str, _Loaded] = {}
+    stages: list[tuple[StageName, Callable[[], dict[str, float]]]] = [
+        ("load", lambda: _load(folder, options, device, report, loaded)),
+        ("rollout", lambda: _rollout(loaded["it"], options, device)),
+        ("update", lambda: _update(folder, options, device, config)),
+    ]
+    for name, run in stages:
+        if report.failed_stage is not None:
+            report.stages.append(StageResult(name, "skipped"))
+            continue
+        report.stages.append(_run_stage(name, run, options, device, report))
+        if name == "rollout":
+            loaded.clear()  # the update stage builds its own models, as `relm train` does
+            _release(device)
+    _release(device)
+    return _finish(report)
+
+
+def _finish(report: ModelReport) -> ModelReport:
+    if report.failed_stage is not None:
+        report.status = "fail"
+    elif report.conditions:
+        report.status = "conditional"
+    return report
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _run_stage(
+    name: StageName,
+    run: Callable[[], dict[str, float]],
+    options: CompatOptions,
+    device: torch.device,
+    report: ModelReport,
+) -> StageResult:
+    """Time, meter and guard one stage; any exception becomes the stage's one-line error."""
+    result = StageResult(name, "pass")
+    start = time.perf_counter()
+    with collect_warnings() as warnings, MemoryMeter(device) as meter:
+        try:
+            with time_limit(options.stage_timeout_s):
+                result.metrics = run()
+        except StageTimeout as exc:
+            result.status, result.error_class, result.error = "fail", "Timeout", str(exc)
+        except Exception as exc:  # noqa: BLE001 - a model's failure is the report's content
+            result.status, result.error_class = "fail", type(exc).__name__
+            lines = str(exc).strip().splitlines()
+            result.error = (lines[0] if lines else type(exc).__name__)[:300]
+    result.seconds = time.perf_counter() - start
+    result.peak_memory_mb, result.memory_kind = meter.peak_mb, meter.kind
+    report.warnings.extend(w for w in warnings.messages if w not in report.warnings)
+    return result
+
+
+def _load(
+    folder: str, options: CompatOptions, device: torch.device, report: ModelReport, out: dict[str, _Loaded]
+) -> dict[str, float]:
+    """Tokenizer with preflight, then the model as the trainer loads it; records relm's choices."""
+    with collect_warnings() as warnings:
+        tokenizer = load_tokenizer(options.tokenizer_path or folder)
+    if any("no pad token" in message for message in warnings.messages):
+        report.decisions.append(
+            f"pad token {tokenizer.pad_token!r} (id {tokenizer.pad_token_id}): the tokenizer names none"
+        )
+    if not tokenizer.chat_template:
+        report.decisions.append("no chat template: prompts are plain text")
+    dtype = pick_dtype("auto", device)
+    model = load_causal_lm(folder, dtype=dtype, device=device, seed=options.seed)
+    attn = getattr(model.config, "_attn_implementation", "?")
+    capped = report.architecture is not None and report.architecture.attn_logit_softcapping
+    if attn == "eager" and capped:
+        report.decisions.append("eager attention: sdpa would skip the attention soft-capping")
+    elif attn == "eager":
+        report.conditions.append("eager attention: transformers refused sdpa for this architecture")
+    num_rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > num_rows:
+        raise CheckFailed(f"tokenizer has {len(tokenizer)} tokens but the embedding only {num_rows} rows")
+    out["it"] = _Loaded(tokenizer, model, dtype)
+    return {"num_parameters": float(sum(p.numel() for p in model.parameters()))}
+
+
+def _rollout(loaded: _Loaded, options: CompatOptions, device: torch.device) -> dict[str, float]:
+    """Generate with the HF engine; check the outputs and that the trainer's forward agrees."""
+    from relm.trainer.components import _eos_token_ids  # the trainer's own choice of stop ids
+    from relm.trainer.experience import batched_logprobs, build_experience
+
+    tokenizer, model = loaded.tokenizer, loaded.model
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": text}]) for text in PROMPTS]
+    eos_ids = _eos_token_ids(tokenizer, model)
+    engine = HFRolloutEngine(
+        model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=eos_ids, device=device, seed=options.seed
+    )
+    params = SamplingParams(
+        n=options.samples_per_prompt,
+        max_new_tokens=options.max_new_tokens,
+        temperature=1.0,
+        seed=options.seed,
+    )
+    start = time.perf_counter()
+    gen = engine.generate(prompts, params)
+    latency = time.perf_counter() - start
+    vocab_rows = model.get_input_embeddings().weight.shape[0]
+    check_generation(gen, vocab_rows, tokenizer.pad_token_id, eos_ids, options.max_new_tokens)
+
+    n = options.samples_per_prompt
+    batch = build_experience(
+        PromptBatch(
+            prompts,
+            ["compat"] * len(prompts),
+            [None] * len(prompts),
+            [{}] * len(prompts),
+            list(range(len(prompts))),
+        ),
+        gen,
+        n=n,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    trainer = batched_logprobs(model, batch, rows_per_forward=len(batch), temperature=1.0, device=device)
+    mask = gen.response_mask.bool()
+    diff = (trainer - gen.logprobs).abs()[mask].max().item()
+    tolerance = logprob_tolerance(loaded.dtype)
+    if not diff <= tolerance:
+        raise CheckFailed(
+            f"rollout and trainer logprobs differ by {diff:.3g} (> {tolerance:g}): the engine and the "
+            "training forward do not compute the same model"
+        )
+    num_tokens = int(mask.sum())
+    return {
+        "tokens_per_s": num_tokens / latency,
+        "rollout_latency_s": latency,
+        "generated_tokens": float(num_tokens),
+        "logprob_max_abs_diff": diff,
+        "stop_fraction": gen.finish_reasons.count(FINISH_STOP) / len(gen.finish_reasons),
+    }
+
+
+def check_generation(
+    gen: GenerationOutput, vocab_rows: int, pad_id: int, eos_ids: list[int], max_new_tokens: int
+) -> None:
+    """Raise `CheckFailed` unless the engine's output is well formed.
+
+    Valid ids, a mask of ones then zeros, at least one token per row, not only pad tokens, finish
+    reasons that match the tokens (stop ends on an eos id, length fills the width), finite
+    non-positive logprobs.
+    """
+    ids, mask, logprobs = gen.response_ids, gen.response_mask.bool(), gen.logprobs
+    live = ids[mask]
+    if live.numel() and (live.min() < 0 or live.max() >= vocab_rows):
+        raise CheckFailed(f"generated id {int(live.max())} outside the vocabulary of {vocab_rows}")
+    lengths = mask.sum(dim=1)  # [N]
+    if not torch.equal(mask, torch.arange(mask.shape[1])[None, :] < lengths[:, None]):
+        raise CheckFailed("response mask is not ones followed by zeros")
+    if bool((lengths == 0).any()):
+        raise CheckFailed("a response has no tokens")
+    if live.numel() and bool((live == pad_id).all()):
+        raise CheckFailed(f"every generated token is the pad token {pad_id}")
+    for row, reason in enumerate(gen.finish_reasons):
+        last = int(ids[row, lengths[row] - 1])
+        if reason == FINISH_STOP and last not in eos_ids:
+            raise CheckFailed(f"row {row} finished `stop` on token {last}, not an eos id {eos_ids}")
+        if reason == FINISH_LENGTH and int(lengths[row]) != max_new_tokens:
+            raise CheckFailed(
+                f"row {row} finished `length` after {int(lengths[row])} < {max_new_tokens} tokens"
+            )
+        if reason not in (FINISH_STOP, FINISH_LENGTH):
+            raise CheckFailed(f"row {row} has finish reason {reason!r}")
+    live_logprobs = logprobs[mask]
+    if not bool(torch.isfinite(live_logprobs).all()) or bool((live_logprobs > 1e-6).any()):
+        raise CheckFailed("rollout logprobs are not all finite and <= 0")
+
+
+def _update(folder: str, options: CompatOptions, device: torch.device, config: Any) -> dict[str, float]:
+    """One (or `steps`) full PPO step(s) with critic, reference and KL loss, through `ppo_step`."""
+    from relm.config.loader import load_config
+    from relm.config.validate import validate_config
+    from relm.data.demo_task import write_demo_parquet
+    from relm.models.zoo import default_cache_dir
+    from relm.trainer.components import build_components
+    from relm.trainer.ppo import ppo_step
+
+    train_file, _ = write_demo_parquet(default_cache_dir() / "demo")
+    with tempfile.TemporaryDirectory(prefix="relm-compat-") as run_dir:
+        overrides = [
+            f"actor_rollout_ref.model.path='{folder}'",
+            f"data.train_files=['{train_file}']",
+            "data.max_prompt_length=64",
+            f"data.max_response_length={options.max_new_tokens}",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            # Two micro-batches per mini-batch, so gradient accumulation is part of the check.
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "critic.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "algorithm.adv_estimator=gae",
+            f"trainer.total_training_steps={options.steps}",
+            f"trainer.device={device.type}",
+            f"trainer.default_local_dir='{run_dir}'",
+            "trainer.logger=[]",
+            "trainer.save_freq=-1",
+            f"seed={options.seed}",
+            f"custom_reward_function.path='{Path(__file__).with_name('reward.py')}'",
+            "custom_reward_function.name=compute_score",
+        ]
+        if options.tokenizer_path:
+            overrides.append(f"actor_rollout_ref.model.tokenizer_path='{options.tokenizer_path}'")
+        cfg = load_config(overrides)
+        text = config.get_text_config()
+        validate_config(cfg, max_position_embeddings=getattr(text, "max_position_embeddings", None))
+        components = build_components(cfg, folder)
+        before = _fingerprint(components.actor)
+        step_metrics: dict[str, float] = {}
+        for step in range(1, options.steps + 1):
+            step_metrics = ppo_step(components, components.loader.next_batch(), step)
+            check_update_metrics(step_metrics, step)
+        changed = int((_fingerprint(components.actor) != before).sum())
+    if changed == 0:
+        raise CheckFailed("the actor update changed no parameter")
+    keep = ("actor/pg_loss", "actor/kl_loss", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm")
+    result = {key: float(step_metrics[key]) for key in keep if key in step_metrics}
+    result["timing_s/step"] = float(step_metrics.get("timing_s/step", math.nan))
+    result["rollout/logprob_diff_max"] = float(step_metrics.get("rollout/logprob_diff_max", math.nan))
+    result["actor_params_changed"] = float(changed)
+    return result
+
+
+REQUIRED_UPDATE_METRICS = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
+
+
+def check_update_metrics(metrics: dict[str, float], step: int) -> None:
+    """Raise `CheckFailed` unless the step updated both models with finite losses and gradients."""
+    missing = [key for key in REQUIRED_UPDATE_METRICS if key not in metrics]
+    if missing:
+        raise CheckFailed(f"step {step} reported no {', '.join(missing)}: an update did not run")
+    for key, value in metrics.items():
+        if ("loss" in key or "grad_norm" in key) and not math.isfinite(value):
+            raise CheckFailed(f"step {step}: {key} = {value}")
+    if metrics.get("training/skipped_updates", 0.0):
+        raise CheckFailed(
+            f"step {step}: {metrics['training/skipped_updates']:g} update(s) skipped (non-finite grads)"
+        )
+
+
+@torch.no_grad()
+def _fingerprint(model: nn.Module) -> torch.Tensor:
+    """One float64 sum per parameter: cheap, and any optimizer step on a parameter changes it."""
+    return torch.stack([p.detach().double().sum() for p in model.parameters()]).cpu()

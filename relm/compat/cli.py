@@ -1,0 +1,154 @@
+"""`relm compat MODEL [MODEL ...]` / `relm compat --zoo tiny|full`: does each model load, generate
+and train? Exit 0 when no model failed, 1 when one did, 2 on a usage error."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from relm.errors import UserError, run_guarded
+
+DESCRIPTION = """Check that each model loads (tokenizer preflight + model), generates valid tokens whose
+logprobs the trainer reproduces, and survives full PPO actor-critic update(s) with finite losses.
+MODEL is a local folder, a Hub id in the local cache, or zoo:NAME. Unsupported models (encoder-only,
+encoder-decoder, vision-language) are reported with the reason and do not fail the run."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"relm compat: {message} (see `relm compat --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="relm compat", description=DESCRIPTION)
+    parser.add_argument("models", nargs="*", metavar="MODEL")
+    parser.add_argument("--zoo", choices=("tiny", "full"), help="check every zoo:tiny/* (or full-size) model")
+    parser.add_argument("--zoo-tiny", action="store_true", help="same as --zoo tiny")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--steps", type=int, default=1, help="PPO steps in the update stage (default 1)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per stage (default 600)")
+    parser.add_argument("--tokenizer-path", help="tokenizer folder for every MODEL (default: the model's)")
+    parser.add_argument("--out", default="compat-report", help="folder for compat.json and compat.md")
+    parser.add_argument("--json", help="also write the JSON report to this file")
+    parser.add_argument(
+        "--register",
+        action="append",
+        default=[],
+        metavar="ARCH=CLASS",
+        help="register_model_class(ARCH, CLASS) first, e.g. StarlingLmForCausalLM=MistralForCausalLM",
+    )
+    parser.add_argument("--external-lib", help="module to import first (where it registers architectures)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show relm's log lines while checking")
+    return parser
+
+
+def zoo_models(kind: str) -> list[str]:
+    """`zoo:` paths of every tiny (or every full-size) zoo entry."""
+    from relm.models.zoo import ZOO
+
+    return [f"zoo:{name}" for name in ZOO if name.startswith("tiny/") == (kind == "tiny")]
+
+
+def _models(args: argparse.Namespace, device: str) -> list[str]:
+    zoo = "tiny" if args.zoo_tiny else args.zoo
+    models = list(args.models) + (zoo_models(zoo) if zoo else [])
+    if not models:
+        raise UserError("relm compat: name at least one MODEL, or pass --zoo tiny")
+    if zoo == "full" and device != "cuda":
+        raise UserError("relm compat --zoo full: full-size zoo models need a GPU; pass --device cuda")
+    return models
+
+
+def _register(args: argparse.Namespace) -> None:
+    from relm.models.registry import import_external_lib, register_model_class
+
+    import_external_lib(args.external_lib)
+    for item in args.register:
+        arch, sep, target = item.partition("=")
+        if not sep or not arch or not target:
+            raise UserError(
+                f"--register `{item}`: use ARCH=CLASS, e.g. StarlingLmForCausalLM=MistralForCausalLM"
+            )
+        register_model_class(arch, target)
+
+
+def environment(device: str) -> dict[str, str]:
+    import transformers
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": device,
+    }
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(0)
+    else:
+        info["cpu_threads"] = str(torch.get_num_threads())
+    return info
+
+
+def compat_command(argv: list[str]) -> int:
+    from relm.compat.checks import CompatOptions, check_model
+    from relm.compat.report import exit_code, print_table, to_markdown, write_json
+    from relm.models.loading import resolve_model_dir
+    from relm.trainer.components import pick_device
+
+    args = build_parser().parse_args(argv)
+    if args.steps < 1:
+        raise UserError(f"--steps {args.steps}: at least 1")
+    device = pick_device(args.device).type
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is visible; use --device cpu")
+    models = _models(args, device)
+    _register(args)
+    for model in models:
+        if not model.startswith("zoo:"):
+            resolve_model_dir(model)  # a wrong path is the user's mistake: exit 2 before any work
+    options = CompatOptions(
+        device=device, steps=args.steps, stage_timeout_s=args.timeout, tokenizer_path=args.tokenizer_path
+    )
+    _quiet_console(args.verbose)
+
+    reports, start = [], time.perf_counter()
+    for model in models:
+        print(f"checking {model} ...", file=sys.stderr, flush=True)
+        reports.append(check_model(model, options))
+    elapsed = time.perf_counter() - start
+
+    env = environment(device)
+    title = f"relm compat on {device} ({len(reports)} models, {elapsed:.0f} s)"
+    print_table(reports, title)
+    out = Path(args.out)
+    write_json(reports, out / "compat.json", env)
+    (out / "compat.md").write_text(to_markdown(reports, title))
+    if args.json:
+        write_json(reports, Path(args.json), env)
+    print(f"reports: {out / 'compat.json'}, {out / 'compat.md'}", file=sys.stderr)
+    return exit_code(reports)
+
+
+def _quiet_console(verbose: bool) -> None:
+    """Warnings land in the report; on the console they would repeat it line by line."""
+    if verbose:
+        return
+    for handler in logging.getLogger("relm").handlers:
+        handler.setLevel(logging.ERROR)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from relm.logs import setup_logging
+
+    setup_logging()
+    return run_guarded(lambda: compat_command(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
