@@ -85,6 +85,10 @@ class ConsoleLogger:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         shown = " ".join(f"{label}={metrics[k]:.3g}" for k, label in CONSOLE_KEYS.items() if k in metrics)
+        # Validation headlines (val-core/<data_source>/reward/mean@N) when the step validated.
+        shown += "".join(
+            f" {k}={v:.3g}" for k, v in metrics.items() if k.startswith("val-core/") and "/mean@" in k
+        )
         self._progress.console.print(f"step {step}: {shown}")
         self._progress.update(self._task, completed=step)
 

@@ -26,6 +26,7 @@ from relm.trainer.components import RunComponents
 from relm.trainer.experience import batched_logprobs, batched_values, build_experience
 from relm.trainer.loggers import make_loggers
 from relm.trainer.metrics import data_metrics, mean_of_lists, memory_metrics
+from relm.trainer.validation import build_val_params, is_validation_step, make_val_dataset, run_validation
 from relm.training.actor import update_actor
 from relm.training.batch import ExperienceBatch
 from relm.training.critic import update_critic
@@ -188,10 +189,25 @@ def train(c: RunComponents) -> None:
         logger.info("resumed from %s: continuing at step %d of %d", checkpoint, start + 1, total)
     loggers = make_loggers(trainer_cfg.logger, c.run_dir, total, resume_step=start if checkpoint else None)
     save_freq = trainer_cfg.save_freq
+    val_dataset = make_val_dataset(c.cfg, c.tokenizer)
+    val_params = build_val_params(
+        c.cfg.actor_rollout_ref.rollout.val_kwargs, c.cfg.data.max_response_length, seed=c.cfg.seed
+    )
+
+    def validate() -> dict[str, float]:
+        return run_validation(
+            c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size
+        )
+
     try:
+        if val_dataset is not None and trainer_cfg.val_before_train and start == 0:
+            for sink in loggers:
+                sink.log(0, validate())
         for step in range(start + 1, total + 1):
             metrics = ppo_step(c, c.loader.next_batch(), step)
             metrics["training/epoch"] = float(c.loader.epoch)
+            if val_dataset is not None and is_validation_step(step, total, trainer_cfg.test_freq):
+                metrics.update(validate())
             for sink in loggers:
                 sink.log(step, metrics)
             if save_freq > 0 and (step % save_freq == 0 or step == total):
