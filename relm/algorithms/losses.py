@@ -8,6 +8,7 @@ with `@register_policy_loss("name")` taking the keyword arguments of `compute_po
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -21,8 +22,34 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 """Policy loss name (the value of `actor.policy_loss.loss_mode`) -> function."""
 
 
-def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+@dataclass(frozen=True)
+class AggScale:
+    """Token and response counts of the whole mini-batch a micro-batch belongs to.
+
+    With gradient accumulation, normalising each micro-batch by its own counts weighs tokens
+    unequally when micro-batches hold different numbers of tokens. Dividing every micro-batch's
+    sum by the mini-batch's counts instead makes the summed micro-batch losses equal the
+    mini-batch loss exactly, whatever the micro-batch size.
+    """
+
+    num_tokens: float
+    """Valid response tokens in the mini-batch."""
+    num_seqs: float
+    """Responses in the mini-batch."""
+
+    @staticmethod
+    def of(mask: torch.Tensor) -> AggScale:
+        """The counts of a whole mini-batch's response mask [N, R]."""
+        return AggScale(num_tokens=float((mask != 0).sum()), num_seqs=float(mask.shape[0]))
+
+
+def agg_loss(
+    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, scale: AggScale | None = None
+) -> torch.Tensor:
     """Reduce a per-token loss [N, R] to a scalar, as verl's `loss_agg_mode` values define it.
+
+    With `scale` (the mini-batch's counts), means divide by the mini-batch's totals, so summing
+    the results over a mini-batch's micro-batches gives the mini-batch value (see `AggScale`).
 
     - `token-mean`: mean over all valid tokens of the batch (every token weighs the same; DAPO).
     - `seq-mean-token-sum`: per-response token sum, mean over responses.
@@ -33,13 +60,16 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Ten
       a sum over responses, not a mean, exactly as verl computes it.
     """
     if mode == "token-mean":
-        return masked_mean(loss_mat, mask)
+        if scale is None:
+            return masked_mean(loss_mat, mask)
+        return masked_sum(loss_mat, mask) / max(scale.num_tokens, 1.0)
     seq_sums = masked_sum(loss_mat, mask, dim=-1)  # [N]
+    num_seqs = float(loss_mat.shape[0]) if scale is None else scale.num_seqs
     if mode == "seq-mean-token-sum":
-        return seq_sums.mean()
+        return seq_sums.sum() / max(num_seqs, 1.0)
     if mode == "seq-mean-token-mean":
         lengths = (mask != 0).to(loss_mat.dtype).sum(dim=-1)  # [N]
-        return (seq_sums / lengths.clamp(min=1)).mean()
+        return (seq_sums / lengths.clamp(min=1)).sum() / max(num_seqs, 1.0)
     if mode == "seq-mean-token-sum-norm":
         return seq_sums.sum() / loss_mat.shape[-1]
     raise ValueError(f"unknown loss_agg_mode {mode!r}; valid modes: {', '.join(AGG_MODES)}")
@@ -69,6 +99,7 @@ def compute_policy_loss(
     clip_ratio_high: float,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    agg_scale: AggScale | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Run the policy loss named by `actor.policy_loss.loss_mode`.
 
@@ -92,6 +123,7 @@ def compute_policy_loss(
         clip_ratio_high=clip_ratio_high,
         clip_ratio_c=clip_ratio_c,
         loss_agg_mode=loss_agg_mode,
+        agg_scale=agg_scale,
     )
 
 
@@ -106,6 +138,7 @@ def ppo_clip_loss(
     clip_ratio_high: float,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    agg_scale: AggScale | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with dual clip (Ye et al.
     2020, arXiv:1912.09729).
@@ -129,7 +162,7 @@ def ppo_clip_loss(
     dual_bound = -advantages * clip_ratio_c
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(ppo_losses, dual_bound), ppo_losses)
-    loss = agg_loss(losses, response_mask, loss_agg_mode)
+    loss = agg_loss(losses, response_mask, loss_agg_mode, agg_scale)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
@@ -150,6 +183,7 @@ def gspo_loss(
     clip_ratio_high: float,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    agg_scale: AggScale | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).
 
@@ -169,7 +203,7 @@ def gspo_loss(
     ratio = token_log_ratio.clamp(max=10.0).exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    loss = agg_loss(torch.maximum(unclipped, clipped), response_mask, loss_agg_mode)
+    loss = agg_loss(torch.maximum(unclipped, clipped), response_mask, loss_agg_mode, agg_scale)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
@@ -186,6 +220,7 @@ def compute_value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
+    agg_scale: AggScale | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss (PPO2 baselines; as verl): 0.5 * max((V - G)^2, (V_clip - G)^2).
 
@@ -206,14 +241,14 @@ def compute_value_loss(
     clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
     unclipped_err = (values - returns).square()  # [N, R]
     clipped_err = (clipped_values - returns).square()
-    loss = 0.5 * agg_loss(torch.maximum(unclipped_err, clipped_err), response_mask, loss_agg_mode)
+    loss = 0.5 * agg_loss(torch.maximum(unclipped_err, clipped_err), response_mask, loss_agg_mode, agg_scale)
     with torch.no_grad():
         clipfrac = masked_mean((clipped_err > unclipped_err).float(), response_mask)
     return loss, {"vf_clipfrac": clipfrac}
 
 
 def compute_entropy_loss(
-    entropy: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str
+    entropy: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str, agg_scale: AggScale | None = None
 ) -> torch.Tensor:
     """Aggregate per-token entropy [N, R] like the policy loss, so the bonus weighs tokens alike."""
-    return agg_loss(entropy, response_mask, loss_agg_mode)
+    return agg_loss(entropy, response_mask, loss_agg_mode, agg_scale)

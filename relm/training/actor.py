@@ -8,17 +8,17 @@ import torch
 from torch import nn
 
 from relm.algorithms.kl import kl_estimate
-from relm.algorithms.losses import agg_loss, compute_policy_loss
+from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
 from relm.config.schema import ActorConfig
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs
-from relm.training.minibatch import append_metrics, microbatch_indices, minibatch_indices
+from relm.training.minibatch import MinibatchMetrics, microbatch_indices, minibatch_indices
 from relm.training.optim import clip_and_step
 
 
 @dataclass
 class UpdateResult:
-    """Per-metric lists (one entry per micro- or mini-batch) and how many updates were skipped."""
+    """Per-metric lists (one entry per mini-batch) and how many optimizer steps were skipped."""
 
     metrics: dict[str, list[float]]
     num_skipped_updates: int
@@ -37,21 +37,22 @@ def update_actor(
     device: torch.device,
     generator: torch.Generator | None = None,
 ) -> UpdateResult:
-    """`cfg.ppo_epochs` passes of clipped-surrogate updates (plus entropy bonus and optional KL loss).
+    """`cfg.ppo_epochs` passes of policy-loss updates (plus entropy bonus and optional KL loss).
 
-    Each micro-batch loss is scaled by its share of the mini-batch, so accumulation over micro-batches
-    gives the mini-batch gradient whatever the micro-batch size (as verl does).
+    Every micro-batch loss is normalised by its mini-batch's token/response counts (`AggScale`), so
+    the accumulated gradient equals the mini-batch gradient whatever the micro-batch size.
     """
     assert batch.old_logprobs is not None and batch.advantages is not None
     if cfg.use_kl_loss:
         assert batch.ref_logprobs is not None, "use_kl_loss needs reference logprobs"
     model.train()
-    metrics: dict[str, list[float]] = {}
+    stats = MinibatchMetrics("actor")
     skipped = 0
     for _ in range(cfg.ppo_epochs):
         for mini in minibatch_indices(
             len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
         ):
+            scale = AggScale.of(batch.response_mask[mini])
             for micro in microbatch_indices(mini, rows_per_microbatch):
                 mb = batch.select(micro).to(device)
                 logprobs, entropy = response_logprobs(
@@ -74,20 +75,22 @@ def update_actor(
                     clip_ratio_high=cfg.clip_ratio_high,
                     clip_ratio_c=cfg.clip_ratio_c,
                     loss_agg_mode=cfg.loss_agg_mode,
+                    agg_scale=scale,
                 )
-                entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode)
+                entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, scale)
                 loss = pg_loss - cfg.entropy_coeff * entropy_loss
-                step_metrics = {"pg_loss": pg_loss.detach(), "entropy": entropy_loss.detach(), **pg_metrics}
+                micro_metrics = {"pg_loss": pg_loss.detach(), "entropy": entropy_loss.detach(), **pg_metrics}
                 if cfg.use_kl_loss:
                     kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_loss_type)
-                    kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
+                    kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, scale)
                     loss = loss + cfg.kl_loss_coef * kl_loss
-                    step_metrics.update(kl_loss=kl_loss.detach(), kl_coef=cfg.kl_loss_coef)
-                (loss * (len(micro) / len(mini))).backward()
-                append_metrics(metrics, "actor", step_metrics)
+                    micro_metrics.update(kl_loss=kl_loss.detach(), kl_coef=cfg.kl_loss_coef)
+                loss.backward()
+                stats.add(micro_metrics)
             grad_norm, stepped = clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
             skipped += int(not stepped)
-            append_metrics(metrics, "actor", {"grad_norm": grad_norm})
-    metrics["actor/lr"] = [scheduler.get_last_lr()[0]]
+            stats.end_minibatch({"grad_norm": grad_norm})
     model.eval()
-    return UpdateResult(metrics=metrics, num_skipped_updates=skipped)
+    return UpdateResult(
+        metrics={**stats.result(), "actor/lr": [scheduler.get_last_lr()[0]]}, num_skipped_updates=skipped
+    )

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from relm.algorithms.losses import compute_value_loss
+from relm.algorithms.losses import AggScale, compute_value_loss
 from relm.algorithms.masked import masked_mean
 from relm.config.schema import CriticConfig
 from relm.training.actor import UpdateResult
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_values
-from relm.training.minibatch import append_metrics, microbatch_indices, minibatch_indices
+from relm.training.minibatch import MinibatchMetrics, microbatch_indices, minibatch_indices
 from relm.training.optim import clip_and_step
 
 
@@ -28,15 +28,20 @@ def update_critic(
     device: torch.device,
     generator: torch.Generator | None = None,
 ) -> UpdateResult:
-    """Clipped value-loss regression of V(s_t) onto the GAE returns, `num_epochs` passes."""
+    """Clipped value-loss regression of V(s_t) onto the returns, `num_epochs` passes.
+
+    Micro-batch losses are normalised by the mini-batch's counts, as in `update_actor`.
+    """
     assert batch.values is not None and batch.returns is not None
     value_model.train()
-    metrics: dict[str, list[float]] = {}
+    stats = MinibatchMetrics("critic")
     skipped = 0
+    agg_mode = cfg.loss_agg_mode or "token-mean"
     for _ in range(num_epochs):
         for mini in minibatch_indices(
-            len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
+            len(batch), rows_per_minibatch, shuffle=bool(cfg.shuffle), generator=generator
         ):
+            scale = AggScale.of(batch.response_mask[mini])
             for micro in microbatch_indices(mini, rows_per_microbatch):
                 mb = batch.select(micro).to(device)
                 values = response_values(
@@ -48,16 +53,16 @@ def update_critic(
                     mb.returns,
                     mb.response_mask,
                     cfg.cliprange_value,
-                    loss_agg_mode=cfg.loss_agg_mode,
+                    loss_agg_mode=agg_mode,
+                    agg_scale=scale,
                 )
-                (vf_loss * (len(micro) / len(mini))).backward()
+                vf_loss.backward()
                 vpred = masked_mean(values.detach(), mb.response_mask)
-                append_metrics(
-                    metrics, "critic", {"vf_loss": vf_loss.detach(), "vpred_mean": vpred, **vf_metrics}
-                )
+                stats.add({"vf_loss": vf_loss.detach(), "vpred_mean": vpred, **vf_metrics})
             grad_norm, stepped = clip_and_step(value_model, optimizer, scheduler, cfg.grad_clip)
             skipped += int(not stepped)
-            append_metrics(metrics, "critic", {"grad_norm": grad_norm})
-    metrics["critic/lr"] = [scheduler.get_last_lr()[0]]
+            stats.end_minibatch({"grad_norm": grad_norm})
     value_model.eval()
-    return UpdateResult(metrics=metrics, num_skipped_updates=skipped)
+    return UpdateResult(
+        metrics={**stats.result(), "critic/lr": [scheduler.get_last_lr()[0]]}, num_skipped_updates=skipped
+    )

@@ -243,3 +243,20 @@ def test_value_loss_agg_mode_is_honoured():
 def test_entropy_loss_is_the_aggregate():
     close(compute_entropy_loss(LOSS_MAT, LOSS_MASK, "token-mean"), 17 / 5)
     close(compute_entropy_loss(LOSS_MAT, LOSS_MASK, "seq-mean-token-mean"), 3.75)
+
+
+def test_agg_loss_with_minibatch_scale_divides_by_the_minibatch_counts():
+    from relm.algorithms.losses import AggScale
+
+    loss = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    scale = AggScale(num_tokens=6.0, num_seqs=4.0)  # this micro-batch is half of a mini-batch
+    # token-mean: (1 + 2 + 3) / 6 = 1.0
+    assert agg_loss(loss, mask, "token-mean", scale).item() == pytest.approx(1.0)
+    # seq-mean-token-sum: (3 + 3) / 4 = 1.5
+    assert agg_loss(loss, mask, "seq-mean-token-sum", scale).item() == pytest.approx(1.5)
+    # seq-mean-token-mean: (3/2 + 3/1) / 4 = 1.125
+    assert agg_loss(loss, mask, "seq-mean-token-mean", scale).item() == pytest.approx(1.125)
+    # seq-mean-token-sum-norm is already a sum: (1 + 2 + 3) / R=2 = 3.0, scale or not
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm", scale).item() == pytest.approx(3.0)
+    assert AggScale.of(mask) == AggScale(num_tokens=3.0, num_seqs=2.0)

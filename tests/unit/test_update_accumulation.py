@@ -1,0 +1,111 @@
+"""Gradient accumulation does not change the update: 1, 2 and 4 micro-batches give the same step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from relm.config.schema import ActorConfig, CriticConfig
+from relm.models.value_model import ValueModel
+from relm.training.actor import update_actor
+from relm.training.batch import ExperienceBatch
+from relm.training.critic import update_critic
+
+AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+def tiny_lm() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=32, max_position_embeddings=64,
+    )  # fmt: skip
+    return Qwen2ForCausalLM(config).eval()
+
+
+def batch_with_uneven_lengths() -> ExperienceBatch:
+    """4 responses of 1, 4, 2 and 3 tokens: micro-batches hold different token counts."""
+    g = torch.Generator().manual_seed(1)
+    n, p, r = 4, 3, 4
+    response_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
+    return ExperienceBatch(
+        prompt_ids=torch.randint(1, 32, (n, p), generator=g),
+        prompt_mask=torch.ones(n, p, dtype=torch.long),
+        response_ids=torch.randint(1, 32, (n, r), generator=g) * response_mask,
+        response_mask=response_mask,
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        data_sources=["t"] * n,
+        ground_truths=[None] * n,
+        extra_infos=[{}] * n,
+        finish_reasons=["stop"] * n,
+        old_logprobs=-torch.rand(n, r, generator=g) * 3,
+        ref_logprobs=-torch.rand(n, r, generator=g) * 3,
+        advantages=torch.randn(n, r, generator=g),
+        values=torch.randn(n, r, generator=g),
+        returns=torch.randn(n, r, generator=g),
+    )
+
+
+def sgd(model: torch.nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+
+
+def actor_step(micro: int, mode: str) -> dict[str, torch.Tensor]:
+    model = tiny_lm()
+    cfg = ActorConfig(
+        loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.28, entropy_coeff=0.01,
+        use_kl_loss=True, grad_clip=1e9,
+    )  # fmt: skip
+    update_actor(
+        model, *sgd(model), batch_with_uneven_lengths(), cfg,
+        rows_per_minibatch=4, rows_per_microbatch=micro, temperature=1.0, device=torch.device("cpu"),
+    )  # fmt: skip
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_actor_step_is_the_same_for_1_2_and_4_micro_batches(mode: str):
+    whole = actor_step(4, mode)
+    for micro in (1, 2):
+        split = actor_step(micro, mode)
+        for name, value in whole.items():
+            torch.testing.assert_close(split[name], value, rtol=1e-5, atol=1e-6, msg=f"{name} micro={micro}")
+    assert any(not torch.equal(whole[k], v) for k, v in tiny_lm().state_dict().items())  # it did move
+
+
+def critic_step(micro: int) -> dict[str, torch.Tensor]:
+    critic = ValueModel(tiny_lm())
+    torch.nn.init.normal_(
+        critic.value_head.weight, std=0.1
+    )  # zero-init would leave the backbone without grads
+    update_critic(
+        critic, *sgd(critic), batch_with_uneven_lengths(), CriticConfig(cliprange_value=0.5, grad_clip=1e9),
+        rows_per_minibatch=4, rows_per_microbatch=micro, num_epochs=1, device=torch.device("cpu"),
+    )  # fmt: skip
+    return {k: v.detach().clone() for k, v in critic.state_dict().items()}
+
+
+def test_critic_step_is_the_same_for_1_2_and_4_micro_batches():
+    torch.manual_seed(0)
+    whole = critic_step(4)
+    for micro in (1, 2):
+        torch.manual_seed(0)
+        split = critic_step(micro)
+        for name, value in whole.items():
+            torch.testing.assert_close(split[name], value, rtol=1e-5, atol=1e-6, msg=f"{name} micro={micro}")
+
+
+def test_reported_loss_is_the_minibatch_loss_whatever_the_split():
+    results = []
+    for micro in (1, 2, 4):
+        model = tiny_lm()
+        result = update_actor(
+            model, *sgd(model), batch_with_uneven_lengths(), ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.2),
+            rows_per_minibatch=4, rows_per_microbatch=micro, temperature=1.0, device=torch.device("cpu"),
+        )  # fmt: skip
+        results.append(result.metrics["actor/pg_loss"][0])
+    assert results[0] == pytest.approx(results[2], rel=1e-5) and results[1] == pytest.approx(
+        results[2], rel=1e-5
+    )
