@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -152,6 +153,27 @@ def test_tiny_configs_match_the_char_tokenizer():
         ("Qwen/Qwen2.5-1.5B", 1_543_714_304),
         # 128256*2048 + 16 * (2*2048^2 + 2*2048*512 + 3*2048*8192 + 2*2048) + 2048 (no biases)
         ("meta-llama/Llama-3.2-1B", 1_235_814_400),
+        # 151936*2048 + 36 * (2*2048^2 + 2*2048*256 + 2048+512 + 3*2048*11008 + 2*2048) + 2048
+        ("Qwen/Qwen2.5-3B-Instruct", 3_085_938_688),
+        # 2*152064*3584 (untied) + 28 * (2*3584^2 + 2*3584*512 + 3584+1024 + 3*3584*18944 + 2*3584) + 3584
+        ("Qwen/Qwen2.5-7B-Instruct", 7_615_616_512),
+        # 128256*3072 + 28 * (2*3072^2 + 2*3072*1024 + 3*3072*8192 + 2*3072) + 3072
+        ("meta-llama/Llama-3.2-3B-Instruct", 3_212_749_824),
+        # 2*32064*3072 + 32 * (qkv 3072*9216 + o 3072^2 + gate_up 3072*16384 + down 8192*3072 + 2*3072) + 3072
+        ("microsoft/Phi-3-mini-4k-instruct", 3_821_079_552),
+        # 2*32064*5120 + 40 * (5120*7680 + 5120^2 + 5120*35840 + 17920*5120 + 2*5120) + 5120
+        ("microsoft/Phi-3-medium-4k-instruct", 13_960_238_080),
+        # 256000*2304 + 26 * (q 2304*2048 + k,v 2*2304*1024 + o 2048*2304 + 3*2304*9216 + 4 norms*2304) + 2304
+        ("google/gemma-2-2b-it", 2_614_341_888),
+        # 256000*3584 + 42 * (3584*4096 + 2*3584*2048 + 4096*3584 + 3*3584*14336 + 4*3584) + 3584
+        ("google/gemma-2-9b-it", 9_241_705_984),
+        # 2*32002*4096 + 32 * (2*4096^2 + 2*4096*1024 + 3*4096*14336 + 2*4096) + 4096
+        ("berkeley-nest/Starling-LM-7B-alpha", 7_241_748_480),
+        # 2*151936*2048 + 24 * (3*(2048^2+2048) + 2048^2 + router 2048*60 + experts 60*3*2048*1408
+        #   + shared 3*2048*5632 + shared gate 2048 + 2*2048) + 2048
+        ("Qwen/Qwen1.5-MoE-A2.7B", 14_315_784_192),
+        # 2*32000*4096 + 32 * (2*4096^2 + 2*4096*1024 + 8*3*4096*14336 + router 4096*8 + 2*4096) + 4096
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 46_702_792_704),
     ],
 )
 def test_full_size_zoo_shapes_have_the_published_parameter_counts(name, num_params):
@@ -231,3 +253,27 @@ def test_publish_keeps_the_race_winners_folder_and_replaces_a_half_written_one(t
 def test_every_zoo_entry_builds_a_config():
     for name in ZOO:
         assert zoo_config(f"zoo:{name}").vocab_size >= len(build_char_tokenizer())
+
+
+def test_tiny_zoo_shapes_and_family_quirks():
+    """Every new tiny entry: 2 layers, head_dim 64, the char vocabulary; the quirks each one exists for."""
+    tiny = [name for name in ZOO if name.startswith("tiny/") and name not in ("tiny/qwen2", "tiny/llama")]
+    assert len(tiny) == 10
+    for name in tiny:
+        config = zoo_config(f"zoo:{name}")
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        assert (config.num_hidden_layers, head_dim, config.vocab_size) == (2, 64, 101), name
+    assert zoo_config("zoo:tiny/gemma2").attn_logit_softcapping == 50.0
+    assert zoo_config("zoo:tiny/mixtral").num_local_experts == 4
+    assert zoo_config("zoo:tiny/starling").architectures == ["StarlingLmForCausalLM"]
+    for name in ("tiny/gemma2", "tiny/mistral"):
+        assert zoo_config(f"zoo:{name}").pad_token_id is None
+
+
+def test_materialized_quirks_are_in_the_folder(tmp_path):
+    gemma = materialize_zoo("zoo:tiny/gemma2", cache_dir=tmp_path)
+    assert json.loads((gemma / "tokenizer_config.json").read_text())["pad_token"] is None
+    assert load_tokenizer(str(gemma)).pad_token == "<|pad|>"  # the preflight's choice, not the folder's
+    starling = materialize_zoo("zoo:tiny/starling", cache_dir=tmp_path)
+    written = json.loads((starling / "config.json").read_text())
+    assert (written["architectures"], written["model_type"]) == (["StarlingLmForCausalLM"], "mistral")
