@@ -4,10 +4,12 @@ and train? Exit 0 when no model failed, 1 when one did, 2 on a usage error."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -115,12 +117,11 @@ def compat_command(argv: list[str]) -> int:
     options = CompatOptions(
         device=device, steps=args.steps, stage_timeout_s=args.timeout, tokenizer_path=args.tokenizer_path
     )
-    _quiet_console(args.verbose)
-
     reports, start = [], time.perf_counter()
-    for model in models:
-        print(f"checking {model} ...", file=sys.stderr, flush=True)
-        reports.append(check_model(model, options))
+    with _quiet_console(args.verbose):
+        for model in models:
+            print(f"checking {model} ...", file=sys.stderr, flush=True)
+            reports.append(check_model(model, options))
     elapsed = time.perf_counter() - start
 
     env = environment(device)
@@ -135,12 +136,18 @@ def compat_command(argv: list[str]) -> int:
     return exit_code(reports)
 
 
-def _quiet_console(verbose: bool) -> None:
+@contextlib.contextmanager
+def _quiet_console(verbose: bool) -> Iterator[None]:
     """Warnings land in the report; on the console they would repeat it line by line."""
-    if verbose:
-        return
-    for handler in logging.getLogger("relm").handlers:
+    handlers = [] if verbose else list(logging.getLogger("relm").handlers)
+    levels = [handler.level for handler in handlers]
+    for handler in handlers:
         handler.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for handler, level in zip(handlers, levels, strict=True):
+            handler.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,185 @@
+"""`relm compat`: the output checks by hand, the stand-in reward, measuring, reporting, one real
+three-stage run on zoo:tiny/qwen2, and the CLI's exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+from transformers import BertConfig, LlavaConfig, T5Config
+
+from relm.compat.checks import (
+    CheckFailed,
+    CompatOptions,
+    check_generation,
+    check_model,
+    check_update_metrics,
+)
+from relm.compat.cli import main
+from relm.compat.measure import MemoryMeter, StageTimeout, time_limit
+from relm.compat.report import ModelReport, StageResult, exit_code, table_rows, to_markdown
+from relm.compat.reward import compute_score
+from relm.models.tokenizer import build_char_tokenizer
+from relm.rollout.base import GenerationOutput
+
+PAD, EOS, VOCAB = 0, 3, 101
+
+
+def generation(ids: list[list[int]], lengths: list[int], reasons: list[str], logprob: float = -1.0):
+    """A width-4 engine output whose first `lengths[i]` tokens of row i are live."""
+    response_ids = torch.tensor(ids)
+    mask = (torch.arange(4)[None, :] < torch.tensor(lengths)[:, None]).long()
+    logprobs = torch.where(mask.bool(), logprob, 0.0)
+    return GenerationOutput(response_ids, mask, logprobs, reasons)
+
+
+def test_well_formed_generation_passes():
+    # row 0 stops on eos after 2 tokens (then pad); row 1 runs the full width.
+    gen = generation([[7, EOS, PAD, PAD], [5, 6, 7, 8]], [2, 4], ["stop", "length"])
+    check_generation(gen, VOCAB, PAD, [EOS], max_new_tokens=4)
+
+
+@pytest.mark.parametrize(
+    ("ids", "lengths", "reasons", "logprob", "message"),
+    [
+        ([[7, 101, 0, 0]], [2], ["length"], -1.0, "outside the vocabulary of 101"),
+        ([[0, 0, 0, 0]], [4], ["length"], -1.0, "every generated token is the pad token 0"),
+        ([[7, 8, 0, 0]], [2], ["stop"], -1.0, r"finished `stop` on token 8, not an eos id \[3\]"),
+        ([[7, 8, 0, 0]], [2], ["length"], -1.0, "finished `length` after 2 < 4 tokens"),
+        ([[7, 8, 9, 10]], [4], ["abort"], -1.0, "finish reason 'abort'"),
+        ([[7, 8, 9, 10]], [4], ["length"], math.nan, "not all finite"),
+        ([[7, 8, 9, 10]], [4], ["length"], 0.5, "not all finite and <= 0"),
+        ([[0, 0, 0, 0]], [0], ["length"], -1.0, "has no tokens"),
+    ],
+)
+def test_malformed_generation_is_named(ids, lengths, reasons, logprob, message):
+    with pytest.raises(CheckFailed, match=message):
+        check_generation(generation(ids, lengths, reasons, logprob), VOCAB, PAD, [EOS], max_new_tokens=4)
+
+
+def test_a_gap_in_the_response_mask_fails():
+    gen = generation([[5, 6, 7, 8]], [4], ["length"])
+    gen.response_mask[0, 1] = 0
+    with pytest.raises(CheckFailed, match="not ones followed by zeros"):
+        check_generation(gen, VOCAB, PAD, [EOS], max_new_tokens=4)
+
+
+GOOD_STEP = {"actor/pg_loss": 0.1, "actor/grad_norm": 2.0, "critic/vf_loss": 0.3, "critic/grad_norm": 1.0}
+
+
+def test_update_metrics_must_be_present_finite_and_applied():
+    check_update_metrics(GOOD_STEP | {"training/skipped_updates": 0.0}, step=1)
+    with pytest.raises(CheckFailed, match="reported no critic/vf_loss, critic/grad_norm"):
+        check_update_metrics({"actor/pg_loss": 0.1, "actor/grad_norm": 2.0}, step=1)
+    with pytest.raises(CheckFailed, match=r"step 2: actor/kl_loss = inf"):
+        check_update_metrics(GOOD_STEP | {"actor/kl_loss": math.inf}, step=2)
+    with pytest.raises(CheckFailed, match="1 update\\(s\\) skipped"):
+        check_update_metrics(GOOD_STEP | {"training/skipped_updates": 1.0}, step=1)
+
+
+def test_stand_in_reward_by_hand():
+    # ord: k=107 -> 107 % 7 = 2; a=97 -> 6; ' '=32 -> 4.  "ka " = (2 + 6 + 4) / (6 * 3)
+    assert compute_score("compat", "k", None) == pytest.approx(2 / 6)
+    assert compute_score("compat", "ka ", None) == pytest.approx(12 / 18)
+    assert compute_score("compat", "", None) == 0.0
+
+
+def test_time_limit_turns_a_hang_into_an_error():
+    start = time.perf_counter()
+    with pytest.raises(StageTimeout, match="time limit of 0.2 s"), time_limit(0.2):
+        while True:
+            pass
+    assert time.perf_counter() - start < 2.0
+    with time_limit(5.0):
+        pass  # and the alarm is disarmed afterwards
+    time.sleep(0.01)
+
+
+def test_cpu_memory_meter_sees_an_allocation():
+    with MemoryMeter(torch.device("cpu")) as meter:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB of float32, touched by the fill
+    assert meter.kind == "cpu peak rss growth"
+    assert 60 <= meter.peak_mb < 200
+    del block
+
+
+def _report(name: str, status: str, stages: list[StageResult]) -> ModelReport:
+    return ModelReport(model=name, status=status, classification="supported", reason="", stages=stages)
+
+
+def test_report_rows_exit_code_and_markdown():
+    ok = _report(
+        "a", "pass", [StageResult("load", "pass", 1.0, 12.0), StageResult("rollout", "pass", 2.0, 30.0)]
+    )
+    ok.stages[1].metrics["tokens_per_s"] = 123.4
+    ok.decisions.append("pad token '<|pad|>' (id 0)")
+    bad = _report("b", "fail", [StageResult("load", "fail", error_class="UserError", error="no | config")])
+    unsupported = ModelReport("c", "unsupported", "unsupported", "is an encoder-decoder model")
+    rows = table_rows([ok, bad, unsupported])
+    assert rows[0][2:] == ["pass", "pass 1.0s", "pass 2.0s", "-", "123", "30", "pad token '<|pad|>' (id 0)"]
+    assert rows[1][3] == "FAIL (UserError)" and rows[1][-1] == "no | config"
+    assert rows[2][-1] == "is an encoder-decoder model"
+    assert exit_code([ok, unsupported]) == 0 and exit_code([ok, bad]) == 1
+    markdown = to_markdown([bad], "t")
+    assert "no \\| config" in markdown and markdown.count("\n") == 5
+    assert _report("n", "pass", [StageResult("update", "pass", metrics={"x": math.nan})]).to_dict()["stages"][
+        0
+    ]["metrics"] == {"x": "nan"}
+
+
+def test_tiny_qwen2_passes_all_three_stages():
+    report = check_model("zoo:tiny/qwen2", CompatOptions(device="cpu"))
+    assert report.status == "pass", [(s.name, s.error) for s in report.stages]
+    assert [stage.status for stage in report.stages] == ["pass", "pass", "pass"]
+    rollout, update = report.stage("rollout"), report.stage("update")
+    assert rollout.metrics["logprob_max_abs_diff"] <= 2e-3
+    # 3 prompts x 2 samples, each 1..16 tokens.
+    assert 6 <= rollout.metrics["generated_tokens"] <= 96 and rollout.metrics["tokens_per_s"] > 0
+    assert all(
+        math.isfinite(update.metrics[key]) for key in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm")
+    )
+    assert update.metrics["actor/grad_norm"] > 0 and update.metrics["actor_params_changed"] > 0
+    assert all(stage.peak_memory_mb is not None for stage in report.stages)
+    assert report.architecture is not None and report.architecture.family == "qwen2"
+
+
+def _tiny_folder(config, folder) -> str:
+    config.save_pretrained(folder)
+    build_char_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def test_cli_reports_bert_t5_llava_unsupported_with_exit_0(tmp_path, capsys):
+    small = dict(vocab_size=101, num_hidden_layers=1)
+    folders = [
+        _tiny_folder(BertConfig(**small, hidden_size=32, num_attention_heads=2), tmp_path / "bert"),
+        _tiny_folder(T5Config(vocab_size=101, d_model=32, num_layers=1, num_heads=2), tmp_path / "t5"),
+        _tiny_folder(LlavaConfig(), tmp_path / "llava"),
+    ]
+    assert main([*folders, "--out", str(tmp_path / "out"), "--json", str(tmp_path / "r.json")]) == 0
+    reports = json.loads((tmp_path / "r.json").read_text())["models"]
+    assert [r["status"] for r in reports] == ["unsupported"] * 3
+    assert ["encoder-only" in reports[0]["reason"], "encoder-decoder" in reports[1]["reason"]] == [True, True]
+    assert "vision-language" in reports[2]["reason"]
+    assert (tmp_path / "out" / "compat.json").is_file() and "unsupported" in (
+        tmp_path / "out" / "compat.md"
+    ).read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["/no/such/model"], "model folder `/no/such/model` does not exist"),
+        ([], "name at least one MODEL"),
+        (["--zoo", "full", "--device", "cpu"], "full-size zoo models need a GPU"),
+        (["zoo:tiny/qwen2", "--register", "Foo"], "use ARCH=CLASS"),
+        (["zoo:tiny/qwen2", "--steps", "0"], "--steps 0: at least 1"),
+        (["zoo:tiny/qwen2", "--device", "tpu"], "invalid choice"),
+    ],
+)
+def test_cli_usage_errors_exit_2(argv, message, capsys, tmp_path):
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
