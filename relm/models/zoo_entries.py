@@ -1,0 +1,450 @@
+"""The zoo's entries: each name with the HF config it builds (tiny shapes and published ones).
+
+Kept apart from `relm.models.zoo`, which turns an entry into a folder, because this file is data:
+one constructor call per model, every number a published config.json's (or, for `tiny/*`, the
+shrunk shape that keeps the family's quirks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import (
+    Gemma2Config,
+    Gemma3TextConfig,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    Phi3Config,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2MoeConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
+
+from relm.models.tokenizer import build_char_tokenizer
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """One named architecture."""
+
+    description: str
+    """One line shown when listing the zoo."""
+    build_config: Callable[[PreTrainedTokenizerFast], PretrainedConfig]
+    """HF config for the given tokenizer (its special-token ids go into the config)."""
+    weight_dtype: torch.dtype = torch.float32
+    """Dtype of the saved weights; full-size shapes use bf16 to halve disk and build time."""
+    build_tokenizer: Callable[[], PreTrainedTokenizerFast] = build_char_tokenizer
+    """The tokenizer saved beside the weights; variants reproduce a family's conventions (no pad token)."""
+    declared_architecture: str | None = None
+    """Written into config.json's `architectures` in place of the class transformers builds: a
+    renamed architecture, as fine-tunes publish them."""
+
+
+def _token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int | None]:
+    return {
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+
+
+def _tiny_qwen2(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        **_token_ids(tokenizer),
+    )
+
+
+def _tiny_qwen2_hd64(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+    # vLLM's CPU attention kernel refuses head_dim 16 (tiny/qwen2); Qwen2Config has no head_dim
+    # key, so head_dim 64 needs hidden = 64 * heads.
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        **_token_ids(tokenizer),
+    )
+
+
+def _tiny_llama(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        **_token_ids(tokenizer),
+    )
+
+
+def _char_tokenizer_without_pad() -> PreTrainedTokenizerFast:
+    """The char tokenizer naming no pad token, as Gemma-2 and Mistral checkpoints ship theirs."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.pad_token = None
+    return tokenizer
+
+
+def _tiny(config_class: type[PretrainedConfig], **fields: object) -> Callable:
+    """A 2-layer config of `config_class`: hidden 128, 2 heads / 1 kv head of head_dim 64 (the width
+    every engine's attention kernel accepts), the char vocabulary, plus the family's quirks."""
+
+    def build(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+        shape = dict(
+            vocab_size=len(tokenizer),
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=256,
+        )
+        return config_class(**{**shape, **_token_ids(tokenizer), **fields})
+
+    return build
+
+
+# Windows of 16 tokens are shorter than the demo's 20-token prompt, so sliding attention is exercised.
+_TINY_WINDOW = 16
+TINY_ZOO: dict[str, ZooEntry] = {
+    "tiny/qwen3": ZooEntry("Qwen3, head_dim 64, q/k norm", _tiny(Qwen3Config, head_dim=64)),
+    "tiny/mistral": ZooEntry(
+        "Mistral, sliding window 16 on every layer, no pad token",
+        _tiny(MistralConfig, head_dim=64, sliding_window=_TINY_WINDOW),
+        build_tokenizer=_char_tokenizer_without_pad,
+    ),
+    "tiny/phi3": ZooEntry(
+        "Phi-3, fused qkv_proj and gate_up_proj, MHA, sliding window 16",
+        _tiny(Phi3Config, num_key_value_heads=2, sliding_window=_TINY_WINDOW),
+    ),
+    "tiny/gemma2": ZooEntry(
+        "Gemma-2, soft-capping 50/30, sliding/full layers (window 16), GeGLU, no pad token",
+        _tiny(
+            Gemma2Config,
+            head_dim=64,
+            query_pre_attn_scalar=64,
+            sliding_window=_TINY_WINDOW,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        ),
+        build_tokenizer=_char_tokenizer_without_pad,
+    ),
+    "tiny/gemma3": ZooEntry(
+        "Gemma-3 text, q/k norm, sliding/full layers (window 16) with per-type RoPE",
+        _tiny(
+            Gemma3TextConfig,
+            head_dim=64,
+            query_pre_attn_scalar=64,
+            sliding_window=_TINY_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+    ),
+    "tiny/qwen2-moe": ZooEntry(
+        "Qwen2-MoE (Qwen1.5-MoE), 4 experts top-2 plus a gated shared expert",
+        _tiny(
+            Qwen2MoeConfig,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=128,
+        ),
+    ),
+    "tiny/qwen3-moe": ZooEntry(
+        "Qwen3-MoE, 4 experts top-2, normalised top-k",
+        _tiny(
+            Qwen3MoeConfig,
+            head_dim=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            norm_topk_prob=True,
+        ),
+    ),
+    "tiny/mixtral": ZooEntry(
+        "Mixtral, 4 experts top-2",
+        _tiny(MixtralConfig, head_dim=64, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "tiny/starling": ZooEntry(
+        "Mistral inside, config.json names StarlingLmForCausalLM (a fine-tune's renamed architecture)",
+        _tiny(MistralConfig, head_dim=64, sliding_window=_TINY_WINDOW),
+        declared_architecture="StarlingLmForCausalLM",
+    ),
+}
+
+
+def _published(config_class: type[PretrainedConfig], **fields: object) -> Callable:
+    """A published model's config (numbers from its config.json); special-token ids are the char
+    tokenizer's, which fit inside every published vocabulary."""
+
+    def build(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+        return config_class(**fields, **_token_ids(tokenizer))
+
+    return build
+
+
+def _qwen25(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> Callable:
+    def build(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+        return Qwen2Config(
+            vocab_size=151936,
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=True,
+            **_token_ids(tokenizer),
+        )
+
+    return build
+
+
+def _llama32_1b(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+    return LlamaConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        tie_word_embeddings=True,
+        **_token_ids(tokenizer),
+    )
+
+
+_QWEN_ROPE = {"rope_type": "default", "rope_theta": 1000000.0}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+_GEMMA2 = dict(
+    vocab_size=256000,
+    head_dim=256,
+    query_pre_attn_scalar=256,  # 9B too: its config.json was corrected from 224 to 256 in July 2024
+    sliding_window=4096,
+    attn_logit_softcapping=50.0,
+    final_logit_softcapping=30.0,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-6,
+    hidden_activation="gelu_pytorch_tanh",
+    tie_word_embeddings=True,
+)
+_PHI3_4K = dict(
+    vocab_size=32064,
+    max_position_embeddings=4096,
+    original_max_position_embeddings=4096,
+    sliding_window=2047,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+_MISTRAL_7B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+# The study's models (a public compatibility study of verl), config.json numbers as published.
+STUDY_ZOO: dict[str, ZooEntry] = {
+    "Qwen/Qwen2.5-0.5B-Instruct": ZooEntry(
+        "Qwen2.5-0.5B-Instruct shape", _qwen25(896, 4864, 24, 14, 2), torch.bfloat16
+    ),
+    "Qwen/Qwen2.5-1.5B-Instruct": ZooEntry(
+        "Qwen2.5-1.5B-Instruct shape", _qwen25(1536, 8960, 28, 12, 2), torch.bfloat16
+    ),
+    "Qwen/Qwen2.5-3B-Instruct": ZooEntry(
+        "Qwen2.5-3B-Instruct shape (3.09B)", _qwen25(2048, 11008, 36, 16, 2), torch.bfloat16
+    ),
+    "Qwen/Qwen2.5-7B-Instruct": ZooEntry(
+        "Qwen2.5-7B-Instruct shape (7.62B, untied, vocab 152064)",
+        _published(
+            Qwen2Config,
+            vocab_size=152064,
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_parameters=_QWEN_ROPE,
+            tie_word_embeddings=False,
+        ),
+        torch.bfloat16,
+    ),
+    "meta-llama/Llama-3.2-1B-Instruct": ZooEntry("Llama-3.2-1B-Instruct shape", _llama32_1b, torch.bfloat16),
+    "meta-llama/Llama-3.2-3B-Instruct": ZooEntry(
+        "Llama-3.2-3B-Instruct shape (3.21B)",
+        _published(
+            LlamaConfig,
+            vocab_size=128256,
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=28,
+            num_attention_heads=24,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_parameters=_LLAMA3_ROPE,
+            tie_word_embeddings=True,
+        ),
+        torch.bfloat16,
+    ),
+    "microsoft/Phi-3-mini-4k-instruct": ZooEntry(
+        "Phi-3-mini-4k-instruct shape (3.82B, MHA, fused qkv/gate_up, window 2047)",
+        _published(
+            Phi3Config,
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            **_PHI3_4K,
+        ),
+        torch.bfloat16,
+    ),
+    "microsoft/Phi-3-medium-4k-instruct": ZooEntry(
+        "Phi-3-medium-4k-instruct shape (14B, 40 heads / 10 kv heads)",
+        _published(
+            Phi3Config,
+            hidden_size=5120,
+            intermediate_size=17920,
+            num_hidden_layers=40,
+            num_attention_heads=40,
+            num_key_value_heads=10,
+            **_PHI3_4K,
+        ),
+        torch.bfloat16,
+    ),
+    "google/gemma-2-2b-it": ZooEntry(
+        "Gemma-2-2b-it shape (2.61B, soft-capping, window 4096)",
+        _published(
+            Gemma2Config,
+            hidden_size=2304,
+            intermediate_size=9216,
+            num_hidden_layers=26,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            **_GEMMA2,
+        ),
+        torch.bfloat16,
+        build_tokenizer=_char_tokenizer_without_pad,
+    ),
+    "google/gemma-2-9b-it": ZooEntry(
+        "Gemma-2-9b-it shape (9.24B, soft-capping, window 4096)",
+        _published(
+            Gemma2Config,
+            hidden_size=3584,
+            intermediate_size=14336,
+            num_hidden_layers=42,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            **_GEMMA2,
+        ),
+        torch.bfloat16,
+        build_tokenizer=_char_tokenizer_without_pad,
+    ),
+    "berkeley-nest/Starling-LM-7B-alpha": ZooEntry(
+        "Starling-LM-7B-alpha shape (Mistral-7B-v0.1 + 2 tokens, window 4096)",
+        _published(
+            MistralConfig,
+            vocab_size=32002,
+            max_position_embeddings=8192,
+            sliding_window=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            **_MISTRAL_7B,
+        ),
+        torch.bfloat16,
+    ),
+    "Qwen/Qwen1.5-MoE-A2.7B": ZooEntry(
+        "Qwen1.5-MoE-A2.7B shape (14.3B, 60 experts top-4 + shared expert)",
+        _published(
+            Qwen2MoeConfig,
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=5632,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            num_experts=60,
+            num_experts_per_tok=4,
+            moe_intermediate_size=1408,
+            shared_expert_intermediate_size=5632,
+            norm_topk_prob=False,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-6,
+            rope_parameters=_QWEN_ROPE,
+            tie_word_embeddings=False,
+        ),
+        torch.bfloat16,
+    ),
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": ZooEntry(
+        "Mixtral-8x7B-Instruct shape (46.7B, 8 experts top-2)",
+        _published(
+            MixtralConfig,
+            vocab_size=32000,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            max_position_embeddings=32768,
+            sliding_window=None,
+            rope_parameters=_QWEN_ROPE,
+            **_MISTRAL_7B,
+        ),
+        torch.bfloat16,
+    ),
+}
+
+
+ZOO: dict[str, ZooEntry] = {
+    "tiny/qwen2": ZooEntry("Qwen2, 2 layers, hidden 64, 4 heads / 2 kv heads, char vocab", _tiny_qwen2),
+    "tiny/qwen2-hd64": ZooEntry("Qwen2, 2 layers, hidden 128, head_dim 64 (vLLM CPU)", _tiny_qwen2_hd64),
+    "tiny/llama": ZooEntry("Llama, 2 layers, hidden 64, 4 heads / 2 kv heads, char vocab", _tiny_llama),
+    "Qwen/Qwen2.5-0.5B": ZooEntry(
+        "Qwen2.5-0.5B shape (494M parameters)", _qwen25(896, 4864, 24, 14, 2), torch.bfloat16
+    ),
+    "Qwen/Qwen2.5-1.5B": ZooEntry(
+        "Qwen2.5-1.5B shape (1.54B parameters)", _qwen25(1536, 8960, 28, 12, 2), torch.bfloat16
+    ),
+    "meta-llama/Llama-3.2-1B": ZooEntry("Llama-3.2-1B shape (1.24B parameters)", _llama32_1b, torch.bfloat16),
+    **TINY_ZOO,
+    **STUDY_ZOO,
+}
