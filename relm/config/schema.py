@@ -293,13 +293,29 @@ class CriticConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment (`reward_model.overlong_buffer.*`)."""
+
+    enable: bool = False
+    """Penalise responses that run into the last `len` tokens before `data.max_response_length`."""
+    len: int = 0
+    """Buffer length in tokens; the penalty grows linearly over it."""
+    penalty_factor: float = 1.0
+    """Penalty at the very end of the buffer (the response hit the length limit)."""
+    log: bool = False
+    """verl's switch to log the penalty; relm always logs `reward_extra/overlong_penalty/mean`."""
+
+
+@dataclass
 class RewardModelConfig:
     """A learned reward model (`reward_model.*`)."""
 
     enable: bool = False
     """Score responses with a reward model (not supported yet: true is an error)."""
     reward_manager: str = "naive"
-    """How rule scores are computed; relm scores one response at a time (`naive`)."""
+    """How rule scores are computed; relm scores one response at a time (`naive`; `dapo` is accepted)."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO overlong reward shaping."""
 
 
 @dataclass
@@ -327,6 +343,18 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO dynamic sampling (`algorithm.filter_groups.*`)."""
+
+    enable: bool = False
+    """Drop prompts whose responses all got the same metric value and generate more until the batch is full."""
+    metric: str = "acc"
+    """What must vary in a group: `acc`/another reward-function key, or `score` (`seq_reward`, `seq_final_reward`)."""
+    max_num_gen_batches: int = 0
+    """Cap on generation rounds per step (<= 0: no cap); at the cap relm fills up with dropped groups and warns."""
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and reward shaping (`algorithm.*`)."""
 
@@ -344,6 +372,8 @@ class AlgorithmConfig:
     """KL estimator in the reward: `kl`, `abs`, `mse`, `low_var_kl`."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Controller of the in-reward KL coefficient."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO dynamic sampling."""
 
 
 @dataclass

@@ -43,7 +43,7 @@ LOGGERS_NOT_YET = ("wandb", "tensorboard", "swanlab", "mlflow", "vemlp_wandb", "
 """verl logger names relm knows of but does not provide yet."""
 RESUME_MODES = ("auto", "disable", "resume_path")
 STRATEGIES = ("fsdp", "fsdp2")
-REWARD_MANAGERS = ("naive",)
+REWARD_MANAGERS = ("naive", "dapo")
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -309,6 +309,17 @@ def _check_features(cfg: RelmConfig) -> None:
                 f"`actor_rollout_ref.rollout.{key}={mirror}` differs from `data.{source_key}={source}`; relm "
                 f"reads `data.{source_key}`: set the two equal or drop the rollout key"
             )
+    overlong = cfg.reward_model.overlong_buffer
+    if overlong.enable and not 0 < overlong.len < data.max_response_length:
+        raise UserError(
+            f"`reward_model.overlong_buffer.len={overlong.len}` must be between 1 and "
+            f"`data.max_response_length={data.max_response_length}` - 1 when the overlong buffer is enabled"
+        )
+    if cfg.algorithm.filter_groups.enable and rollout.n < 2:
+        raise UserError(
+            f"`algorithm.filter_groups.enable=true` needs groups: `actor_rollout_ref.rollout.n={rollout.n}` "
+            "must be at least 2"
+        )
 
 
 def _choice(key: str, value: Any, allowed: Iterable[str]) -> None:

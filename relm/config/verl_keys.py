@@ -159,7 +159,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     # algorithm
     "algorithm.use_pf_ppo": "PF-PPO (policy filtration) reweighting is not implemented",
     "algorithm.pf_ppo.*": "PF-PPO (policy filtration) reweighting is not implemented",
-    "algorithm.filter_groups.*": "DAPO dynamic sampling (group filtering) is not implemented",
     # trainer
     "trainer.log_val_generations": "validation samples are not logged yet",
     "trainer.rollout_data_dir": "rollout dumps are not implemented",
@@ -184,7 +183,6 @@ UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
     "critic.model.lora_rank": "LoRA is not supported yet; set it to 0 (full fine-tuning)",
     "actor_rollout_ref.rollout.multi_turn.enable": "multi-turn rollouts are not supported yet",
     "algorithm.use_pf_ppo": "PF-PPO (policy filtration) is not supported yet",
-    "algorithm.filter_groups.enable": "DAPO dynamic sampling is not supported yet",
     "trainer.val_only": "validation-only runs are not supported yet",
 }
 """Accepted keys whose non-off value would change what is trained: turning them on is an error."""

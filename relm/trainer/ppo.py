@@ -15,15 +15,13 @@ import logging
 import time
 from collections.abc import Iterator
 
-import torch
-
 from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
 from relm.data.records import PromptBatch
-from relm.rollout.base import SamplingParams
 from relm.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
-from relm.trainer.experience import batched_logprobs, batched_values, build_experience
+from relm.trainer.experience import batched_logprobs, batched_values
 from relm.trainer.loggers import make_loggers
 from relm.trainer.metrics import data_metrics, mean_of_lists, memory_metrics
 from relm.trainer.validation import build_val_params, is_validation_step, make_val_dataset, run_validation
@@ -42,60 +40,16 @@ def timed(metrics: dict[str, float], name: str) -> Iterator[None]:
     metrics[f"timing_s/{name}"] = time.perf_counter() - start
 
 
-def sampling_params(c: RunComponents, step: int) -> SamplingParams:
-    """This step's sampling; the seed is derived from (seed, step) so a resumed run samples the same."""
-    rollout = c.cfg.actor_rollout_ref.rollout
-    return SamplingParams(
-        seed=c.cfg.seed * 1_000_003 + step,
-        n=rollout.n,
-        max_new_tokens=c.cfg.data.max_response_length,
-        temperature=rollout.temperature,
-        top_p=rollout.top_p,
-        top_k=rollout.top_k,
-        do_sample=rollout.do_sample,
-        ignore_eos=rollout.ignore_eos,
-    )
-
-
-def greedy_baseline_scores(c: RunComponents, prompts: PromptBatch, n: int) -> torch.Tensor:
-    """ReMax's baseline: the score of one greedy response per prompt, repeated for its `n` samples."""
-    params = SamplingParams(n=1, max_new_tokens=c.cfg.data.max_response_length, do_sample=False)
-    greedy = build_experience(
-        prompts, c.engine.generate(prompts.prompt_ids, params), n=1, pad_token_id=c.tokenizer.pad_token_id
-    )
-    scores = c.reward(
-        greedy.response_ids,
-        greedy.response_mask,
-        greedy.data_sources,
-        greedy.ground_truths,
-        greedy.extra_infos,
-    ).scores
-    return scores.repeat_interleave(n)
-
-
 def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, float]:
     """One full step on one batch of prompts; returns the step's metrics under verl's names."""
     cfg, arr = c.cfg, c.cfg.actor_rollout_ref
-    n, temperature = arr.rollout.n, arr.rollout.temperature or 1.0
+    temperature = arr.rollout.temperature or 1.0
     metrics: dict[str, float] = {}
     step_start = time.perf_counter()
 
     with timed(metrics, "gen"):
-        gen = c.engine.generate(prompts.prompt_ids, sampling_params(c, step))
-    batch: ExperienceBatch = build_experience(prompts, gen, n=n, pad_token_id=c.tokenizer.pad_token_id)
-
-    with timed(metrics, "reward"):
-        scored = c.reward(
-            batch.response_ids,
-            batch.response_mask,
-            batch.data_sources,
-            batch.ground_truths,
-            batch.extra_infos,
-        )
-        batch.token_scores = scored.token_scores
-        for name, values in scored.extra.items():
-            # Rows whose function left a key out carry NaN there.
-            metrics[f"reward_extra/{name}/mean"] = float(torch.tensor(values, dtype=torch.float64).nanmean())
+        # Generation and scoring (and DAPO's resampling rounds) are one phase; scoring is cheap beside it.
+        batch: ExperienceBatch = collect_experience(c, prompts, step, metrics)
 
     rows = c.sizes.rows_per_logprob_forward
     with timed(metrics, "old_log_prob"):
@@ -123,10 +77,9 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
             )  # fmt: skip
             metrics["actor/reward_kl_penalty"] = float(kl_metrics["reward_kl"])
             metrics["actor/reward_kl_penalty_coeff"] = c.kl_ctrl.value
-            c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(prompts))
+            c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(batch))
         else:
             batch.token_rewards = batch.token_scores
-        baseline = greedy_baseline_scores(c, prompts, n) if cfg.algorithm.adv_estimator == "remax" else None
         batch.advantages, batch.returns = compute_advantages(
             cfg.algorithm.adv_estimator,
             token_rewards=batch.token_rewards,
@@ -136,7 +89,7 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
             gamma=cfg.algorithm.gamma,
             lam=cfg.algorithm.lam,
             norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
-            baseline_scores=baseline,
+            baseline_scores=batch.baseline_scores,
         )
 
     skipped = 0

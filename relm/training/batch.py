@@ -33,6 +33,8 @@ class ExperienceBatch:
     finish_reasons: list[str]
     rollout_logprobs: torch.Tensor | None = None
     """[N, R] logprobs reported by the rollout engine."""
+    baseline_scores: torch.Tensor | None = None
+    """[N] score of the greedy response to the same prompt (ReMax's baseline)."""
     old_logprobs: torch.Tensor | None = None
     """[N, R] actor logprobs before this step's update."""
     ref_logprobs: torch.Tensor | None = None
@@ -81,6 +83,32 @@ class ExperienceBatch:
             elif isinstance(value, list):
                 picked[f.name] = [value[i] for i in idx.tolist()]
         return replace(self, **picked)
+
+    @staticmethod
+    def concat(batches: list[ExperienceBatch], pad_token_id: int) -> ExperienceBatch:
+        """Rows of several batches in order; prompt blocks are re-left-padded to a common width.
+
+        Group ids must already be distinct across the batches (the caller offsets them).
+        """
+        width = max(b.prompt_ids.shape[1] for b in batches)
+
+        def left_widen(t: torch.Tensor, fill: int) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=fill)
+
+        merged: dict[str, Any] = {}
+        for f in fields(ExperienceBatch):
+            values = [getattr(b, f.name) for b in batches]
+            if f.name == "prompt_ids":
+                merged[f.name] = torch.cat([left_widen(v, pad_token_id) for v in values])
+            elif f.name == "prompt_mask":
+                merged[f.name] = torch.cat([left_widen(v, 0) for v in values])
+            elif all(v is None for v in values):
+                merged[f.name] = None
+            elif isinstance(values[0], torch.Tensor):
+                merged[f.name] = torch.cat(values)
+            else:
+                merged[f.name] = [item for v in values for item in v]
+        return ExperienceBatch(**merged)
 
     def to(self, device: torch.device | str) -> ExperienceBatch:
         """A copy with every tensor on `device`."""

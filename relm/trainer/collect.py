@@ -1,0 +1,152 @@
+"""The rollout phase of a step: generate, score, shape, and (DAPO) resample until the batch is full."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from relm.algorithms.filtering import groups_with_variance
+from relm.data.records import PromptBatch
+from relm.rewards.manager import RewardResult
+from relm.rewards.shaping import overlong_penalty
+from relm.rollout.base import SamplingParams
+from relm.trainer.components import RunComponents
+from relm.trainer.experience import build_experience
+from relm.training.batch import ExperienceBatch
+
+logger = logging.getLogger("relm")
+
+SCORE_METRICS = ("score", "seq_reward", "seq_final_reward")
+"""`algorithm.filter_groups.metric` values that mean the response's total score."""
+
+
+def sampling_params(c: RunComponents, step: int, round_index: int = 0) -> SamplingParams:
+    """This step's sampling; the seed comes from (seed, step, round) so a resumed run samples the same."""
+    rollout = c.cfg.actor_rollout_ref.rollout
+    return SamplingParams(
+        seed=c.cfg.seed * 1_000_003 + step * 1_000 + round_index,
+        n=rollout.n,
+        max_new_tokens=c.cfg.data.max_response_length,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        do_sample=rollout.do_sample,
+        ignore_eos=rollout.ignore_eos,
+    )
+
+
+def _score(c: RunComponents, batch: ExperienceBatch) -> RewardResult:
+    return c.reward(
+        batch.response_ids, batch.response_mask, batch.data_sources, batch.ground_truths, batch.extra_infos
+    )
+
+
+def _greedy_baseline(c: RunComponents, prompts: PromptBatch, n: int) -> torch.Tensor:
+    """ReMax's baseline: the score of one greedy response per prompt, repeated for its `n` samples."""
+    params = SamplingParams(n=1, max_new_tokens=c.cfg.data.max_response_length, do_sample=False)
+    greedy = build_experience(
+        prompts, c.engine.generate(prompts.prompt_ids, params), n=1, pad_token_id=c.tokenizer.pad_token_id
+    )
+    return _score(c, greedy).scores.repeat_interleave(n)
+
+
+def generate_and_score(
+    c: RunComponents, prompts: PromptBatch, params: SamplingParams, group_offset: int = 0
+) -> tuple[ExperienceBatch, dict[str, torch.Tensor]]:
+    """One generation round: responses with `token_scores` set, and the reward function's extras per row."""
+    gen = c.engine.generate(prompts.prompt_ids, params)
+    batch = build_experience(prompts, gen, n=params.n, pad_token_id=c.tokenizer.pad_token_id)
+    batch.group_ids += group_offset
+    scored = _score(c, batch)
+    extras = {name: torch.tensor(values, dtype=torch.float32) for name, values in scored.extra.items()}
+    token_scores = scored.token_scores
+    overlong = c.cfg.reward_model.overlong_buffer
+    if overlong.enable:
+        penalty = overlong_penalty(
+            batch.response_mask.sum(-1),
+            max_response_length=c.cfg.data.max_response_length,
+            buffer_len=overlong.len,
+            penalty_factor=overlong.penalty_factor,
+        )
+        token_scores = token_scores + penalty[:, None] * _last_token_onehot(batch.response_mask)
+        extras["overlong_penalty"] = penalty
+    batch.token_scores = token_scores
+    if c.cfg.algorithm.adv_estimator == "remax":
+        batch.baseline_scores = _greedy_baseline(c, prompts, params.n)
+    return batch, extras
+
+
+def _last_token_onehot(response_mask: torch.Tensor) -> torch.Tensor:
+    """[N, R] 1.0 at each response's last token (nothing for an empty response)."""
+    lengths = response_mask.sum(-1)  # [N]
+    positions = torch.arange(response_mask.shape[1])[None, :]
+    return ((positions == (lengths - 1)[:, None]) & (lengths[:, None] > 0)).float()
+
+
+def _filter_values(batch: ExperienceBatch, extras: dict[str, torch.Tensor], metric: str) -> torch.Tensor:
+    if metric in SCORE_METRICS:
+        return batch.token_scores.sum(-1)
+    if metric not in extras:
+        from relm.errors import UserError
+
+        raise UserError(
+            f"`algorithm.filter_groups.metric={metric}`: the reward function returned no `{metric}`; "
+            f"use one of {', '.join(SCORE_METRICS)} or a key it returns ({', '.join(sorted(extras)) or 'none'})"
+        )
+    return extras[metric]
+
+
+def collect_experience(
+    c: RunComponents, prompts: PromptBatch, step: int, metrics: dict[str, float]
+) -> ExperienceBatch:
+    """Generate and score `prompts`; with DAPO's dynamic sampling, keep only groups whose responses
+    differ and draw more prompts from the loader until `data.train_batch_size` groups are kept."""
+    batch, extras = generate_and_score(c, prompts, sampling_params(c, step))
+    filt = c.cfg.algorithm.filter_groups
+    if filt.enable:
+        batch, extras = _fill_with_varied_groups(c, prompts, batch, extras, step, metrics)
+    for name, values in extras.items():
+        # Rows whose function left a key out carry NaN there.
+        metrics[f"reward_extra/{name}/mean"] = float(values.double().nanmean())
+    return batch
+
+
+def _fill_with_varied_groups(
+    c: RunComponents,
+    prompts: PromptBatch,
+    batch: ExperienceBatch,
+    extras: dict[str, torch.Tensor],
+    step: int,
+    metrics: dict[str, float],
+) -> tuple[ExperienceBatch, dict[str, torch.Tensor]]:
+    filt, n = c.cfg.algorithm.filter_groups, c.cfg.actor_rollout_ref.rollout.n
+    wanted = c.cfg.data.train_batch_size * n
+    pad = c.tokenizer.pad_token_id
+    kept, dropped = [], []
+    rounds = 0
+    while True:
+        keep = groups_with_variance(batch.group_ids, _filter_values(batch, extras, filt.metric))
+        kept.append((batch.select(torch.nonzero(keep).squeeze(-1)), {k: v[keep] for k, v in extras.items()}))
+        dropped.append(
+            (batch.select(torch.nonzero(~keep).squeeze(-1)), {k: v[~keep] for k, v in extras.items()})
+        )
+        rounds += 1
+        num_kept = sum(len(b) for b, _ in kept)
+        if num_kept >= wanted:
+            break
+        if 0 < filt.max_num_gen_batches <= rounds:
+            logger.warning(
+                "step %d: only %d of %d responses come from groups with differing %s after %d generation rounds "
+                "(algorithm.filter_groups.max_num_gen_batches); filling up with uniform groups",
+                step, num_kept, wanted, filt.metric, rounds,
+            )  # fmt: skip
+            kept.extend(dropped)
+            break
+        offset = int(batch.group_ids.max()) + 1
+        batch, extras = generate_and_score(c, c.loader.next_batch(), sampling_params(c, step, rounds), offset)
+    metrics["train/num_gen_batches"] = float(rounds)
+    merged = ExperienceBatch.concat([b for b, _ in kept if len(b)], pad)
+    merged_extras = {k: torch.cat([e[k] for b, e in kept if len(b)]) for k in kept[0][1]}
+    rows = torch.arange(min(wanted, len(merged)))
+    return merged.select(rows), {k: v[rows] for k, v in merged_extras.items()}
