@@ -22,6 +22,7 @@ from relm.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, sav
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
 from relm.trainer.experience import batched_logprobs, batched_values
+from relm.trainer.flops import peak_flops, training_flops
 from relm.trainer.loggers import make_loggers
 from relm.trainer.metrics import data_metrics, mean_of_lists, memory_metrics
 from relm.trainer.validation import build_val_params, is_validation_step, make_val_dataset, run_validation
@@ -122,6 +123,11 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
     metrics["training/skipped_updates"] = float(skipped)
 
     metrics["timing_s/step"] = time.perf_counter() - step_start
+    peak = peak_flops(c.device)
+    if peak is not None and "timing_s/update_actor" in metrics:
+        seq_lens = batch.attention_mask.sum(-1).tolist()
+        flops = training_flops(c.actor, seq_lens, arr.actor.ppo_epochs)
+        metrics["perf/mfu/actor"] = flops / metrics["timing_s/update_actor"] / peak
     num_tokens = int(batch.attention_mask.sum())
     metrics["perf/total_num_tokens"] = float(num_tokens)
     metrics["perf/throughput"] = (
