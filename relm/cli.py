@@ -8,6 +8,7 @@ USAGE = """usage: relm <command> [args]
 
 commands:
   train [--config FILE.yaml] [section.key=value ...]   run PPO-family training (same as python -m relm.trainer.main_ppo)
+  bench step|rollout [options]                           time full training steps or generation alone (relm bench step --help)
   compat MODEL [options]                                 check that a model loads, generates and trains (relm compat --help)
 """
 
@@ -22,11 +23,31 @@ def main(argv: list[str] | None = None) -> int:
         from relm.trainer.main_ppo import main as train_main
 
         return train_main(rest)
+    if command == "bench":
+        return _bench(rest)
     if command == "compat":
         from relm.compat.cli import main as compat_main
 
         return compat_main(rest)
     print(f"error: unknown command `{command}`; run `relm --help` for the list", file=sys.stderr)
+    return 2
+
+
+def _bench(args: list[str]) -> int:
+    """`relm bench step ...` (full training steps) or `relm bench rollout ...` (generation alone)."""
+    kind, rest = (args[0], args[1:]) if args else ("", [])
+    if kind == "step":
+        from relm.bench.step import main as step_main
+
+        return step_main(rest)
+    if kind == "rollout":
+        from relm.bench.rollout import main as rollout_main
+
+        return rollout_main(rest)
+    print(
+        "error: `relm bench` needs `step` or `rollout`, e.g. `relm bench step --model zoo:tiny/qwen2`",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks: `relm bench rollout` and `relm bench step`."""

@@ -1,0 +1,161 @@
+"""`relm bench step`: full GRPO / PPO steps on random weights with fixed lengths, timed phase by phase.
+
+Every step runs the real trainer (`relm.trainer.ppo.ppo_step`) on prompts of exactly `--prompt-len`
+tokens with eos ignored, so each response is `--response-len` tokens and runs are comparable across
+engines, machines and versions. The first step is a warm-up and is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from relm.errors import UserError, run_guarded
+from relm.logs import setup_logging
+
+ALGOS = {
+    "grpo": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true"],
+    "ppo": ["algorithm.adv_estimator=gae"],
+}
+REPORTED = (
+    "timing_s/gen",
+    "timing_s/old_log_prob",
+    "timing_s/ref",
+    "timing_s/values",
+    "timing_s/update_critic",
+    "timing_s/update_actor",
+    "timing_s/step",
+    "perf/throughput",
+    "perf/mfu/actor",
+    "perf/max_memory_allocated_gb",
+    "perf/cpu_max_rss_gb",
+)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="relm bench step", description=__doc__)
+    parser.add_argument("--model", default="zoo:tiny/qwen2", help="model path, Hub id or zoo:NAME")
+    parser.add_argument("--algo", default="grpo,ppo", help="comma-separated: grpo, ppo")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step (data.train_batch_size)")
+    parser.add_argument("--n", type=int, default=4, help="responses per prompt (rollout.n)")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--response-len", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=2, help="measured steps (after one warm-up step)")
+    parser.add_argument("--micro", type=int, default=8, help="ppo_micro_batch_size_per_gpu")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here too")
+    parser.add_argument("overrides", nargs="*", help="extra section.key=value overrides")
+    return parser.parse_args(argv)
+
+
+def write_prompts(path: Path, tokenizer, num_prompts: int, prompt_len: int, seed: int = 0) -> None:
+    """Parquet of `num_prompts` chat prompts that encode to exactly `prompt_len` tokens (or as near as the
+    tokenizer allows from below), with a reward that always scores (the bench measures speed)."""
+    from relm.models.tokenizer import encode_prompt
+
+    rng = random.Random(seed)
+    rows = []
+    for index in range(num_prompts):
+        words: list[str] = []
+        while True:
+            candidate = [*words, rng.choice("abcdefghijklmnopqrstuvwxyz")]
+            if len(encode_prompt(tokenizer, [{"role": "user", "content": "".join(candidate)}])) > prompt_len:
+                break
+            words = candidate
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": "".join(words)}],
+                "data_source": "relm/letters",
+                "reward_model": {"style": "rule", "ground_truth": "a"},
+                "extra_info": {"index": index},
+            }
+        )
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def run_algo(args: argparse.Namespace, algo: str, train_file: Path, run_dir: Path) -> dict[str, float]:
+    """Warm-up step, then `args.steps` measured steps; returns each reported metric's mean."""
+    from relm.config.loader import load_config
+    from relm.config.validate import validate_config
+    from relm.models.loading import resolve_model_dir
+    from relm.trainer.components import build_components
+    from relm.trainer.ppo import ppo_step
+
+    overrides = [
+        f"actor_rollout_ref.model.path={args.model}",
+        f"data.train_files={train_file}",
+        f"data.max_prompt_length={args.prompt_len}",
+        f"data.max_response_length={args.response_len}",
+        f"data.train_batch_size={args.prompts}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro}",
+        f"actor_rollout_ref.rollout.n={args.n}",
+        "actor_rollout_ref.rollout.ignore_eos=true",
+        f"trainer.device={args.device}",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=[]",
+        *ALGOS[algo],
+        *args.overrides,
+    ]
+    cfg = load_config(overrides)
+    validate_config(cfg)
+    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    measured: list[dict[str, float]] = []
+    for step in range(1, args.steps + 2):
+        metrics = ppo_step(c, c.loader.next_batch(), step)
+        print(
+            f"  {algo} step {step}{' (warm-up)' if step == 1 else ''}: {metrics['timing_s/step']:.2f} s",
+            flush=True,
+        )
+        if step > 1:
+            measured.append(metrics)
+    return {key: statistics.mean(m[key] for m in measured) for key in REPORTED if key in measured[0]}
+
+
+def bench_step(argv: list[str]) -> int:
+    args = parse_args(argv)
+    algos = [a.strip() for a in args.algo.split(",") if a.strip()]
+    unknown = [a for a in algos if a not in ALGOS]
+    if unknown:
+        raise UserError(f"--algo {unknown[0]}: choose from {', '.join(ALGOS)}")
+    from relm.models.loading import resolve_model_dir
+    from relm.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(resolve_model_dir(args.model))
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="relm-bench-") as tmp:
+        train_file = Path(tmp) / "prompts.parquet"
+        write_prompts(train_file, tokenizer, args.prompts, args.prompt_len)
+        for algo in algos:
+            results[algo] = run_algo(args, algo, train_file, Path(tmp) / algo)
+    print_table(args, results)
+    if args.json:
+        args.json.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2)
+        )
+    return 0
+
+
+def print_table(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> None:
+    print(
+        f"\nrelm bench step: {args.model}, {args.prompts} prompts x n={args.n}, "
+        f"{args.prompt_len}+{args.response_len} tokens, mean of {args.steps} step(s) after warm-up"
+    )
+    keys = [k for k in REPORTED if any(k in r for r in results.values())]
+    print(f"{'metric':32s}" + "".join(f"{algo:>14s}" for algo in results))
+    for key in keys:
+        cells = "".join(f"{results[a][key]:14.4g}" if key in results[a] else f"{'-':>14s}" for a in results)
+        print(f"{key:32s}{cells}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    return run_guarded(lambda: bench_step(sys.argv[1:] if argv is None else argv))
