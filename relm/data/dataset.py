@@ -72,6 +72,12 @@ class PromptDataset:
             for row, item in enumerate(_rows(table, file, prompt_key, reward_fn_key)):
                 item["prompt_ids"] = encode_prompt(tokenizer, item["raw_prompt"], custom_chat_template)
                 length = len(item["prompt_ids"])
+                if length == 0:
+                    # Only without a chat template: empty contents joined make an empty text.
+                    raise UserError(
+                        f"data.prompt_key: '{file}' row {row}: the prompt encodes to no tokens; give it "
+                        "text, or a chat template (actor_rollout_ref.model.custom_chat_template)"
+                    )
                 shortest = length if shortest is None else min(shortest, length)
                 if length > max_prompt_length:
                     self.num_filtered += 1

@@ -102,6 +102,14 @@ def load_tokenizer(
             "(or actor_rollout_ref.model.path) at a folder holding tokenizer files, or at a Hub id "
             "that is in the local cache"
         ) from exc
+    # transformers 5 builds an EMPTY tokenizer (its class from config.json, no vocabulary) for a
+    # model folder that has no tokenizer files, instead of failing; every prompt then encodes to
+    # nothing and the run dies deep in generation.
+    if not tokenizer.encode("hello", add_special_tokens=False):
+        raise UserError(
+            f"{path_key}: '{path}' has no tokenizer files (the tokenizer loaded from it has no "
+            "vocabulary); point it at a folder holding tokenizer.json or the model's vocab files"
+        )
     return preflight_tokenizer(tokenizer, name=path)
 
 

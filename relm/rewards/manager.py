@@ -96,6 +96,7 @@ class RewardManager:
         scores: list[float] = []
         extra: dict[str, list[float]] = {}
         for row in range(num_rows):
+            where = f"(data_source '{data_sources[row]}'){_prompt_row(ground_truths[row], extra_infos[row])}"
             try:
                 value = self.compute_score(
                     data_source=data_sources[row],
@@ -108,10 +109,10 @@ class RewardManager:
             except Exception as exc:
                 reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
                 raise UserError(
-                    f"reward function {self._name()} raised {reason} on response {row} "
-                    f"(data_source '{data_sources[row]}'); fix the scoring function or the row's ground truth"
+                    f"reward function {self._name()} raised {reason} on response {row} {where}; fix the "
+                    "scoring function or the row's ground truth"
                 ) from exc
-            score, values = self._check(value, row, data_sources[row])
+            score, values = self._check(value, row, where)
             scores.append(score)
             for key, number in values.items():
                 # Rows before the first that reported this key get NaN, as do rows that omit it.
@@ -130,8 +131,11 @@ class RewardManager:
     def _name(self) -> str:
         return getattr(self.compute_score, "__name__", "the reward function")
 
-    def _check(self, value: Any, row: int, data_source: str) -> tuple[float, dict[str, float]]:
-        """(score, extra numeric values) of one return value, or a UserError saying what was wrong."""
+    def _check(self, value: Any, row: int, where: str) -> tuple[float, dict[str, float]]:
+        """(score, extra numeric values) of one return value, or a UserError saying what was wrong.
+
+        `where` describes the response's prompt for the message (data_source and row).
+        """
         score = value.get("score") if isinstance(value, dict) else value
         extras = {}
         if isinstance(value, dict):
@@ -146,10 +150,21 @@ class RewardManager:
             missing = " (no 'score' key)" if isinstance(value, dict) and "score" not in value else ""
             raise UserError(
                 f"reward function {self._name()} returned {type(value).__name__} {shown}{missing} for "
-                f"response {row} (data_source '{data_source}'); return a finite number or a dict with a finite "
-                "'score'"
+                f"response {row} {where}; return a finite number or a dict with a finite 'score'"
             )
         return number, extras
+
+
+def _prompt_row(ground_truth: Any, extra_info: dict[str, Any] | None) -> str:
+    """Which parquet row a response answers, as far as the scorer's inputs tell.
+
+    The response's position in the batch means nothing to the user; the row's ground truth and
+    verl's `extra_info.index` (written by verl's preprocessing scripts) let them find it.
+    """
+    shown = " ".join(repr(ground_truth).split())
+    text = f" whose prompt row has ground_truth {shown[:60]}{'...' if len(shown) > 60 else ''}"
+    index = (extra_info or {}).get("index")
+    return text + (f" and extra_info index {index}" if index is not None else "")
 
 
 def _as_number(value: Any) -> float | None:
