@@ -117,7 +117,10 @@ def _read_table(file: str | Path, files_key: str) -> pa.Table:
     try:
         return pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
-        reason = " ".join(str(exc).split())[:200]
+        reason = " ".join(str(exc).split())
+        # pyarrow repeats the path ("Could not open Parquet input source '<path>': ..."); the line
+        # names it already.
+        reason = reason.split(f"{path}'", 1)[-1].lstrip(": ")[:200]
         raise UserError(
             f"{files_key}: '{file}' is not a readable parquet file ({reason}); write it with "
             "pandas.DataFrame.to_parquet or pyarrow.parquet.write_table"

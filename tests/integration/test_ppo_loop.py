@@ -161,7 +161,8 @@ def test_user_parquet_and_custom_reward_function_are_used(
 
 
 def test_policy_learns_a_custom_reward(train, write_reward) -> None:
-    # Demo-like sizes, fewer steps: 30 steps rose from ~0.02 to ~0.44 for seeds 1, 2 and 3.
+    # Demo-like sizes, fewer steps: over 30 steps the 5-step mean rose from 0.01-0.02 to 0.44-0.50 for
+    # seeds 1, 2, 3 and 42 (this run's), so the 0.15 margin leaves room for changes in the loop.
     reward = write_reward(LETTER_A_REWARD)
     result = train(
         f"custom_reward_function.path={reward}",
