@@ -13,8 +13,10 @@ def setup_logging() -> None:
     transformers' own advisory warnings are quietened because relm reports what it decided itself.
     """
     log = logging.getLogger("relm")
-    if not log.handlers:
+    # Other code (pytest's capture, an embedding app) may add handlers too: look for relm's own.
+    if not any(getattr(h, "_relm_console", False) for h in log.handlers):
         handler = logging.StreamHandler()
+        handler._relm_console = True  # type: ignore[attr-defined]
         handler.setFormatter(logging.Formatter("relm %(levelname)s: %(message)s"))
         log.addHandler(handler)
         log.propagate = False

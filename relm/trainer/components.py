@@ -25,7 +25,7 @@ from relm.models.loading import load_causal_lm, pick_dtype
 from relm.models.tokenizer import load_tokenizer
 from relm.models.value_model import load_value_model
 from relm.models.zoo import default_cache_dir
-from relm.rewards.custom import resolve_compute_score
+from relm.rewards.custom import ComputeScore, resolve_compute_score
 from relm.rewards.manager import RewardManager
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
@@ -122,10 +122,13 @@ def needs_reference(cfg: RelmConfig) -> bool:
     return cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss
 
 
-def build_components(cfg: RelmConfig, model_dir: str) -> RunComponents:
+def build_components(
+    cfg: RelmConfig, model_dir: str, *, compute_score: ComputeScore | None = None
+) -> RunComponents:
     """Load tokenizer, actor (+ reference, critic), engine, data and reward for `cfg`.
 
-    `model_dir` is the resolved local folder of `actor_rollout_ref.model.path`.
+    `model_dir` is the resolved local folder of `actor_rollout_ref.model.path`; `compute_score` the
+    already-loaded reward function (loaded from `custom_reward_function` when not given).
     """
     from relm.training.optim import build_optimizer
 
@@ -135,7 +138,11 @@ def build_components(cfg: RelmConfig, model_dir: str) -> RunComponents:
     torch.manual_seed(cfg.seed)
 
     tokenizer = load_tokenizer(
-        arr.model.tokenizer_path or model_dir, trust_remote_code=arr.model.trust_remote_code
+        arr.model.tokenizer_path or model_dir,
+        trust_remote_code=arr.model.trust_remote_code,
+        path_key="actor_rollout_ref.model.tokenizer_path"
+        if arr.model.tokenizer_path
+        else "actor_rollout_ref.model.path",
     )
     dataset = PromptDataset(
         resolve_train_files(cfg),
@@ -150,11 +157,15 @@ def build_components(cfg: RelmConfig, model_dir: str) -> RunComponents:
     loader = PromptLoader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=seed)
     sizes = compute_sizes(cfg, loader.batches_per_epoch)
     rows_per_step = cfg.data.train_batch_size * arr.rollout.n
-    compute_score = resolve_compute_score(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
+    if compute_score is None:
+        compute_score = resolve_compute_score(
+            cfg.custom_reward_function.path, cfg.custom_reward_function.name
+        )
 
     load_kwargs = dict(
         dtype=dtype, device=device, trust_remote_code=arr.model.trust_remote_code, seed=cfg.seed
     )
+    logger.info("loading the actor from %s (%s on %s)", model_dir, dtype, device)
     actor = load_causal_lm(model_dir, override_config=arr.model.override_config, **load_kwargs)
     if arr.model.enable_gradient_checkpointing:
         actor.gradient_checkpointing_enable()
@@ -179,6 +190,7 @@ def build_components(cfg: RelmConfig, model_dir: str) -> RunComponents:
             from relm.models.loading import resolve_model_dir
 
             critic_dir = resolve_model_dir(cfg.critic.model.path)
+        logger.info("loading the critic from %s", critic_dir)
         critic = load_value_model(
             critic_dir,
             override_config=cfg.critic.model.override_config,

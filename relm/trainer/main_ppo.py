@@ -7,40 +7,33 @@ import sys
 
 from relm.config.loader import load_config
 from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
-from relm.errors import UserError, run_guarded
+from relm.errors import run_guarded
 from relm.logs import setup_logging
-from relm.models.loading import resolve_model_dir
+from relm.models.loading import load_config as load_model_config
+from relm.rewards.custom import resolve_compute_score
 
 logger = logging.getLogger("relm")
-
-
-def model_max_positions(model_dir: str, trust_remote_code: bool) -> int | None:
-    """The model's position limit from its config (cheap: no weights are read)."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    except Exception as exc:  # noqa: BLE001 - any failure here is a broken model folder
-        raise UserError(
-            f"actor_rollout_ref.model.path: cannot read the config of `{model_dir}` "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); point it at a causal-LM folder"
-        ) from exc
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return getattr(text_config, "max_position_embeddings", None)
 
 
 def train_command(argv: list[str]) -> int:
     """Validate everything cheap first, say so, then build the run and train."""
     cfg = load_config(argv)
     model = cfg.actor_rollout_ref.model
-    model_dir = resolve_model_dir(model.path)
-    validate_config(cfg, max_position_embeddings=model_max_positions(model_dir, model.trust_remote_code))
+    # Cheap checks of the model (its config only: architecture, positions) and of the reward file
+    # (imported once here, used by the run) come before the success line, so it means what it says.
+    model_dir, model_config, _ = load_model_config(
+        model.path, override_config=model.override_config, trust_remote_code=model.trust_remote_code
+    )
+    text_config = model_config.get_text_config()
+    validate_config(cfg, max_position_embeddings=getattr(text_config, "max_position_embeddings", None))
+    reward = cfg.custom_reward_function
+    compute_score = resolve_compute_score(reward.path, reward.name)
     print(CONFIG_OK_MESSAGE, flush=True)
 
     from relm.trainer.components import build_components
     from relm.trainer.ppo import train
 
-    train(build_components(cfg, model_dir))
+    train(build_components(cfg, model_dir, compute_score=compute_score))
     return 0
 
 
