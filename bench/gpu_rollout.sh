@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One-call GPU check of the native rollout engine: the CUDA tests, then `relm bench rollout` runs.
+#
+# Usage (repository root, on the GPU machine):  bash bench/gpu_rollout.sh [quick|full|tests]
+#   tests  only the tests marked gpu in tests/unit/test_native_engine.py
+#   quick  tests + Qwen2.5-1.5B shape, batch 256, 256+256, native and hf            (~3 min)
+#   full   quick + batch 64/1024, 0.5B/3B/7B, Llama-3.2-3B, Gemma-2-2b shapes        (~9 min)
+# Results: one JSON file per bench run and summary.md under $OUT (or bench/results/ when unset).
+# Every step runs under its own time limit; a failing step is reported and the next one still runs.
+set -u
+MODE="${1:-quick}"
+RESULTS="${OUT:-bench/results}"
+mkdir -p "$RESULTS"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export RELM_CACHE="${RELM_CACHE:-/tmp/relm-cache}"
+PY="${PYTHON:-python3}"
+STATUS=()
+
+step() {  # step NAME SECONDS COMMAND...
+  local name="$1" limit="$2"; shift 2
+  echo; echo "=== $name (limit ${limit}s) ==="
+  local start=$SECONDS
+  timeout --signal=KILL "$limit" "$@" 2>&1 | tee "$RESULTS/$name.log"
+  local rc=${PIPESTATUS[0]}
+  STATUS+=("$name: rc=$rc, $((SECONDS - start))s")
+  echo "--- $name: rc=$rc in $((SECONDS - start))s"
+}
+
+bench() {  # bench NAME SECONDS ARGS...
+  local name="$1" limit="$2"; shift 2
+  step "$name" "$limit" "$PY" -m relm.bench.rollout "$@" --json "$RESULTS/$name.json"
+}
+
+echo "=== environment ==="
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"
+"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'available', torch.cuda.is_available()); print('transformers', transformers.__version__)" || exit 1
+if ! "$PY" -c "import pytest" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+
+if "$PY" -c "import pytest" 2>/dev/null; then
+  step gpu_tests 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_native_engine.py
+else
+  STATUS+=("gpu_tests: skipped (no pytest; carry its wheels in .whl)")
+fi
+
+if [ "$MODE" != "tests" ]; then
+  bench qwen1.5b_b256 150 --model zoo:Qwen/Qwen2.5-1.5B --batch 256 --prompt-len 256 --response-len 256 --engine both
+fi
+if [ "$MODE" = "full" ]; then
+  bench qwen1.5b_b64 90 --model zoo:Qwen/Qwen2.5-1.5B --batch 64 --prompt-len 256 --response-len 256 --engine both
+  bench qwen1.5b_b1024 90 --model zoo:Qwen/Qwen2.5-1.5B --batch 1024 --prompt-len 256 --response-len 256
+  bench qwen0.5b_b256 60 --model zoo:Qwen/Qwen2.5-0.5B --batch 256 --prompt-len 256 --response-len 256
+  bench qwen3b_b256 60 --model zoo:Qwen/Qwen2.5-3B-Instruct --batch 256 --prompt-len 256 --response-len 256
+  bench qwen7b_b256 90 --model zoo:Qwen/Qwen2.5-7B-Instruct --batch 256 --prompt-len 256 --response-len 256 \
+    --gpu-memory-utilization 0.5
+  bench llama3b_b256 60 --model zoo:meta-llama/Llama-3.2-3B-Instruct --batch 256 --prompt-len 256 --response-len 256
+  bench gemma2b_b256 60 --model zoo:google/gemma-2-2b-it --batch 256 --prompt-len 256 --response-len 256
+fi
+
+echo; echo "=== summary ==="
+printf '%s\n' "${STATUS[@]}"
+"$PY" - "$RESULTS" <<'EOF' | tee "$RESULTS/summary.md"
+import json, sys
+from pathlib import Path
+from relm.bench.rollout import TABLE_HEADER, markdown_row
+rows = [row for f in sorted(Path(sys.argv[1]).glob("*.json")) for row in json.loads(f.read_text())]
+print(TABLE_HEADER)
+for row in rows:
+    print(markdown_row(row))
+EOF

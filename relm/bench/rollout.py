@@ -1,0 +1,274 @@
+"""`relm bench rollout`: new tokens/s, time to first token, peak memory and share of the bandwidth limit.
+
+A random-weight model with a zoo entry's shape is built directly on the device (no weights written
+or read), prompts are random ids of one length, and eos is ignored, so every run generates exactly
+batch x response-len tokens and runs are comparable across engines, machines and versions.
+
+Bandwidth: decoding is memory-bound, so the yardstick is the bytes one decode step must read (the
+weights plus the live KV cache) over the step's time, against a device copy measured at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+import transformers
+from torch import nn
+
+from relm.errors import UserError, run_guarded
+from relm.models.loading import pick_dtype
+from relm.models.zoo import zoo_config
+from relm.rollout.base import SamplingParams
+from relm.rollout.hf_engine import HFRolloutEngine
+from relm.rollout.native_engine import NativeRolloutEngine, kv_bytes_per_token
+
+ENGINES = ("native", "hf")
+TABLE_HEADER = (
+    "| date | machine | torch / transformers | model | batch | prompt+new | engine | new tok/s | decode tok/s "
+    "| TTFT s | peak GB | % of bandwidth |\n"
+    "| --- | --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"
+)
+"""Header of docs/benchmarks.md's results table; `markdown_row` writes its rows."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"relm bench rollout: {message} (see `relm bench rollout --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="relm bench rollout", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="zoo:NAME (random weights with that shape)")
+    parser.add_argument("--batch", type=int, required=True, help="prompts per generate call (n = 1)")
+    parser.add_argument("--prompt-len", type=int, required=True)
+    parser.add_argument("--response-len", type=int, required=True)
+    parser.add_argument("--engine", choices=(*ENGINES, "both"), default="native")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), bfloat16, float32")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (native: full size)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="native engine decodes eagerly")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write the results (a list of rows) to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `relm bench rollout ...`; exit code 0, or 2 on a usage error."""
+    args = sys.argv[1:] if argv is None else argv
+    return run_guarded(lambda: _run(build_parser().parse_args(args)))
+
+
+def _run(args: argparse.Namespace) -> int:
+    for name in ("batch", "prompt_len", "response_len"):
+        if getattr(args, name) < 1:
+            raise UserError(f"relm bench rollout: --{name.replace('_', '-')} must be >= 1")
+    if not args.model.startswith("zoo:"):
+        raise UserError(f"relm bench rollout: --model `{args.model}` must be zoo:NAME (random weights)")
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("relm bench rollout: --device cuda but no CUDA device is visible")
+    dtype = pick_dtype(args.dtype, device)
+    model = build_random_model(args.model, dtype, device, args.seed)
+    copy_bandwidth = measure_copy_bandwidth(device)
+    vocab = model.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(args.seed)
+    prompts = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=generator).tolist()
+    engines = ENGINES if args.engine == "both" else (args.engine,)
+    rows = []
+    for name in engines:
+        engine = make_engine(name, model, device, args)
+        row = measure_engine(engine, prompts, args.response_len, args.warmup, device)
+        row.update(engine=name, **_shape_fields(args, model, dtype, device, copy_bandwidth))
+        row["bandwidth_fraction"] = row["bytes_per_step"] / (row["decode_step_s"] * copy_bandwidth)
+        if isinstance(engine, NativeRolloutEngine):
+            row["cuda_graphs"] = engine.graphs is not None and engine.graphs.disabled_reason is None
+            row["graphs_disabled_reason"] = engine.graphs.disabled_reason if engine.graphs else None
+            row["fallback_reason"] = engine.fallback_reason
+            engine.release_memory()
+        rows.append(row)
+        del engine
+    _print_table(rows)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+def build_random_model(path: str, dtype: torch.dtype, device: torch.device, seed: int) -> nn.Module:
+    """The zoo entry's architecture with random weights, built on `device` (nothing read or written)."""
+    config = zoo_config(path)
+    # sdpa drops Gemma 2's attention soft-capping, so capped models run eager (as the loader does).
+    capped = getattr(config.get_text_config(), "attn_logit_softcapping", None)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation="eager" if capped else "sdpa"
+        )
+    return model.eval()
+
+
+def make_engine(name: str, model: nn.Module, device: torch.device, args: argparse.Namespace) -> Any:
+    pad = model.config.get_text_config().pad_token_id or 0
+    if name == "hf":
+        return HFRolloutEngine(model, pad_token_id=pad, eos_token_ids=[], device=device)
+    graphs = False if args.no_cuda_graphs else None
+    return NativeRolloutEngine(
+        model,
+        pad_token_id=pad,
+        eos_token_ids=[],
+        device=device,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        use_cuda_graphs=graphs,
+    )
+
+
+def measure_engine(
+    engine: Any, prompts: list[list[int]], response_len: int, warmup: int, device: torch.device
+) -> dict[str, Any]:
+    """Time one full generate call after `warmup` untimed ones, and a 1-token call for TTFT.
+
+    The native engine's warm-up is full-size because it captures one CUDA graph per length bucket
+    on first use; the HF engine's is 8 tokens (it only needs kernels loaded and handles made).
+    """
+    native = isinstance(engine, NativeRolloutEngine)
+    for _ in range(warmup):
+        engine.generate(prompts, _params(response_len if native else min(response_len, 8)))
+    ttft = _timed(lambda: engine.generate(prompts, _params(1)), device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    total = _timed(lambda: engine.generate(prompts, _params(response_len)), device)
+    new_tokens = len(prompts) * response_len
+    decode_step_s = (total - ttft) / max(1, response_len - 1)
+    return {
+        "new_tokens_per_s": new_tokens / total,
+        "ttft_s": ttft,
+        "total_s": total,
+        "decode_step_s": decode_step_s,
+        "decode_tokens_per_s": len(prompts) / decode_step_s,
+        "peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
+    }
+
+
+def measure_copy_bandwidth(device: torch.device, num_bytes: int | None = None) -> float:
+    """Bytes per second of a large device-to-device copy, counting bytes read plus bytes written."""
+    num_bytes = num_bytes or (2 << 30 if device.type == "cuda" else 256 << 20)
+    source = torch.empty(num_bytes, dtype=torch.uint8, device=device).fill_(1)
+    target = torch.empty_like(source)
+    target.copy_(source)  # warm-up
+    repeats = 10 if device.type == "cuda" else 3
+
+    def copies() -> None:
+        for _ in range(repeats):
+            target.copy_(source)
+
+    return 2 * num_bytes / (_timed(copies, device) / repeats)
+
+
+def _shape_fields(
+    args: argparse.Namespace, model: nn.Module, dtype: torch.dtype, device: torch.device, copy_bw: float
+) -> dict[str, Any]:
+    config = model.config.get_text_config()
+    dtype_bytes = torch.finfo(dtype).bits // 8
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # Over the decode steps the live length grows from P + 1 to P + R - 1: P + R / 2 on average.
+    live_tokens = args.batch * (args.prompt_len + args.response_len / 2)
+    return {
+        "model": args.model,
+        "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
+        "batch": args.batch,
+        "prompt_len": args.prompt_len,
+        "response_len": args.response_len,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "copy_bandwidth_gbs": copy_bw / 1e9,
+        "bytes_per_step": weight_bytes + live_tokens * kv_bytes_per_token(config, dtype_bytes),
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def _params(max_new_tokens: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, ignore_eos=True, seed=0)
+
+
+def _timed(fn: Any, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    first = rows[0]
+    print(
+        f"{first['model']} ({first['params_b']:.2f}B, {first['dtype']}) on {first['device']}, batch "
+        f"{first['batch']}, {first['prompt_len']} prompt + {first['response_len']} new tokens; copy "
+        f"bandwidth {first['copy_bandwidth_gbs']:.0f} GB/s; torch {first['torch']}, transformers "
+        f"{first['transformers']}"
+    )
+    header = (
+        f"{'engine':<8} {'new tok/s':>11} {'decode tok/s':>13} {'TTFT s':>8} {'step ms':>8} {'peak GB':>8} "
+        f"{'% bw':>6}"
+    )
+    print(header)
+    for row in rows:
+        peak = f"{row['peak_gb']:.1f}" if row["peak_gb"] is not None else "-"
+        print(
+            f"{row['engine']:<8} {row['new_tokens_per_s']:>11,.0f} {row['decode_tokens_per_s']:>13,.0f} "
+            f"{row['ttft_s']:>8.3f} "
+            f"{row['decode_step_s'] * 1e3:>8.2f} {peak:>8} {100 * row['bandwidth_fraction']:>6.1f}"
+        )
+    speeds = {row["engine"]: row["new_tokens_per_s"] for row in rows}
+    if len(speeds) == 2:
+        print(f"native / hf: {speeds['native'] / speeds['hf']:.1f}x")
+    for row in rows:
+        if row.get("fallback_reason"):
+            print(f"note: the native engine fell back to HF: {row['fallback_reason']}")
+        if row.get("graphs_disabled_reason"):
+            print(f"note: the native engine decoded without CUDA graphs: {row['graphs_disabled_reason']}")
+    print("docs/benchmarks.md rows:")
+    print(TABLE_HEADER)
+    for row in rows:
+        print(markdown_row(row))
+
+
+def markdown_row(row: dict[str, Any]) -> str:
+    """One row of docs/benchmarks.md's table (same column order as its header)."""
+    peak = f"{row['peak_gb']:.1f}" if row["peak_gb"] is not None else "-"
+    cells = [
+        row["date"],
+        row["device"],
+        f"{row['torch']} / {row['transformers']}",
+        f"{row['model'].removeprefix('zoo:')} ({row['params_b']:.2f}B {row['dtype']})",
+        str(row["batch"]),
+        f"{row['prompt_len']}+{row['response_len']}",
+        row["engine"],
+        f"{row['new_tokens_per_s']:,.0f}",
+        f"{row['decode_tokens_per_s']:,.0f}",
+        f"{row['ttft_s']:.3f}",
+        peak,
+        f"{100 * row['bandwidth_fraction']:.1f}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""NativeRolloutEngine against HF `generate`, the HF reference engine and the trainer's forward.
+
+CPU tests run in fp32, where the native engine's grouped attention and transformers' attention
+differ by rounding only, so greedy tokens must be identical. Tests marked `gpu` check the CUDA-graph
+path against the eager one on the same device.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GptOssConfig, PreTrainedModel
+
+from relm.data.records import left_pad
+from relm.errors import UserError
+from relm.models.loading import load_causal_lm
+from relm.models.zoo import ZOO, materialize_zoo
+from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, SamplingParams
+from relm.rollout.hf_engine import HFRolloutEngine
+from relm.rollout.native_attention import grouped_attention, restrict_to_window
+from relm.rollout.native_engine import NativeRolloutEngine
+from relm.training.forward import response_logprobs
+
+# Lengths around the tiny zoo's sliding window (16): the 30-token prompt and 20 new tokens make the
+# window cut in both prefill and decode; the 2-token prompt gives 28 columns of left padding.
+PROMPT_LENGTHS = [5, 23, 2, 30]
+ARCHITECTURES = [
+    name
+    for name in (
+        "tiny/qwen2",
+        "tiny/llama",
+        "tiny/gemma2",
+        "tiny/mistral",
+        "tiny/phi3",
+        "tiny/gemma3",
+        "tiny/qwen3",
+        "tiny/qwen2-moe",
+        "tiny/qwen3-moe",
+        "tiny/mixtral",
+    )
+    if name in ZOO
+]
+
+
+def zoo_model(name: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    return load_causal_lm(str(materialize_zoo(f"zoo:{name}")), dtype=dtype, device=device)
+
+
+def pad_id(model: PreTrainedModel) -> int:
+    return model.config.pad_token_id if model.config.pad_token_id is not None else 0
+
+
+def prompts_for(
+    model: PreTrainedModel, lengths: list[int] = PROMPT_LENGTHS, seed: int = 0
+) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    high = min(model.config.vocab_size, 60)
+    return [torch.randint(3, high, (n,), generator=generator).tolist() for n in lengths]
+
+
+def native(model: PreTrainedModel, eos: list[int], **kwargs) -> NativeRolloutEngine:
+    return NativeRolloutEngine(model, pad_token_id=pad_id(model), eos_token_ids=eos, device="cpu", **kwargs)
+
+
+def reference(model: PreTrainedModel, eos: list[int]) -> HFRolloutEngine:
+    return HFRolloutEngine(model, pad_token_id=pad_id(model), eos_token_ids=eos, device=model.device)
+
+
+def greedy(max_new_tokens: int = 20, **kwargs) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_greedy_equals_hf_generate_and_hf_engine(name):
+    model = zoo_model(name)
+    prompts, pad = prompts_for(model), pad_id(model)
+    free = native(model, eos=[]).generate(prompts, greedy())
+    eos = int(free.response_ids[0, 3])  # row 0 stops after 4 tokens, the others where it appears
+    ours = native(model, eos=[eos]).generate(prompts, greedy())
+    assert FINISH_STOP in ours.finish_reasons
+
+    theirs = reference(model, eos=[eos]).generate(prompts, greedy())
+    assert torch.equal(ours.response_ids, theirs.response_ids)
+    assert torch.equal(ours.response_mask, theirs.response_mask)
+    assert ours.finish_reasons == theirs.finish_reasons
+    torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-4, rtol=0)
+
+    ids, mask = left_pad(prompts, pad)
+    generated = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=20,
+        pad_token_id=pad,
+        eos_token_id=eos,
+    )[:, ids.shape[1] :]
+    assert torch.equal(ours.response_ids[:, : generated.shape[1]], generated)
+    assert model.config._attn_implementation in ("sdpa", "eager")  # switched back after generating
+
+
+def trainer_logprobs(model, prompts, out, n: int, temperature: float) -> torch.Tensor:
+    prompt_ids, prompt_mask = left_pad([p for p in prompts for _ in range(n)], pad_id(model))
+    input_ids = torch.cat([prompt_ids, out.response_ids], dim=1)
+    mask = torch.cat([prompt_mask, out.response_mask], dim=1)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    logprobs, _ = response_logprobs(
+        model, input_ids, mask, positions, out.response_ids.shape[1], temperature=temperature
+    )
+    return logprobs
+
+
+@pytest.mark.parametrize("name", ["tiny/qwen2", "tiny/gemma2"])
+@torch.no_grad()
+def test_sampled_logprobs_equal_trainer_forward(name):
+    model = zoo_model(name)
+    prompts = prompts_for(model)
+    params = SamplingParams(n=2, max_new_tokens=16, temperature=0.7, top_k=20, top_p=0.9, seed=3)
+    out = native(model, eos=[5, 9, 11, 17]).generate(prompts, params)
+    expected = trainer_logprobs(model, prompts, out, n=2, temperature=0.7)
+    mask = out.response_mask.bool()
+    assert mask.sum() > 40
+    torch.testing.assert_close(out.logprobs[mask], expected[mask], atol=1e-4, rtol=0)
+
+
+def test_n_samples_share_prefill_and_match_repeated_prompts_and_hf_engine():
+    model = zoo_model("tiny/qwen2")
+    prompts = prompts_for(model)
+    params = SamplingParams(n=3, max_new_tokens=12, temperature=1.0, seed=5)
+    shared = native(model, eos=[7]).generate(prompts, params)
+    repeated_prompts = [p for p in prompts for _ in range(3)]
+    repeated = native(model, eos=[7]).generate(
+        repeated_prompts, SamplingParams(**{**params.__dict__, "n": 1})
+    )
+    assert torch.equal(shared.response_ids, repeated.response_ids)
+    torch.testing.assert_close(shared.logprobs, repeated.logprobs, atol=1e-5, rtol=0)
+    # Same seed, same draws: the HF engine samples the same tokens.
+    hf = reference(model, eos=[7]).generate(prompts, params)
+    assert torch.equal(shared.response_ids, hf.response_ids)
+    # The samples of one prompt differ (they are samples, not copies).
+    assert not torch.equal(shared.response_ids[0], shared.response_ids[1])
+
+
+def test_seed_reproduces_and_differs():
+    model = zoo_model("tiny/llama")
+    engine = native(model, eos=[])
+    params = SamplingParams(n=2, max_new_tokens=10, seed=11)
+    first, second = engine.generate(prompts_for(model), params), engine.generate(prompts_for(model), params)
+    assert torch.equal(first.response_ids, second.response_ids)
+    other = engine.generate(prompts_for(model), SamplingParams(n=2, max_new_tokens=10, seed=12))
+    assert not torch.equal(first.response_ids, other.response_ids)
+
+
+def test_all_rows_stopping_ends_early_with_full_width_and_modes_restored():
+    model = zoo_model("tiny/qwen2")
+    model.train()
+    prompts = prompts_for(model, [4, 9])
+    first = native(model, eos=[]).generate(prompts, greedy(max_new_tokens=1)).response_ids[:, 0]
+    engine = native(model, eos=first.tolist())
+    out = engine.generate(prompts, greedy(max_new_tokens=50))
+    assert out.response_ids.shape == (2, 50)
+    assert out.response_mask.sum(dim=1).tolist() == [1, 1]
+    assert out.finish_reasons == [FINISH_STOP, FINISH_STOP]
+    assert engine.last_stats["decode_steps"] == 0  # stopped right after the first token
+    assert model.training and model.config._attn_implementation == "sdpa"
+    ignored = native(model, eos=first.tolist()).generate(prompts, greedy(max_new_tokens=5, ignore_eos=True))
+    assert ignored.finish_reasons == [FINISH_LENGTH, FINISH_LENGTH]
+    assert ignored.response_mask.sum().item() == 10
+
+
+def test_cache_is_reused_and_grown():
+    model = zoo_model("tiny/qwen2")
+    engine = native(model, eos=[])
+    engine.generate(prompts_for(model, [6, 8]), greedy(max_new_tokens=8))
+    buffers = engine._buffers
+    assert (buffers.num_rows, buffers.max_length) == (2, 16)
+    engine.generate(prompts_for(model, [3]), greedy(max_new_tokens=4))
+    assert engine._buffers is buffers  # smaller call, same buffers
+    out = engine.generate(prompts_for(model, [6, 8, 12]), greedy(max_new_tokens=8))
+    assert (engine._buffers.num_rows, engine._buffers.max_length) == (3, 20)
+    hf = reference(model, eos=[]).generate(prompts_for(model, [6, 8, 12]), greedy(max_new_tokens=8))
+    assert torch.equal(out.response_ids, hf.response_ids)  # stale columns of the old call do not leak
+
+
+def test_restrict_to_window_by_hand():
+    # One row, left padding at column 0, queries at columns 1..3 (their own column is the last True).
+    mask = torch.tensor(
+        [[False, True, False, False], [False, True, True, False], [False, True, True, True]]
+    ).view(1, 1, 3, 4)
+    got = restrict_to_window(mask, window=2)[0, 0].int().tolist()
+    # window 2: column q attends q-1 and q only
+    assert got == [[0, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
+
+
+def test_grouped_attention_matches_repeated_kv_softmax():
+    torch.manual_seed(0)
+    query, key, value = torch.randn(2, 6, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    mask = torch.rand(2, 1, 3, 5) > 0.3
+    mask[..., 0] = True
+    for softcap in (None, 2.0):
+        got = grouped_attention(query, key, value, mask, 0.5, softcap)  # [B, Q, H, D]
+        k, v = (
+            key.repeat_interleave(3, dim=1),
+            value.repeat_interleave(3, dim=1),
+        )  # head h uses KV head h // 3
+        scores = query @ k.transpose(-1, -2) * 0.5
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        want = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
+        torch.testing.assert_close(got, want.transpose(1, 2), atol=1e-6, rtol=1e-6)
+
+
+def test_attention_sinks_fall_back_to_hf_engine_with_a_warning(caplog):
+    config = GptOssConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=8,
+        max_position_embeddings=128,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    engine = native(model, eos=[])
+    with caplog.at_level(logging.WARNING, logger="relm"):
+        out = engine.generate([[1, 2, 3], [4, 5]], greedy(max_new_tokens=6))
+    assert "s_aux" in engine.fallback_reason and "HF engine" in caplog.text
+    hf = reference(model, eos=[]).generate([[1, 2, 3], [4, 5]], greedy(max_new_tokens=6))
+    assert torch.equal(out.response_ids, hf.response_ids)
+    assert model.config._attn_implementation == "eager"
+
+
+def test_cuda_graphs_need_cuda():
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        native(zoo_model("tiny/qwen2"), eos=[], use_cuda_graphs=True)
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("name", ["tiny/qwen2", "tiny/gemma2", "tiny/mistral", "tiny/phi3", "tiny/qwen2-moe"])
+def test_gpu_graphs_equal_eager_and_hf_engine(name):
+    model = zoo_model(name, device="cuda")
+    prompts = prompts_for(model, [5, 23, 30])  # 3 prompts x n=2: 6 rows, a row bucket of 8
+    params = SamplingParams(n=2, max_new_tokens=40, temperature=0.8, seed=3)
+    engine = NativeRolloutEngine(model, pad_token_id=pad_id(model), eos_token_ids=[9], device="cuda")
+    graphed = engine.generate(prompts, params)
+    assert engine.graphs.disabled_reason is None and engine.graphs.num_graphs >= 1
+    eager = NativeRolloutEngine(
+        model, pad_token_id=pad_id(model), eos_token_ids=[9], device="cuda", use_cuda_graphs=False
+    ).generate(prompts, params)
+    hf = reference(model, eos=[9]).generate(prompts, params)
+    assert torch.equal(graphed.response_ids, eager.response_ids)
+    assert torch.equal(graphed.response_ids, hf.response_ids)
+    torch.testing.assert_close(graphed.logprobs, hf.logprobs, atol=1e-4, rtol=0)
+    again = engine.generate(prompts, params)  # replays the graphs captured by the first call
+    assert torch.equal(again.response_ids, graphed.response_ids)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_uncapturable_step_decodes_eagerly_with_a_warning(caplog):
+    # Dynamic RoPE compares the longest position with a Python number: a host sync a graph refuses.
+    model = zoo_model("tiny/qwen2", device="cuda")
+    model.config.rope_parameters = {**model.config.rope_parameters, "rope_type": "dynamic", "factor": 2.0}
+    model = AutoModelForCausalLM.from_config(model.config).to("cuda").eval()
+    prompts, params = prompts_for(model), greedy(max_new_tokens=12)
+    engine = NativeRolloutEngine(model, pad_token_id=pad_id(model), eos_token_ids=[], device="cuda")
+    with caplog.at_level(logging.WARNING, logger="relm"):
+        out = engine.generate(prompts, params)
+    assert engine.graphs.disabled_reason is not None and "CUDA graph" in caplog.text
+    assert torch.equal(out.response_ids, reference(model, eos=[]).generate(prompts, params).response_ids)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_cache_over_the_memory_share_is_refused():
+    model = zoo_model("tiny/qwen2", device="cuda")
+    engine = NativeRolloutEngine(
+        model, pad_token_id=pad_id(model), eos_token_ids=[], device="cuda", gpu_memory_utilization=1e-9
+    )
+    with pytest.raises(UserError, match="rollout.gpu_memory_utilization=1e-09"):
+        engine.generate(prompts_for(model), greedy())
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_bf16_greedy_follows_hf_generate_until_a_near_tie():
+    model = zoo_model("tiny/qwen2-hd64" if "tiny/qwen2-hd64" in ZOO else "tiny/qwen2", "cuda", torch.bfloat16)
+    prompts, pad = prompts_for(model, [5, 23, 2, 30, 11, 17, 8, 3]), pad_id(model)
+    ours = NativeRolloutEngine(model, pad_token_id=pad, eos_token_ids=[], device="cuda").generate(
+        prompts, greedy(max_new_tokens=32)
+    )
+    ids, mask = left_pad(prompts, pad)
+    theirs = model.generate(
+        input_ids=ids.cuda(), attention_mask=mask.cuda(), do_sample=False, max_new_tokens=32, pad_token_id=pad
+    )[:, ids.shape[1] :].cpu()
+    # Where the two first differ, HF's own top-2 logits there must be within bf16 rounding of a tie.
+    full = torch.cat([ids, theirs], dim=1).cuda()
+    full_mask = torch.ones_like(full)
+    full_mask[:, : ids.shape[1]] = mask
+    with torch.no_grad():
+        logits = model(input_ids=full, attention_mask=full_mask).logits.float()
+    for row in range(len(prompts)):
+        differs = (ours.response_ids[row] != theirs[row]).nonzero().flatten()
+        if differs.numel() == 0:
+            continue
+        step = int(differs[0])
+        top2 = logits[row, ids.shape[1] + step - 1].topk(2).values
+        assert float(top2[0] - top2[1]) < 0.1, f"row {row} diverged at step {step} without a near-tie"
