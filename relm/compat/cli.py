@@ -34,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--zoo", choices=("tiny", "full"), help="check every zoo:tiny/* (or full-size) model")
     parser.add_argument("--zoo-tiny", action="store_true", help="same as --zoo tiny")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="training dtype (auto: bf16 on GPU)",
+    )
     parser.add_argument("--steps", type=int, default=1, help="PPO steps in the update stage (default 1)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per stage (default 600)")
     parser.add_argument("--tokenizer-path", help="tokenizer folder for every MODEL (default: the model's)")
@@ -115,7 +121,11 @@ def compat_command(argv: list[str]) -> int:
         if not model.startswith("zoo:"):
             resolve_model_dir(model)  # a wrong path is the user's mistake: exit 2 before any work
     options = CompatOptions(
-        device=device, steps=args.steps, stage_timeout_s=args.timeout, tokenizer_path=args.tokenizer_path
+        device=device,
+        steps=args.steps,
+        stage_timeout_s=args.timeout,
+        tokenizer_path=args.tokenizer_path,
+        dtype=args.dtype,
     )
     reports, start = [], time.perf_counter()
     with _quiet_console(args.verbose):

@@ -4,6 +4,9 @@ A random-weight model almost never earns the demo task's reward. With every scor
 are 0, the policy gradient is exactly 0, and "one update with finite losses" would prove nothing.
 This score differs from response to response and is deterministic, so every checked model gets a
 real gradient through the actor, the critic head and (from the second step) the critic backbone.
+The ground truth's first character counts too: a random full-size model paired with the zoo's
+character tokenizer samples ids the tokenizer cannot decode, so its responses can all decode to
+"", and only the prompt then tells their scores apart.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from typing import Any
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
-    """Mean of (character code mod 7) / 6 over the response, in [0, 1]; 0 for an empty response."""
-    if not solution_str:
+    """Mean of (character code mod 7) / 6 over the ground truth's first character and the response."""
+    chars = str(ground_truth or "")[:1] + solution_str
+    if not chars:
         return 0.0
-    return sum(ord(char) % 7 for char in solution_str) / (6 * len(solution_str))
+    return sum(ord(char) % 7 for char in chars) / (6 * len(chars))

@@ -37,7 +37,7 @@ def test_every_tiny_zoo_model_passes_without_conditions(tmp_path):
     assert any("config names StarlingLmForCausalLM" in d for d in reports["zoo:tiny/starling"]["decisions"])
     for name in ("zoo:tiny/qwen2-moe", "zoo:tiny/qwen3-moe", "zoo:tiny/mixtral"):
         update = reports[name]["stages"][2]["metrics"]
-        assert update["actor/grad_norm"] > 0 and update["actor_params_changed"] > 0, name
+        assert update["actor/grad_norm"] > 0 and update["actor_weights_changed"] >= 0.5, name
 
 
 @pytest.fixture

@@ -14,9 +14,11 @@ from transformers import BertConfig, LlavaConfig, T5Config
 from relm.compat.checks import (
     CheckFailed,
     CompatOptions,
+    changed_fraction,
     check_generation,
     check_model,
     check_update_metrics,
+    sample_weights,
 )
 from relm.compat.cli import main
 from relm.compat.measure import MemoryMeter, StageTimeout, time_limit
@@ -81,10 +83,44 @@ def test_update_metrics_must_be_present_finite_and_applied():
 
 
 def test_stand_in_reward_by_hand():
-    # ord: k=107 -> 107 % 7 = 2; a=97 -> 6; ' '=32 -> 4.  "ka " = (2 + 6 + 4) / (6 * 3)
+    # ord mod 7: k=107 -> 2; a=97 -> 6; ' '=32 -> 4; e=101 -> 3.
     assert compute_score("compat", "k", None) == pytest.approx(2 / 6)
-    assert compute_score("compat", "ka ", None) == pytest.approx(12 / 18)
+    assert compute_score("compat", "ka ", None) == pytest.approx((2 + 6 + 4) / 18)
+    assert compute_score("compat", "k", "a") == pytest.approx((6 + 2) / 12)
+    # Responses that decode to nothing still score by their prompt's ground truth.
+    assert (compute_score("compat", "", "a"), compute_score("compat", "", "e")) == (1.0, 0.5)
     assert compute_score("compat", "", None) == 0.0
+
+
+def test_changed_fraction_is_the_median_share_of_changed_elements():
+    before = [torch.zeros(4), torch.zeros(4), torch.zeros(2)]
+    after = [torch.tensor([1.0, 1, 1, 0]), torch.zeros(4), torch.tensor([1.0, 1])]
+    assert changed_fraction(before, after) == 0.75  # median of (3/4, 0, 2/2)
+    model = torch.nn.Linear(3000, 2)  # weight: 6000 elements, 1024 sampled; bias: 2
+    samples = sample_weights(model)
+    assert [t.numel() for t in samples] == [1024, 2]
+    with torch.no_grad():
+        model.weight.add_(1e-3)
+    assert changed_fraction(samples, sample_weights(model)) == 0.5  # weight all, bias none
+    # Past 2^24 elements a float32 index would round beyond the end; the last sample is the last element.
+    big = torch.nn.Parameter(torch.arange(2**24 + 3, dtype=torch.float32))
+    assert sample_weights(torch.nn.ParameterList([big]), per_tensor=3)[0].tolist() == [
+        0.0,
+        2**23 + 1,
+        2**24 + 2,
+    ]
+
+
+def test_bf16_weights_swallow_a_small_adam_step():
+    """Why the update stage looks at elements: at verl's lr 1e-6, a bf16 weight of ~0.02 does not
+    move (its rounding step there is 2^-6 * 2^-7 ~ 1.2e-4), while the same step on fp32 moves it."""
+    for dtype, expected in ((torch.bfloat16, 0.0), (torch.float32, 1.0)):
+        weight = torch.nn.Parameter(torch.full((64,), 0.02, dtype=dtype))
+        optimizer = torch.optim.AdamW([weight], lr=1e-6)
+        before = sample_weights(torch.nn.ParameterList([weight]))
+        weight.grad = torch.ones_like(weight)
+        optimizer.step()
+        assert changed_fraction(before, sample_weights(torch.nn.ParameterList([weight]))) == expected
 
 
 def test_time_limit_turns_a_hang_into_an_error():
@@ -141,7 +177,7 @@ def test_tiny_qwen2_passes_all_three_stages():
     assert all(
         math.isfinite(update.metrics[key]) for key in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm")
     )
-    assert update.metrics["actor/grad_norm"] > 0 and update.metrics["actor_params_changed"] > 0
+    assert update.metrics["actor/grad_norm"] > 0 and update.metrics["actor_weights_changed"] > 0.9
     assert all(stage.peak_memory_mb is not None for stage in report.stages)
     assert report.architecture is not None and report.architecture.family == "qwen2"
 
