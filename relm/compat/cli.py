@@ -135,7 +135,9 @@ def compat_command(argv: list[str]) -> int:
     elapsed = time.perf_counter() - start
 
     env = environment(device)
-    title = f"relm compat on {device} ({len(reports)} models, {elapsed:.0f} s)"
+    title = (
+        f"relm compat on {device} ({len(reports)} model{'s' if len(reports) != 1 else ''}, {elapsed:.0f} s)"
+    )
     print_table(reports, title)
     out = Path(args.out)
     write_json(reports, out / "compat.json", env)
