@@ -8,7 +8,6 @@ through the same code, not a look-alike of it.
 from __future__ import annotations
 
 import gc
-import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,20 +21,23 @@ from transformers import PreTrainedTokenizerBase
 
 from relm.compat.measure import MemoryMeter, StageTimeout, collect_warnings, time_limit
 from relm.compat.report import ModelReport, StageName, StageResult
+from relm.compat.verdicts import (
+    CheckFailed,
+    changed_fraction,
+    check_generation,
+    check_update_metrics,
+    sample_weights,
+)
 from relm.data.records import PromptBatch
 from relm.errors import UserError
 from relm.models.loading import load_causal_lm, pick_dtype, read_config, resolve_model_dir
 from relm.models.registry import classify, inspect_model_architecture, registered_model_class
 from relm.models.tokenizer import encode_prompt, load_tokenizer
-from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, SamplingParams
+from relm.rollout.base import FINISH_STOP, SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
 
 PROMPTS = ("k", "Count to three.", "Write one short sentence about the sea, then stop.")
 """Different lengths, so left padding and per-row positions are part of every rollout check."""
-
-
-class CheckFailed(Exception):
-    """A stage ran but what it produced is wrong (invalid ids, non-finite loss, ...)."""
 
 
 @dataclass
@@ -251,44 +253,10 @@ def _rollout(
     max_tolerance, mean_tolerance = logprob_tolerance(loaded.dtype)
     if not (worst <= max_tolerance and mean <= mean_tolerance):
         raise CheckFailed(
-            f"rollout and trainer logprobs differ by {worst:.3g} max, {mean:.3g} mean (allowed {max_tolerance:g}, "
-            f"{mean_tolerance:g}): the engine and the training forward do not compute the same model"
+            f"rollout and trainer logprobs differ by {worst:.3g} max, {mean:.3g} mean (allowed "
+            f"{max_tolerance:g}, {mean_tolerance:g}): the engine and the training forward do not compute "
+            "the same model"
         )
-
-
-def check_generation(
-    gen: GenerationOutput, vocab_rows: int, pad_id: int, eos_ids: list[int], max_new_tokens: int
-) -> None:
-    """Raise `CheckFailed` unless the engine's output is well formed.
-
-    Valid ids, a mask of ones then zeros, at least one token per row, not only pad tokens, finish
-    reasons that match the tokens (stop ends on an eos id, length fills the width), finite
-    non-positive logprobs.
-    """
-    ids, mask, logprobs = gen.response_ids, gen.response_mask.bool(), gen.logprobs
-    live = ids[mask]
-    if live.numel() and (live.min() < 0 or live.max() >= vocab_rows):
-        raise CheckFailed(f"generated id {int(live.max())} outside the vocabulary of {vocab_rows}")
-    lengths = mask.sum(dim=1)  # [N]
-    if not torch.equal(mask, torch.arange(mask.shape[1])[None, :] < lengths[:, None]):
-        raise CheckFailed("response mask is not ones followed by zeros")
-    if bool((lengths == 0).any()):
-        raise CheckFailed("a response has no tokens")
-    if live.numel() and bool((live == pad_id).all()):
-        raise CheckFailed(f"every generated token is the pad token {pad_id}")
-    for row, reason in enumerate(gen.finish_reasons):
-        last = int(ids[row, lengths[row] - 1])
-        if reason == FINISH_STOP and last not in eos_ids:
-            raise CheckFailed(f"row {row} finished `stop` on token {last}, not an eos id {eos_ids}")
-        if reason == FINISH_LENGTH and int(lengths[row]) != max_new_tokens:
-            raise CheckFailed(
-                f"row {row} finished `length` after {int(lengths[row])} < {max_new_tokens} tokens"
-            )
-        if reason not in (FINISH_STOP, FINISH_LENGTH):
-            raise CheckFailed(f"row {row} has finish reason {reason!r}")
-    live_logprobs = logprobs[mask]
-    if not bool(torch.isfinite(live_logprobs).all()) or bool((live_logprobs > 1e-6).any()):
-        raise CheckFailed("rollout logprobs are not all finite and <= 0")
 
 
 def _update(
@@ -369,44 +337,3 @@ def _update_overrides(
     if options.tokenizer_path:
         overrides.append(f"actor_rollout_ref.model.tokenizer_path='{options.tokenizer_path}'")
     return overrides
-
-
-REQUIRED_UPDATE_METRICS = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
-
-
-def check_update_metrics(metrics: dict[str, float], step: int) -> None:
-    """Raise `CheckFailed` unless the step updated both models with finite losses and gradients."""
-    missing = [key for key in REQUIRED_UPDATE_METRICS if key not in metrics]
-    if missing:
-        raise CheckFailed(f"step {step} reported no {', '.join(missing)}: an update did not run")
-    for key, value in metrics.items():
-        if ("loss" in key or "grad_norm" in key) and not math.isfinite(value):
-            raise CheckFailed(f"step {step}: {key} = {value}")
-    if metrics.get("training/skipped_updates", 0.0):
-        raise CheckFailed(
-            f"step {step}: {metrics['training/skipped_updates']:g} update(s) skipped (non-finite grads)"
-        )
-
-
-@torch.no_grad()
-def sample_weights(model: nn.Module, per_tensor: int = 1024) -> list[torch.Tensor]:
-    """Up to `per_tensor` evenly spaced elements of every parameter, copied (cheap at any size)."""
-    samples = []
-    for param in model.parameters():
-        flat = param.detach().reshape(-1)
-        count = min(flat.numel(), per_tensor)
-        # Integer arithmetic: a float32 linspace rounds indices past 2^24 and can step off the end.
-        index = torch.arange(count, device=flat.device) * (flat.numel() - 1) // max(count - 1, 1)
-        samples.append(flat[index].clone())
-    return samples
-
-
-def changed_fraction(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
-    """Median over tensors of the share of sampled elements whose value changed.
-
-    The median, because some tensors legitimately keep most values (embedding rows of tokens not
-    in the batch, experts no token was routed to), while an optimizer step that moves weights at
-    all moves most elements of most tensors.
-    """
-    shares = torch.stack([(b != a).float().mean() for b, a in zip(before, after, strict=True)])
-    return float(shares.quantile(0.5))  # the interpolated median (torch.median takes the lower one)

@@ -218,8 +218,8 @@ def read_config(folder: str, path: str, trust_remote_code: bool) -> PretrainedCo
             hint = (
                 f"; if {declared} is a known architecture under another name, register it first, e.g. "
                 f"`relm compat --register {declared}=MistralForCausalLM` or "
-                f"relm.models.registry.register_model_class('{declared}', 'MistralForCausalLM') in the module "
-                "named by `model.external_lib`"
+                f"relm.models.registry.register_model_class('{declared}', 'MistralForCausalLM') "
+                "in the module named by `model.external_lib`"
             )
         raise UserError(
             f"model `{path}`: transformers cannot read its config.json (model_type "

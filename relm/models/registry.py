@@ -134,8 +134,9 @@ def register_model_class(arch_name: str, cls_or_known_arch: type[PreTrainedModel
         target = getattr(transformers, target, None)
     if not (isinstance(target, type) and issubclass(target, PreTrainedModel) and target.config_class):
         raise UserError(
-            f"register_model_class('{arch_name}', {cls_or_known_arch!r}): the target must be a PreTrainedModel "
-            f"subclass or a transformers class name, e.g. one of {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"register_model_class('{arch_name}', {cls_or_known_arch!r}): the target must be a "
+            "PreTrainedModel subclass or a transformers class name, e.g. one of "
+            + ", ".join(SUPPORTED_ARCHITECTURES)
         )
     _REGISTERED[arch_name] = target
 

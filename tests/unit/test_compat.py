@@ -11,19 +11,18 @@ import pytest
 import torch
 from transformers import BertConfig, LlavaConfig, T5Config
 
-from relm.compat.checks import (
-    CheckFailed,
-    CompatOptions,
-    changed_fraction,
-    check_generation,
-    check_model,
-    check_update_metrics,
-    sample_weights,
-)
+from relm.compat.checks import CompatOptions, check_model
 from relm.compat.cli import main
 from relm.compat.measure import MemoryMeter, StageTimeout, time_limit
 from relm.compat.report import ModelReport, StageResult, exit_code, table_rows, to_markdown
 from relm.compat.reward import compute_score
+from relm.compat.verdicts import (
+    CheckFailed,
+    changed_fraction,
+    check_generation,
+    check_update_metrics,
+    sample_weights,
+)
 from relm.models.tokenizer import build_char_tokenizer
 from relm.rollout.base import GenerationOutput
 
