@@ -1,4 +1,4 @@
-"""`relm <command>`: train (and, as they land, compat / export / bench)."""
+"""`relm <command>`: train, bench, compat, export, plot."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ commands:
   train [--config FILE.yaml] [section.key=value ...]   run PPO-family training (same as python -m relm.trainer.main_ppo)
   bench step|rollout [options]                           time full training steps or generation alone (relm bench step --help)
   compat MODEL [options]                                 check that a model loads, generates and trains (relm compat --help)
+  export CHECKPOINT OUT_DIR [--critic]                   write a checkpoint's actor (and critic) as Hugging Face folders
+  plot RUN_DIR [--out FILE.png]                          draw reward, KL, entropy, length, throughput curves (RUN_DIR/curves.png)
 """
 
 
@@ -29,6 +31,14 @@ def main(argv: list[str] | None = None) -> int:
         from relm.compat.cli import main as compat_main
 
         return compat_main(rest)
+    if command == "export":
+        from relm.export import main as export_main
+
+        return export_main(rest)
+    if command == "plot":
+        from relm.trainer.plot import main as plot_main
+
+        return plot_main(rest)
     print(f"error: unknown command `{command}`; run `relm --help` for the list", file=sys.stderr)
     return 2
 

@@ -389,7 +389,7 @@ class TrainerConfig:
     experiment_name: str = "demo"
     """Experiment name for loggers and the default run folder."""
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    """Loggers: `console`, `jsonl` (metrics.jsonl in the run folder)."""
+    """Loggers: `console`, `jsonl` (metrics.jsonl, always written), `tensorboard`, `wandb` (offline: no API key)."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     """Run folder: metrics.jsonl, checkpoints."""
     save_freq: int = -1
@@ -412,6 +412,12 @@ class TrainerConfig:
     """`auto`, `disable` or `resume_path`."""
     resume_from_path: str | None = None
     """Checkpoint folder when `resume_mode=resume_path`."""
+    max_actor_ckpt_to_keep: int | None = None
+    """Keep the actor of only this many newest checkpoints (unset or below 1: keep all)."""
+    max_critic_ckpt_to_keep: int | None = None
+    """Keep the critic of only this many newest checkpoints (unset or below 1: keep all)."""
+    max_skipped_steps: int = 10
+    """Stop with an error when more steps than this in a row skip an update for NaN/inf (-1: never)."""
 
 
 @dataclass

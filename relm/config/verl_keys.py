@@ -167,8 +167,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "trainer.val_only": "validation-only runs are not supported yet",
     "trainer.default_hdfs_dir": _HDFS,
     "trainer.del_local_ckpt_after_load": _HDFS,
-    "trainer.max_actor_ckpt_to_keep": "relm keeps every checkpoint it saves",
-    "trainer.max_critic_ckpt_to_keep": "relm keeps every checkpoint it saves",
     "trainer.ray_wait_register_center_timeout": _RAY,
     "trainer.use_legacy_worker_impl": "relm has one worker implementation",
     # top level

@@ -1,79 +1,140 @@
-"""Checkpoints: `global_step_N/` written whole into a temporary folder, then renamed into place.
+"""Checkpoints: `global_step_N/` written whole into a temporary folder, flushed, then renamed into place.
 
-The rename is the commit point: a run killed mid-save leaves a `.tmp` folder that is never read, and
-`latest_checkpointed_iteration.txt` is replaced (also atomically) only after the rename, so it always
-names a complete checkpoint.
+Layout of one checkpoint:
+
+    global_step_N/
+      actor/              HF folder (config, safetensors, generation config, tokenizer) + optimizer.pt
+      critic/             the critic's backbone as an HF folder + value_head.safetensors + optimizer.pt
+      trainer_state.pt    step, data position, KL controller, RNG states, loop counters
+
+Optimizer and scheduler states sit inside the model's subfolder so that deleting an old actor (see
+`trainer.max_actor_ckpt_to_keep`) frees its optimizer's moments too, which are twice its size.
+
+The rename is the commit point. Every file and folder is fsynced before it, so a kill -9 (or a power
+cut) mid-save leaves at worst a `.global_step_N.tmp` folder that is never read and is removed at the
+next start; `latest_checkpointed_iteration.txt` is replaced (atomically too) only after the rename, so
+it always names a complete checkpoint.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file
 
 from relm.errors import UserError
+from relm.trainer.durable import fsync_dir, fsync_tree, write_atomic_text
 
 if TYPE_CHECKING:
     from relm.trainer.components import RunComponents
 
+logger = logging.getLogger("relm")
+
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+STATE_FILE = "trainer_state.pt"
+OPTIMIZER_FILE = "optimizer.pt"
+STAGING_PATTERN = ".global_step_*.tmp"
 
 
-def _write_atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """Steps of the complete `global_step_N` folders in `run_dir` (with trainer_state.pt), ascending."""
+    steps = []
+    for path in run_dir.glob("global_step_*"):
+        suffix = path.name.removeprefix("global_step_")
+        if suffix.isdigit() and (path / STATE_FILE).is_file():
+            steps.append(int(suffix))
+    return sorted(steps)
 
 
-def save_checkpoint(c: RunComponents, step: int) -> Path:
-    """Save actor (HF folder + tokenizer), critic, optimizers, schedulers, data position, KL and RNG state."""
+def remove_stale_staging(run_dir: Path) -> list[Path]:
+    """Clear what a killed save left behind; returns the folders removed.
+
+    `.global_step_N.tmp` folders were never finished and go. A `.global_step_N.old` folder is a complete
+    checkpoint moved aside to be replaced by a new save of the same step: it goes if the new one made it
+    into place, and is put back otherwise.
+    """
+    stale = sorted(run_dir.glob(STAGING_PATTERN))
+    for aside in sorted(run_dir.glob(".global_step_*.old")):
+        original = run_dir / aside.name.removeprefix(".").removesuffix(".old")
+        if original.exists():
+            stale.append(aside)
+        else:
+            os.replace(aside, original)
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    (run_dir / (LATEST_FILE + ".tmp")).unlink(missing_ok=True)
+    if stale:
+        logger.info("removed %d unfinished checkpoint folder(s) left by an interrupted save", len(stale))
+    return stale
+
+
+def _save_optimizer(folder: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    torch.save(
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, folder / OPTIMIZER_FILE
+    )
+
+
+def save_checkpoint(c: RunComponents, step: int, loop_state: dict[str, Any] | None = None) -> Path:
+    """Save actor, critic, their optimizers and schedulers, data position, KL, RNG and `loop_state`.
+
+    `loop_state` holds the loop's own counters (e.g. the skip guard's), restored by `load_checkpoint`.
+    """
     final = c.run_dir / f"global_step_{step}"
     staging = c.run_dir / f".global_step_{step}.tmp"
+    logger.info("saving checkpoint %s", final)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     c.actor.save_pretrained(staging / "actor")
     c.tokenizer.save_pretrained(staging / "actor")
+    _save_optimizer(staging / "actor", c.actor_optimizer, c.actor_scheduler)
+    if c.critic is not None:
+        c.critic.save_pretrained(staging / "critic")
+        _save_optimizer(staging / "critic", c.critic_optimizer, c.critic_scheduler)
     state = {
         "step": step,
-        "actor_optimizer": c.actor_optimizer.state_dict(),
-        "actor_scheduler": c.actor_scheduler.state_dict(),
+        "has_critic": c.critic is not None,
         "loader": c.loader.state_dict(),
         "kl_ctrl": c.kl_ctrl.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "shuffle_rng": c.generator.get_state(),
+        "loop": dict(loop_state or {}),
     }
-    if c.critic is not None:
-        c.critic.save_pretrained(staging / "critic")
-        state["critic_optimizer"] = c.critic_optimizer.state_dict()
-        state["critic_scheduler"] = c.critic_scheduler.state_dict()
-    torch.save(state, staging / "trainer_state.pt")
+    torch.save(state, staging / STATE_FILE)
+    fsync_tree(staging)
     if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
-    _write_atomic_text(c.run_dir / LATEST_FILE, str(step))
+        # Saving a step again (a run resumed from an earlier step): move the old one aside first, because
+        # a folder cannot be renamed over a non-empty one; `remove_stale_staging` undoes a kill in between.
+        aside = c.run_dir / f".global_step_{step}.old"
+        os.replace(final, aside)
+        os.replace(staging, final)
+        shutil.rmtree(aside)
+    else:
+        os.replace(staging, final)
+    fsync_dir(c.run_dir)
+    write_atomic_text(c.run_dir / LATEST_FILE, str(step))
     return final
 
 
 def find_resume_checkpoint(run_dir: Path, resume_mode: str, resume_from_path: str | None) -> Path | None:
     """The checkpoint folder to resume from, per `trainer.resume_mode`, or None for a fresh start.
 
-    `auto` resumes from the folder `latest_checkpointed_iteration.txt` names, if there is one;
+    `auto` resumes from the folder `latest_checkpointed_iteration.txt` names, if there is one (as in
+    verl, that file is the truth: a newer folder it does not name was not finished when it was written);
     `resume_path` requires `trainer.resume_from_path`; `disable` always starts fresh.
     """
     if resume_mode == "disable":
         return None
     if resume_mode == "resume_path":
         path = Path(resume_from_path or "")
-        if not (path / "trainer_state.pt").is_file():
+        if not (path / STATE_FILE).is_file():
             raise UserError(
-                f"trainer.resume_from_path: `{path}` is not a complete relm checkpoint (no trainer_state.pt); "
+                f"trainer.resume_from_path: `{path}` is not a complete relm checkpoint (no {STATE_FILE}); "
                 "point it at a global_step_N folder"
             )
         return path
@@ -82,7 +143,7 @@ def find_resume_checkpoint(run_dir: Path, resume_mode: str, resume_from_path: st
         return None
     text = latest.read_text(encoding="utf-8").strip()
     path = run_dir / f"global_step_{text}"
-    if not text.isdigit() or not (path / "trainer_state.pt").is_file():
+    if not text.isdigit() or not (path / STATE_FILE).is_file():
         raise UserError(
             f"{latest}: names step `{text}` but `{path}` is not a complete checkpoint; "
             "set trainer.resume_mode=disable to start fresh or fix the file"
@@ -114,27 +175,92 @@ def _load_module_weights(module: torch.nn.Module, folder: Path, what: str) -> No
     module.load_state_dict(tensors, strict=False)
 
 
-def load_checkpoint(c: RunComponents, path: Path) -> int:
-    """Restore everything `save_checkpoint` wrote; returns the step it was saved after."""
+def _load_optimizer(folder: Path, state: dict[str, Any], prefix: str, optimizer: Any, scheduler: Any) -> None:
+    """From `folder/optimizer.pt`, or from trainer_state.pt for checkpoints written before it existed."""
+    if (folder / OPTIMIZER_FILE).is_file():
+        saved = torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+    else:
+        optimizer.load_state_dict(state[f"{prefix}_optimizer"])
+        scheduler.load_state_dict(state[f"{prefix}_scheduler"])
+
+
+def _require_folder(path: Path, what: str) -> Path:
+    folder = path / what
+    if not folder.is_dir():
+        raise UserError(
+            f"checkpoint `{path}` has no {what} (removed by trainer.max_{what}_ckpt_to_keep?); "
+            "resume from a newer global_step_N folder"
+        )
+    return folder
+
+
+@dataclass
+class Restored:
+    """What `load_checkpoint` hands back to the loop."""
+
+    step: int
+    """The step the checkpoint was saved after; the loop continues at step + 1."""
+    loop_state: dict[str, Any] = field(default_factory=dict)
+    """The `loop_state` given to `save_checkpoint` (empty for older checkpoints)."""
+
+
+def load_checkpoint(c: RunComponents, path: Path) -> Restored:
+    """Restore everything `save_checkpoint` wrote."""
     try:
-        state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     except Exception as exc:  # noqa: BLE001 - a damaged file is the user's checkpoint problem
         raise UserError(
-            f"`{path / 'trainer_state.pt'}` cannot be read ({type(exc).__name__}); resume from another step"
+            f"`{path / STATE_FILE}` cannot be read ({type(exc).__name__}); resume from another step"
         ) from exc
-    _load_module_weights(c.actor, path / "actor", "actor")
-    c.actor_optimizer.load_state_dict(state["actor_optimizer"])
-    c.actor_scheduler.load_state_dict(state["actor_scheduler"])
+    actor_dir = _require_folder(path, "actor")
+    _load_module_weights(c.actor, actor_dir, "actor")
+    _load_optimizer(actor_dir, state, "actor", c.actor_optimizer, c.actor_scheduler)
     if c.critic is not None:
-        if "critic_optimizer" not in state:
+        if not state.get("has_critic", "critic_optimizer" in state):
             raise UserError(f"checkpoint `{path}` has no critic; it was saved by a critic-free run")
-        _load_module_weights(c.critic.backbone, path / "critic", "critic")
-        c.critic.value_head.load_state_dict(load_file(str(path / "critic" / "value_head.safetensors")))
-        c.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        c.critic_scheduler.load_state_dict(state["critic_scheduler"])
+        critic_dir = _require_folder(path, "critic")
+        _load_module_weights(c.critic.backbone, critic_dir, "critic")
+        c.critic.value_head.load_state_dict(load_file(str(critic_dir / "value_head.safetensors")))
+        _load_optimizer(critic_dir, state, "critic", c.critic_optimizer, c.critic_scheduler)
     c.loader.load_state_dict(state["loader"])
     c.kl_ctrl.load_state_dict(state["kl_ctrl"])
     torch.set_rng_state(state["torch_rng"])
     c.generator.set_state(state["shuffle_rng"])
     c.engine.sync_weights(c.actor.named_parameters())
-    return int(state["step"])
+    return Restored(step=int(state["step"]), loop_state=dict(state.get("loop", {})))
+
+
+def prune_checkpoints(
+    run_dir: Path, saved_step: int, *, max_actor: int | None, max_critic: int | None
+) -> list[Path]:
+    """Delete the oldest actors / critics beyond the limits after `saved_step` was saved; returns them.
+
+    Only checkpoints up to `saved_step` count: newer ones left by an earlier, abandoned run of the same
+    folder are replaced as this run reaches their step. A folder loses its actor or critic subfolder
+    when one limit is exceeded, and goes whole when both are (or it has nothing else left).
+    """
+    # As in verl, None (or a number below 1) keeps everything.
+    max_actor = max_actor if max_actor is not None and max_actor >= 1 else None
+    max_critic = max_critic if max_critic is not None and max_critic >= 1 else None
+    if max_actor is None and max_critic is None:
+        return []
+    steps = [s for s in checkpoint_steps(run_dir) if s <= saved_step]
+    removed = []
+    for rank, step in enumerate(reversed(steps)):  # rank 0 is the newest
+        folder = run_dir / f"global_step_{step}"
+        drop = {
+            "actor": max_actor is not None and rank >= max_actor,
+            "critic": max_critic is not None and rank >= max_critic,
+        }
+        remaining = [name for name in ("actor", "critic") if (folder / name).is_dir() and not drop[name]]
+        if not remaining:
+            shutil.rmtree(folder)
+            removed.append(folder)
+            continue
+        for name in ("actor", "critic"):
+            if drop[name] and (folder / name).is_dir():
+                shutil.rmtree(folder / name)
+                removed.append(folder / name)
+    return removed

@@ -1,12 +1,20 @@
-"""Where step metrics go: the console (progress bar + key metrics) and `metrics.jsonl`."""
+"""Where step metrics go: the console (progress bar + key metrics), `metrics.jsonl`, TensorBoard, W&B.
+
+TensorBoard and W&B are imported only when named in `trainer.logger`: neither is a dependency of relm,
+and a missing one is the user's choice to fix (`pip install ...`), reported as a `UserError`.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import math
+import netrc
+import os
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import (
@@ -17,6 +25,11 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+from relm.errors import UserError
+from relm.trainer.durable import write_atomic_text
+
+logger = logging.getLogger("relm")
 
 CONSOLE_KEYS = {
     "critic/score/mean": "score",
@@ -29,11 +42,32 @@ CONSOLE_KEYS = {
 }
 """The metrics the console line shows, with their short labels; everything goes to metrics.jsonl."""
 
+LOGGER_PACKAGES = {
+    "tensorboard": ("tensorboard", "pip install tensorboard"),
+    "wandb": ("wandb", "pip install wandb"),
+}
+"""Loggers that need a package relm does not depend on: logger name -> (module, install command)."""
+
 
 class MetricsLogger(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
     def close(self) -> None: ...
+
+
+def _stamp(path: Path) -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl, skipping a line cut short by a kill mid-write."""
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
 
 
 class JsonlLogger:
@@ -44,16 +78,11 @@ class JsonlLogger:
         self.path = run_dir / "metrics.jsonl"
         if self.path.exists() and resume_step is not None:
             # Steps after the checkpoint will be run again: drop their old lines so each step appears once.
-            kept = [
-                line
-                for line in self.path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
-            ]
-            self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            write_atomic_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         elif self.path.exists():
             # A fresh run in a used folder: keep the earlier record beside it rather than mixing or losing it.
-            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.path.stat().st_mtime))
-            self.path.rename(run_dir / f"metrics.{stamp}.jsonl")
+            self.path.rename(run_dir / f"metrics.{_stamp(self.path)}.jsonl")
         self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -68,7 +97,7 @@ class JsonlLogger:
 class ConsoleLogger:
     """A progress bar with step and ETA, and one line of key metrics per step above it."""
 
-    def __init__(self, total_steps: int, console: Console | None = None) -> None:
+    def __init__(self, total_steps: int, console: Console | None = None, *, start_step: int = 0) -> None:
         self.console = console or Console(stderr=False)
         self._progress = Progress(
             TextColumn("[bold]step"),
@@ -80,7 +109,7 @@ class ConsoleLogger:
             console=self.console,
             transient=False,
         )
-        self._task = self._progress.add_task("train", total=total_steps)
+        self._task = self._progress.add_task("train", total=total_steps, completed=start_step)
         self._progress.start()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -96,14 +125,103 @@ class ConsoleLogger:
         self._progress.stop()
 
 
+def _import_for_logger(name: str) -> Any:
+    module, install = LOGGER_PACKAGES[name]
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise UserError(
+            f"`trainer.logger` names `{name}` but the `{module}` package is not installed; "
+            f"run `{install}` or remove `{name}` from trainer.logger"
+        ) from exc
+
+
+def check_logger_packages(names: list[str]) -> None:
+    """Raise `UserError` now if a named logger's package is missing (call before loading models)."""
+    for name in names:
+        if name in LOGGER_PACKAGES:
+            _import_for_logger(name)
+
+
+class TensorBoardLogger:
+    """Scalars under `RUN_DIR/tensorboard`, one point per metric per step (`tensorboard --logdir RUN_DIR`)."""
+
+    def __init__(self, run_dir: Path, *, resume_step: int | None = None) -> None:
+        _import_for_logger("tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        log_dir = run_dir / "tensorboard"
+        if resume_step is None and log_dir.is_dir() and any(log_dir.iterdir()):
+            # As with metrics.jsonl: a fresh run does not draw over an earlier run's curves.
+            log_dir.rename(run_dir / f"tensorboard.{_stamp(log_dir)}")
+        # purge_step hides the events a killed run wrote after its checkpoint; they are written again.
+        purge_step = resume_step + 1 if resume_step is not None else None
+        self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self._writer.add_scalar(name, value, global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _has_wandb_credentials() -> bool:
+    """An API key in the environment or from `wandb login` (stored in ~/.netrc)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+class WandbLogger:
+    """A W&B run per launch, named `trainer.experiment_name` in project `trainer.project_name`.
+
+    Without credentials (and no `WANDB_MODE` chosen) it logs offline into `RUN_DIR/wandb`, so a machine
+    without network or account still trains; `wandb sync` uploads such a run later.
+    """
+
+    def __init__(self, run_dir: Path, *, project: str, experiment: str, config: dict[str, Any]) -> None:
+        wandb = _import_for_logger("wandb")
+        mode = None
+        if not os.environ.get("WANDB_MODE") and not _has_wandb_credentials():
+            mode = "offline"
+            logger.info(
+                "wandb: no API key, logging offline to %s (upload later: wandb sync)", run_dir / "wandb"
+            )
+        self._run = wandb.init(project=project, name=experiment, dir=str(run_dir), config=config, mode=mode)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
 def make_loggers(
-    names: list[str], run_dir: Path, total_steps: int, *, resume_step: int | None = None
+    names: list[str],
+    run_dir: Path,
+    total_steps: int,
+    *,
+    resume_step: int | None = None,
+    project: str = "relm",
+    experiment: str = "run",
+    config: dict[str, Any] | None = None,
 ) -> list[MetricsLogger]:
     """Build the loggers named in `trainer.logger` (validated beforehand).
 
-    metrics.jsonl is the run's own record, so it is written whether or not `jsonl` is named.
+    metrics.jsonl is the run's own record (resume, plots and `relm plot` read it), so it is written
+    whether or not `jsonl` is named. `config` (the whole run config as a dict) goes to W&B.
     """
+    check_logger_packages(names)  # before touching the run folder
     loggers: list[MetricsLogger] = [JsonlLogger(run_dir, resume_step=resume_step)]
+    if "tensorboard" in names:
+        loggers.append(TensorBoardLogger(run_dir, resume_step=resume_step))
+    if "wandb" in names:
+        loggers.append(WandbLogger(run_dir, project=project, experiment=experiment, config=config or {}))
     if "console" in names:
-        loggers.append(ConsoleLogger(total_steps))
+        loggers.append(ConsoleLogger(total_steps, start_step=resume_step or 0))
     return loggers

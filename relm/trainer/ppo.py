@@ -14,17 +14,29 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
 
 from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
 from relm.data.records import PromptBatch
-from relm.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from relm.errors import UserError
+from relm.trainer.checkpoint import (
+    find_resume_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    remove_stale_staging,
+    save_checkpoint,
+)
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
 from relm.trainer.experience import batched_logprobs, batched_values
 from relm.trainer.flops import peak_flops, training_flops
+from relm.trainer.guards import DegenerateBatchReporter, SkipGuard
 from relm.trainer.loggers import make_loggers
 from relm.trainer.metrics import data_metrics, mean_of_lists, memory_metrics
+from relm.trainer.plot import CURVES_FILE, plot_curves
+from relm.trainer.signals import stop_on_signals
 from relm.trainer.validation import build_val_params, is_validation_step, make_val_dataset, run_validation
 from relm.training.actor import update_actor
 from relm.training.batch import ExperienceBatch
@@ -139,39 +151,93 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
 
 
 def train(c: RunComponents) -> None:
-    """Run `total_training_steps` steps, logging every step and saving every `save_freq`."""
+    """Run `total_training_steps` steps, logging every step and saving every `save_freq`.
+
+    SIGTERM or SIGINT stops the run after the step in progress, with a checkpoint of that step and
+    exit code 0 (a second signal aborts at once; see `trainer/signals.py`). More than
+    `trainer.max_skipped_steps` steps in a row with skipped updates raise `TrainingDiverged`.
+    """
     total, trainer_cfg = c.sizes.total_training_steps, c.cfg.trainer
-    start = 0
+    remove_stale_staging(c.run_dir)
+    start, guard = 0, SkipGuard(trainer_cfg.max_skipped_steps)
     checkpoint = find_resume_checkpoint(c.run_dir, trainer_cfg.resume_mode, trainer_cfg.resume_from_path)
     if checkpoint is not None:
-        start = load_checkpoint(c, checkpoint)
+        logger.info("loading checkpoint %s", checkpoint)
+        restored = load_checkpoint(c, checkpoint)
+        start = restored.step
+        guard.load_state_dict(restored.loop_state.get("skip_guard", {}))
         logger.info("resumed from %s: continuing at step %d of %d", checkpoint, start + 1, total)
-    loggers = make_loggers(trainer_cfg.logger, c.run_dir, total, resume_step=start if checkpoint else None)
+    loggers = make_loggers(
+        trainer_cfg.logger, c.run_dir, total, resume_step=start if checkpoint else None,
+        project=trainer_cfg.project_name, experiment=trainer_cfg.experiment_name, config=asdict(c.cfg),
+    )  # fmt: skip
     save_freq = trainer_cfg.save_freq
     val_dataset = make_val_dataset(c.cfg, c.tokenizer)
     val_params = build_val_params(
         c.cfg.actor_rollout_ref.rollout.val_kwargs, c.cfg.data.max_response_length, seed=c.cfg.seed
     )
+    degenerate = DegenerateBatchReporter()
+    num_responses = c.cfg.data.train_batch_size * c.cfg.actor_rollout_ref.rollout.n
 
     def validate() -> dict[str, float]:
         return run_validation(
             c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size
         )
 
+    def save(step: int) -> None:
+        save_checkpoint(c, step, loop_state={"skip_guard": guard.state_dict()})
+        prune_checkpoints(
+            c.run_dir, step,
+            max_actor=trainer_cfg.max_actor_ckpt_to_keep, max_critic=trainer_cfg.max_critic_ckpt_to_keep,
+        )  # fmt: skip
+
+    last_step = last_saved = start
     try:
-        if val_dataset is not None and trainer_cfg.val_before_train and start == 0:
-            for sink in loggers:
-                sink.log(0, validate())
-        for step in range(start + 1, total + 1):
-            metrics = ppo_step(c, c.loader.next_batch(), step)
-            metrics["training/epoch"] = float(c.loader.epoch)
-            if val_dataset is not None and is_validation_step(step, total, trainer_cfg.test_freq):
-                metrics.update(validate())
-            for sink in loggers:
-                sink.log(step, metrics)
-            if save_freq > 0 and (step % save_freq == 0 or step == total):
-                save_checkpoint(c, step)
+        with stop_on_signals() as stop:
+            if val_dataset is not None and trainer_cfg.val_before_train and start == 0:
+                for sink in loggers:
+                    sink.log(0, validate())
+            for step in range(start + 1, total + 1):
+                if stop.requested:
+                    break
+                metrics = ppo_step(c, c.loader.next_batch(), step)
+                metrics["training/epoch"] = float(c.loader.epoch)
+                diverged = guard.update(step, metrics)
+                if val_dataset is not None and is_validation_step(step, total, trainer_cfg.test_freq):
+                    metrics.update(validate())
+                degenerate.check(step, metrics, num_responses)
+                for sink in loggers:
+                    sink.log(step, metrics)
+                if diverged is not None:
+                    raise diverged
+                last_step = step
+                if save_freq > 0 and (step % save_freq == 0 or step == total):
+                    save(step)
+                    last_saved = step
+            if stop.requested and last_step > last_saved:
+                save(last_step)  # whatever save_freq says: the steps since the last save must not be lost
+    except Exception:  # not KeyboardInterrupt: a second signal leaves at once, without the plot
+        _write_curves(c.run_dir)  # the curves up to a divergence or a failure are what the user looks at next
+        raise
     finally:
         for sink in loggers:
             sink.close()
+    _write_curves(c.run_dir)
+    if last_step < total:
+        saved = f"checkpoint in {c.run_dir / f'global_step_{last_step}'}" if last_step else "no step to save"
+        logger.info(
+            "stopped by %s after step %d of %d (%s); run the same command again to resume",
+            stop.signal_name, last_step, total, saved,
+        )  # fmt: skip
+        return
     logger.info("training finished after %d steps; metrics in %s", total, c.run_dir / "metrics.jsonl")
+
+
+def _write_curves(run_dir: Path) -> None:
+    """curves.png in the run folder; a failure here must not turn a finished run into a failed one."""
+    try:
+        logger.info("curves in %s", plot_curves(run_dir))
+    except UserError:
+        pass  # no step logged yet: nothing to draw
+    except Exception as exc:  # noqa: BLE001 - the plot is a convenience beside metrics.jsonl
+        logger.warning("could not draw %s: %s: %s", run_dir / CURVES_FILE, type(exc).__name__, exc)

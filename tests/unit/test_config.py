@@ -384,7 +384,7 @@ def test_verl_seq_balance_command_converts_its_global_micro_batch_sizes():
         ("reward_model.overlong_buffer.enable=true", "`reward_model.overlong_buffer.len=0` must be between"),
         ("trainer.device=tpu", "`trainer.device=tpu` is not supported; choose one of: auto, cpu, cuda"),
         ("trainer.resume_mode=latest", "`trainer.resume_mode=latest` is not supported"),
-        ("trainer.logger=[console,wandb]", "`trainer.logger` names `wandb`, which relm does not provide yet"),
+        ("trainer.logger=[console,swanlab]", "`trainer.logger` names `swanlab`, which relm does not provide yet"),
         ("trainer.logger=[console,foo]", "`trainer.logger=foo` is not supported; choose one of: console"),
         ("trainer.n_gpus_per_node=3", "`data.train_batch_size=16` x `rollout.n=4` = 64 responses do not"),
         (f"algorithm.adv_estimator=grpo {RO}.n=1", f"`{RO}.n=1`: `grpo` compares responses to the same"),

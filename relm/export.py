@@ -1,0 +1,139 @@
+"""`relm export CHECKPOINT OUT_DIR [--critic]`: a checkpoint's models as plain Hugging Face folders.
+
+A checkpoint's `actor/` already is an HF folder, with relm's optimizer state beside the weights. The
+export copies what a user of the model needs (safetensors, config, generation config, tokenizer) and
+leaves the training state behind, so `AutoModelForCausalLM.from_pretrained(OUT_DIR)` loads the policy
+exactly as trained (same tensors, same dtype, hence the same logits).
+
+With `--critic`, OUT_DIR gets two folders: `actor/` and `critic/` (the critic's transformer backbone,
+loadable with `AutoModel`, plus `value_head.safetensors`: a Linear(hidden, 1) applied to its last hidden
+state; relm's `load_value_model` reads both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from relm.errors import UserError, run_guarded
+from relm.trainer.checkpoint import LATEST_FILE, OPTIMIZER_FILE, STATE_FILE, find_resume_checkpoint
+from relm.trainer.durable import fsync_dir, fsync_tree
+
+MODEL_FILES = ("config.json", "generation_config.json")
+"""Files of the model itself; with the weights they are what a tokenizer-less copy would hold."""
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A `global_step_N` folder as given, or the latest checkpoint of a run folder."""
+    if path.name.endswith(".tmp"):
+        raise UserError(f"`{path}` is a save that never finished; export a global_step_N folder instead")
+    if (path / STATE_FILE).is_file():
+        return path
+    latest = find_resume_checkpoint(path, "auto", None)  # raises if the latest file names a broken step
+    if latest is not None:
+        return latest
+    if path.name.startswith("global_step_") and path.is_dir():
+        raise UserError(f"`{path}` is an incomplete checkpoint (no {STATE_FILE}); export another step")
+    raise UserError(
+        f"`{path}` is not a relm checkpoint; give a global_step_N folder or a run folder (with {LATEST_FILE})"
+    )
+
+
+def _weights(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.safetensors.index.json"))
+
+
+def _require_model(checkpoint: Path, name: str) -> Path:
+    folder = checkpoint / name
+    if not (folder / "config.json").is_file() or not _weights(folder):
+        raise UserError(
+            f"checkpoint `{checkpoint}` has no complete {name} (config.json and *.safetensors); "
+            f"it may have been removed by trainer.max_{name}_ckpt_to_keep: export a newer step"
+        )
+    return folder
+
+
+def _copy_files(source: Path, dest: Path, keep: Callable[[Path], bool]) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for file in sorted(source.iterdir()):
+        if file.is_file() and file.name != OPTIMIZER_FILE and keep(file):
+            shutil.copy2(file, dest / file.name)
+
+
+def _is_tokenizer_file(file: Path) -> bool:
+    """Whatever in an actor folder is not weights, model config or training state is the tokenizer's."""
+    return file.name not in MODEL_FILES and not file.name.endswith(
+        (".safetensors", ".safetensors.index.json")
+    )
+
+
+def _write_generation_config(folder: Path) -> None:
+    """Checkpoints of models without a generation config get the one transformers derives from config."""
+    if (folder / "generation_config.json").is_file():
+        return
+    from transformers import AutoConfig, GenerationConfig
+
+    GenerationConfig.from_model_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
+
+
+def export_checkpoint(checkpoint: Path, out_dir: Path, *, critic: bool = False) -> list[Path]:
+    """Write the checkpoint's actor (and critic) as HF folders under `out_dir`; returns the folders.
+
+    Without `critic`, `out_dir` itself is the actor's folder; with it, `out_dir/actor` and
+    `out_dir/critic`. Everything is written to `.OUT_DIR.tmp` beside it and renamed at the end, so an
+    interrupted export leaves no half folder under the name asked for.
+
+    Raises:
+        UserError: the checkpoint is missing or incomplete, or `out_dir` exists and is not empty.
+    """
+    checkpoint = resolve_checkpoint(checkpoint)
+    actor = _require_model(checkpoint, "actor")
+    critic_src = _require_model(checkpoint, "critic") if critic else None
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UserError(f"`{out_dir}` already exists and is not empty; choose a new output folder")
+    staging = out_dir.parent / f".{out_dir.name}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    actor_dest = staging / "actor" if critic else staging
+    _copy_files(actor, actor_dest, keep=lambda _: True)
+    _write_generation_config(actor_dest)
+    written = [out_dir / "actor" if critic else out_dir]
+    if critic_src is not None:
+        _copy_files(critic_src, staging / "critic", keep=lambda _: True)
+        # The critic reads the same token ids as the actor: ship the tokenizer with it.
+        _copy_files(actor, staging / "critic", keep=_is_tokenizer_file)
+        written.append(out_dir / "critic")
+    fsync_tree(staging)
+    if out_dir.exists():
+        out_dir.rmdir()  # empty, checked above
+    staging.rename(out_dir)
+    fsync_dir(out_dir.parent)
+    return written
+
+
+def export_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="relm export",
+        description="Write a checkpoint's actor (and critic) as Hugging Face folders (safetensors, config, "
+        "generation config, tokenizer).",
+    )
+    parser.add_argument(
+        "checkpoint", type=Path, help="a global_step_N folder, or a run folder (its latest step)"
+    )
+    parser.add_argument(
+        "out_dir", type=Path, help="new or empty folder; the actor's HF folder (without --critic)"
+    )
+    parser.add_argument(
+        "--critic", action="store_true", help="also export the critic: OUT_DIR/actor, OUT_DIR/critic"
+    )
+    args = parser.parse_args(argv)
+    for folder in export_checkpoint(args.checkpoint, args.out_dir, critic=args.critic):
+        print(folder)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0 with the written folders printed; 2 with one `error:` line for a missing/incomplete input."""
+    return run_guarded(lambda: export_command(sys.argv[1:] if argv is None else argv))
