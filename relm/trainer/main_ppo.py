@@ -11,6 +11,7 @@ from relm.errors import run_guarded
 from relm.logs import setup_logging
 from relm.models.loading import load_config as load_model_config
 from relm.rewards.custom import resolve_compute_score
+from relm.trainer.loggers import check_logger_packages
 
 logger = logging.getLogger("relm")
 
@@ -28,6 +29,7 @@ def train_command(argv: list[str]) -> int:
     validate_config(cfg, max_position_embeddings=getattr(text_config, "max_position_embeddings", None))
     reward = cfg.custom_reward_function
     compute_score = resolve_compute_score(reward.path, reward.name)
+    check_logger_packages(cfg.trainer.logger)
     print(CONFIG_OK_MESSAGE, flush=True)
 
     from relm.trainer.components import build_components
