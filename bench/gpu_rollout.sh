@@ -58,6 +58,7 @@ if [ "$MODE" = "full" ]; then
     --gpu-memory-utilization 0.5
   bench llama3b_b256 60 --model zoo:meta-llama/Llama-3.2-3B-Instruct --batch 256 --prompt-len 256 --response-len 256
   bench gemma2b_b256 60 --model zoo:google/gemma-2-2b-it --batch 256 --prompt-len 256 --response-len 256
+  step attention_variants 60 "$PY" bench/attention_variants.py
 fi
 
 echo; echo "=== summary ==="

@@ -54,13 +54,14 @@ def main() -> None:
 
     logits = torch.randn(args.batch, vocab, device="cuda")
     generator = torch.Generator(device="cuda").manual_seed(0)
-    sample_next_token(logits, params, generator)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(20):
-        sample_next_token(logits, params, generator)
-    torch.cuda.synchronize()
-    print(f"sampling alone: {(time.perf_counter() - start) / 20 * 1e3:.2f} ms/step")
+    for sampler in (sample_next_token,):
+        sampler(logits, params, generator)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(20):
+            sampler(logits, params, generator)
+        torch.cuda.synchronize()
+        print(f"{sampler.__name__} alone: {(time.perf_counter() - start) / 20 * 1e3:.2f} ms/step")
 
 
 if __name__ == "__main__":

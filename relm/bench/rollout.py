@@ -28,7 +28,8 @@ from relm.models.loading import pick_dtype
 from relm.models.zoo import zoo_config
 from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.native_engine import NativeRolloutEngine, kv_bytes_per_token
+from relm.rollout.memory_budget import kv_bytes_per_token
+from relm.rollout.native_engine import NativeRolloutEngine
 
 ENGINES = ("native", "hf")
 TABLE_HEADER = (

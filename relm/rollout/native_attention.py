@@ -60,9 +60,10 @@ def native_attention(
 ) -> tuple[torch.Tensor, None]:
     """Causal attention of query [B, H, Q, D] over key/value [B, Hkv, K, D(v)] -> ([B, Q, H, Dv], None).
 
-    Decode steps (Q == 1) and soft-capped models take the grouped matrix-product path; a prefill
-    without soft-capping takes sdpa over repeated KV heads (a one-off copy per prompt, and the
-    memory-efficient kernel then accepts the mask).
+    Soft-capped models (sdpa has no soft-capping) and CPU decode steps take the grouped
+    matrix-product path; CUDA decode steps take sdpa in its grouped-query mode with the mask; a
+    prefill takes sdpa over repeated KV heads (a one-off copy per prompt, with which sdpa's fused
+    kernels accept the mask).
 
     Raises:
         NativeAttentionUnsupported: a feature the model needs that this function does not compute.
@@ -84,8 +85,15 @@ def native_attention(
     mask = attention_mask
     if sliding_window:
         mask = restrict_to_window(mask, sliding_window)
-    if query.shape[2] == 1 or softcap:
+    if softcap or (query.shape[2] == 1 and not query.is_cuda):
         out = grouped_attention(query, key, value, mask, scaling, softcap)
+    elif query.shape[2] == 1:
+        # Measured on an H200 (torch 2.11, batch 256, 2 KV heads x 6, 384 columns): 48 us a layer,
+        # against 101 us for the grouped matrix products and 800 us with the KV heads repeated.
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True
+        )
+        out = out.transpose(1, 2).contiguous()
     else:
         out = repeated_kv_sdpa(query, key, value, mask, scaling)
     return out, None

@@ -11,7 +11,9 @@ What changes while it generates:
 - on CUDA each decode step is a replayed CUDA graph (`relm.rollout.cuda_graphs`), per row bucket
   and length bucket, so Python launch overhead disappears;
 - sampling, eos handling and logprobs are the HF engine's (`relm.rollout.sampling`), so with the
-  same seed both engines draw the same tokens.
+  same seed both engines draw the same tokens. (A log-space variant with fewer passes over the
+  logits measured no faster on an H200: 0.72 ms a step at batch 256 x 152k either way, the
+  random draw dominating.)
 
 Architectures whose code does not dispatch attention through transformers' `AttentionInterface`
 (or that ask it for attention sinks, position biases, ...) run on the HF engine instead, with one
@@ -31,11 +33,11 @@ import torch
 from torch import nn
 
 from relm.data.records import left_pad
-from relm.errors import UserError
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, SamplingParams
 from relm.rollout.cuda_graphs import DecodeGraphs
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.kv_cache import PreallocatedKVCache
+from relm.rollout.memory_budget import check_rollout_memory
 from relm.rollout.native_attention import (
     NATIVE_ATTENTION,
     NativeAttentionUnsupported,
@@ -44,10 +46,6 @@ from relm.rollout.native_attention import (
 from relm.rollout.sampling import sample_next_token
 
 logger = logging.getLogger("relm")
-
-# Sampling temporaries per row, in fp32 vocabulary rows: the logits buffer, the scaled copy, the
-# probabilities and the exponential noise (see `sample_next_token`).
-_SAMPLING_ROWS_OF_VOCAB = 4
 
 
 @dataclass
@@ -298,28 +296,16 @@ class NativeRolloutEngine:
         return self._buffers
 
     def _check_memory_budget(self, rows: int, length: int) -> None:
-        """Refuse, before allocating, a cache that would not fit the engine's share of the GPU.
-
-        Raises:
-            UserError: naming rollout.gpu_memory_utilization and what the batch needs.
-        """
-        if self.device.type != "cuda":
-            return
-        config = self.model.config.get_text_config()
-        dtype_bytes = next(self.model.parameters()).element_size()
-        weights = sum(t.numel() * t.element_size() for t in self._weight_tensors())
-        kv = rows * length * kv_bytes_per_token(config, dtype_bytes)
-        sampling = rows * config.vocab_size * 4 * _SAMPLING_ROWS_OF_VOCAB
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        budget = self.gpu_memory_utilization * total
-        if weights + kv + sampling > budget:
-            gib = 1024**3
-            raise UserError(
-                f"actor_rollout_ref.rollout.gpu_memory_utilization={self.gpu_memory_utilization} gives the "
-                f"rollout {budget / gib:.1f} GiB of the GPU's {total / gib:.1f} GiB, but {rows} rows x "
-                f"{length} tokens need {(weights + kv + sampling) / gib:.1f} GiB (weights {weights / gib:.1f}, "
-                f"KV cache {kv / gib:.1f}, sampling {sampling / gib:.1f}); raise gpu_memory_utilization or "
-                "lower data.train_batch_size, rollout.n or the prompt/response lengths"
+        """Refuse, before allocating, buffers that would not fit the engine's share of the GPU."""
+        if self.device.type == "cuda":
+            check_rollout_memory(
+                self.model.config.get_text_config(),
+                weight_bytes=sum(t.numel() * t.element_size() for t in self._weight_tensors()),
+                dtype_bytes=next(self.model.parameters()).element_size(),
+                rows=rows,
+                length=length,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                total_bytes=torch.cuda.get_device_properties(self.device).total_memory,
             )
 
     def _weight_tensors(self) -> list[torch.Tensor]:
@@ -341,14 +327,6 @@ class NativeRolloutEngine:
         """Load the actor's weights by HF name, in place (see `HFRolloutEngine.sync_weights`); in-place
         copies keep every address, so captured graphs stay valid."""
         self.reference.sync_weights(named_tensors)
-
-
-def kv_bytes_per_token(config: object, dtype_bytes: int) -> int:
-    """Keys + values of one token over all layers, from an HF text config (standard attention)."""
-    num_heads = config.num_attention_heads
-    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-    return 2 * config.num_hidden_layers * num_kv_heads * head_dim * dtype_bytes
 
 
 def _native_blocker(model: nn.Module) -> str | None:
