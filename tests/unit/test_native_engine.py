@@ -184,6 +184,24 @@ def test_cache_is_reused_and_grown():
     assert torch.equal(out.response_ids, hf.response_ids)  # stale columns of the old call do not leak
 
 
+def test_sync_weights_in_place_and_gradient_checkpointing_model():
+    model, other = zoo_model("tiny/qwen2"), zoo_model("tiny/qwen2")
+    with torch.no_grad():
+        for param in other.parameters():
+            param.add_(torch.randn_like(param) * 0.5)
+    other.gradient_checkpointing_enable()
+    other.train()
+    prompts = prompts_for(model)
+    want = reference(model, eos=[]).generate(prompts, greedy()).response_ids
+    engine = native(other, eos=[])
+    assert not torch.equal(engine.generate(prompts, greedy()).response_ids, want)
+    addresses = [p.data_ptr() for p in other.parameters()]
+    engine.sync_weights(model.named_parameters())
+    assert [p.data_ptr() for p in other.parameters()] == addresses  # in place: graphs stay valid
+    assert torch.equal(engine.generate(prompts, greedy()).response_ids, want)
+    assert other.training
+
+
 def test_restrict_to_window_by_hand():
     # One row, left padding at column 0, queries at columns 1..3 (their own column is the last True).
     mask = torch.tensor(
