@@ -204,12 +204,12 @@ def _rollout(
     loaded: _Loaded, options: CompatOptions, device: torch.device, metrics: dict[str, float]
 ) -> None:
     """Generate with the HF engine; check the outputs and that the trainer's forward agrees."""
-    from relm.trainer.components import _eos_token_ids  # the trainer's own choice of stop ids
+    from relm.trainer.components import eos_token_ids_of  # the trainer's own choice of stop ids
     from relm.trainer.experience import batched_logprobs, build_experience
 
     tokenizer, model = loaded.tokenizer, loaded.model
     prompts = [encode_prompt(tokenizer, [{"role": "user", "content": text}]) for text in PROMPTS]
-    eos_ids = _eos_token_ids(tokenizer, model)
+    eos_ids = eos_token_ids_of(tokenizer, model)
     engine = HFRolloutEngine(
         model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=eos_ids, device=device, seed=options.seed
     )

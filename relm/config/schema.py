@@ -190,8 +190,10 @@ class ValKwargsConfig:
 class RolloutConfig:
     """Generation (`actor_rollout_ref.rollout.*`)."""
 
-    name: str = "hf"
-    """Rollout engine: `hf` (HF generate-style reference engine)."""
+    name: str = "native"
+    """Rollout engine: `native` (preallocated KV cache, GQA-aware attention, CUDA graphs) or `hf` (plain reference)."""
+    free_cache_engine: bool = True
+    """Free the engine's KV cache and graphs after generation so the update can use that memory."""
     n: int = 1
     """Responses sampled per prompt."""
     temperature: float = 1.0

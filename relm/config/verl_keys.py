@@ -103,7 +103,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.rollout.use_fire_sampling": "FIRE sampling is not implemented",
     "actor_rollout_ref.rollout.enforce_eager": _VLLM,
     "actor_rollout_ref.rollout.cudagraph_capture_sizes": _VLLM,
-    "actor_rollout_ref.rollout.free_cache_engine": _VLLM,
     "actor_rollout_ref.rollout.load_format": _VLLM,
     "actor_rollout_ref.rollout.layered_summon": _VLLM,
     "actor_rollout_ref.rollout.max_num_batched_tokens": _VLLM,

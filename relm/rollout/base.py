@@ -78,3 +78,7 @@ class RolloutEngine(Protocol):
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load the actor's current weights (HF parameter names) into the engine, in memory."""
         ...
+
+    def release_memory(self) -> None:
+        """Free generation-only memory (KV cache, captured graphs) so the update can use it."""
+        ...

@@ -139,6 +139,9 @@ class HFRolloutEngine:
         reasons = [FINISH_STOP if stop else FINISH_LENGTH for stop in stopped_by_eos.tolist()]
         return GenerationOutput(response_ids, response_mask, response_logprobs, reasons)
 
+    def release_memory(self) -> None:
+        """Nothing to free: this engine's KV cache lives only for the duration of one `generate` call."""
+
     @torch.no_grad()
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy tensors into the engine's model by HF parameter/buffer name.

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from relm.algorithms.advantages import ESTIMATORS_WITH_CRITIC
 from relm.algorithms.kl import FixedKLController, make_kl_controller
-from relm.config.schema import RelmConfig
+from relm.config.schema import RelmConfig, RolloutConfig
 from relm.data.dataset import PromptDataset
 from relm.data.demo_task import write_demo_parquet
 from relm.data.loader import PromptLoader
@@ -29,6 +29,8 @@ from relm.rewards.custom import ComputeScore, resolve_compute_score
 from relm.rewards.manager import RewardManager
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
+from relm.rollout.native_engine import NativeRolloutEngine
+from relm.training.precision import Precision, pick_precision
 
 logger = logging.getLogger("relm")
 
@@ -68,6 +70,8 @@ class RunComponents:
     sizes: Sizes
     generator: torch.Generator
     """Seeds mini-batch shuffles; its state is part of a checkpoint."""
+    precision: Precision
+    """Master and compute dtypes of actor, reference and critic."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -134,7 +138,8 @@ def build_components(
 
     arr = cfg.actor_rollout_ref
     device = pick_device(cfg.trainer.device)
-    dtype = pick_dtype(arr.model.dtype, device)
+    precision = pick_precision(arr.model.dtype, device)
+    dtype = precision.master
     torch.manual_seed(cfg.seed)
 
     tokenizer = load_tokenizer(
@@ -181,7 +186,7 @@ def build_components(
     ref = None
     if needs_reference(cfg):
         # A frozen copy of the starting policy: identical weights without a second read from disk.
-        ref = copy.deepcopy(actor).requires_grad_(False).eval()
+        ref = copy.deepcopy(actor).to(precision.compute).requires_grad_(False).eval()
 
     critic = critic_optimizer = critic_scheduler = None
     if cfg.algorithm.adv_estimator in ESTIMATORS_WITH_CRITIC:
@@ -210,9 +215,14 @@ def build_components(
             ),
         )
 
-    eos_ids = _eos_token_ids(tokenizer, actor)
-    engine = HFRolloutEngine(
-        actor, pad_token_id=tokenizer.pad_token_id, eos_token_ids=eos_ids, device=device, seed=cfg.seed
+    eos_ids = eos_token_ids_of(tokenizer, actor)
+    engine = build_engine(
+        arr.rollout,
+        generator_model(actor, arr.rollout, device, precision),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=eos_ids,
+        device=device,
+        seed=cfg.seed,
     )
     kl = cfg.algorithm.kl_ctrl
     return RunComponents(
@@ -233,10 +243,51 @@ def build_components(
         kl_ctrl=make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon),
         sizes=sizes,
         generator=torch.Generator().manual_seed(cfg.seed),
+        precision=precision,
     )
 
 
-def _eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> list[int]:
+def generator_model(
+    actor: nn.Module, rollout: RolloutConfig, device: torch.device, precision: Precision
+) -> nn.Module:
+    """The module the engine generates with: the actor itself where dtypes agree (CPU), else a copy in
+    `rollout.dtype` (bf16 on GPU) that `sync_weights` refreshes in place after every update."""
+    gen_dtype = pick_dtype(rollout.dtype, device) if device.type == "cuda" else precision.master
+    if gen_dtype == precision.master:
+        return actor
+    logger.info(
+        "generating with a %s copy of the actor (training keeps %s master weights)",
+        gen_dtype,
+        precision.master,
+    )
+    return copy.deepcopy(actor).to(gen_dtype).requires_grad_(False).eval()
+
+
+def build_engine(
+    rollout: RolloutConfig,
+    model: nn.Module,
+    *,
+    pad_token_id: int,
+    eos_token_ids: list[int],
+    device: torch.device,
+    seed: int,
+) -> RolloutEngine:
+    """The engine `rollout.name` names, generating with the actor's own module (colocated)."""
+    if rollout.name == "hf":
+        return HFRolloutEngine(
+            model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=device, seed=seed
+        )
+    return NativeRolloutEngine(
+        model,
+        pad_token_id=pad_token_id,
+        eos_token_ids=eos_token_ids,
+        device=device,
+        seed=seed,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+    )
+
+
+def eos_token_ids_of(tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> list[int]:
     """Every id that ends a response: the tokenizer's eos and the generation config's (may be a list)."""
     ids: set[int] = set()
     if tokenizer.eos_token_id is not None:

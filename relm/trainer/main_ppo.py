@@ -10,6 +10,7 @@ from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
 from relm.errors import run_guarded
 from relm.logs import setup_logging
 from relm.models.loading import load_config as load_model_config
+from relm.models.registry import import_external_lib
 from relm.rewards.custom import resolve_compute_score
 from relm.trainer.loggers import check_logger_packages
 
@@ -22,6 +23,7 @@ def train_command(argv: list[str]) -> int:
     model = cfg.actor_rollout_ref.model
     # Cheap checks of the model (its config only: architecture, positions) and of the reward file
     # (imported once here, used by the run) come before the success line, so it means what it says.
+    import_external_lib(model.external_lib)  # may register an architecture the next line needs
     model_dir, model_config, _ = load_model_config(
         model.path, override_config=model.override_config, trust_remote_code=model.trust_remote_code
     )

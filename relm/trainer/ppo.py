@@ -63,71 +63,75 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
     with timed(metrics, "gen"):
         # Generation and scoring (and DAPO's resampling rounds) are one phase; scoring is cheap beside it.
         batch: ExperienceBatch = collect_experience(c, prompts, step, metrics)
+        if arr.rollout.free_cache_engine:
+            c.engine.release_memory()
 
-    rows = c.sizes.rows_per_logprob_forward
-    with timed(metrics, "old_log_prob"):
-        batch.old_logprobs = batched_logprobs(
-            c.actor, batch, rows_per_forward=rows, temperature=temperature, device=c.device
-        )
-    diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
-    if diff.numel():
-        metrics["rollout/logprob_diff_max"] = diff.max().item()
-        metrics["rollout/logprob_diff_mean"] = diff.mean().item()
-    if c.ref is not None:
-        with timed(metrics, "ref"):
-            batch.ref_logprobs = batched_logprobs(
-                c.ref, batch, rows_per_forward=rows, temperature=temperature, device=c.device
+    # Forward and backward passes compute in bf16 on a GPU; weights and optimizer states stay fp32.
+    with c.precision.autocast():
+        rows = c.sizes.rows_per_logprob_forward
+        with timed(metrics, "old_log_prob"):
+            batch.old_logprobs = batched_logprobs(
+                c.actor, batch, rows_per_forward=rows, temperature=temperature, device=c.device
             )
-    if c.critic is not None:
-        with timed(metrics, "values"):
-            batch.values = batched_values(c.critic, batch, rows_per_forward=rows, device=c.device)
+        diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
+        if diff.numel():
+            metrics["rollout/logprob_diff_max"] = diff.max().item()
+            metrics["rollout/logprob_diff_mean"] = diff.mean().item()
+        if c.ref is not None:
+            with timed(metrics, "ref"):
+                batch.ref_logprobs = batched_logprobs(
+                    c.ref, batch, rows_per_forward=rows, temperature=temperature, device=c.device
+                )
+        if c.critic is not None:
+            with timed(metrics, "values"):
+                batch.values = batched_values(c.critic, batch, rows_per_forward=rows, device=c.device)
 
-    with timed(metrics, "adv"):
-        if cfg.algorithm.use_kl_in_reward:
-            batch.token_rewards, kl_metrics = apply_kl_penalty(
-                batch.token_scores, batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
-                c.kl_ctrl.value, cfg.algorithm.kl_penalty,
-            )  # fmt: skip
-            metrics["actor/reward_kl_penalty"] = float(kl_metrics["reward_kl"])
-            metrics["actor/reward_kl_penalty_coeff"] = c.kl_ctrl.value
-            c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(batch))
-        else:
-            batch.token_rewards = batch.token_scores
-        batch.advantages, batch.returns = compute_advantages(
-            cfg.algorithm.adv_estimator,
-            token_rewards=batch.token_rewards,
-            response_mask=batch.response_mask,
-            values=batch.values,
-            group_ids=batch.group_ids,
-            gamma=cfg.algorithm.gamma,
-            lam=cfg.algorithm.lam,
-            norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
-            baseline_scores=batch.baseline_scores,
-        )
+        with timed(metrics, "adv"):
+            if cfg.algorithm.use_kl_in_reward:
+                batch.token_rewards, kl_metrics = apply_kl_penalty(
+                    batch.token_scores, batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
+                    c.kl_ctrl.value, cfg.algorithm.kl_penalty,
+                )  # fmt: skip
+                metrics["actor/reward_kl_penalty"] = float(kl_metrics["reward_kl"])
+                metrics["actor/reward_kl_penalty_coeff"] = c.kl_ctrl.value
+                c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(batch))
+            else:
+                batch.token_rewards = batch.token_scores
+            batch.advantages, batch.returns = compute_advantages(
+                cfg.algorithm.adv_estimator,
+                token_rewards=batch.token_rewards,
+                response_mask=batch.response_mask,
+                values=batch.values,
+                group_ids=batch.group_ids,
+                gamma=cfg.algorithm.gamma,
+                lam=cfg.algorithm.lam,
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+                baseline_scores=batch.baseline_scores,
+            )
 
-    skipped = 0
-    if c.critic is not None:
-        with timed(metrics, "update_critic"):
-            result = update_critic(
-                c.critic, c.critic_optimizer, c.critic_scheduler, batch, cfg.critic,
-                rows_per_minibatch=c.sizes.critic_rows_per_minibatch,
-                rows_per_microbatch=c.sizes.critic_rows_per_microbatch,
-                num_epochs=c.sizes.critic_epochs, device=c.device, generator=c.generator,
-            )  # fmt: skip
-        metrics.update(mean_of_lists(result.metrics))
-        skipped += result.num_skipped_updates
-    if step > cfg.trainer.critic_warmup:
-        with timed(metrics, "update_actor"):
-            result = update_actor(
-                c.actor, c.actor_optimizer, c.actor_scheduler, batch, arr.actor,
-                rows_per_minibatch=c.sizes.actor_rows_per_minibatch,
-                rows_per_microbatch=c.sizes.actor_rows_per_microbatch,
-                temperature=temperature, device=c.device, generator=c.generator,
-            )  # fmt: skip
-        metrics.update(mean_of_lists(result.metrics))
-        skipped += result.num_skipped_updates
-        with timed(metrics, "sync"):
-            c.engine.sync_weights(c.actor.named_parameters())
+        skipped = 0
+        if c.critic is not None:
+            with timed(metrics, "update_critic"):
+                result = update_critic(
+                    c.critic, c.critic_optimizer, c.critic_scheduler, batch, cfg.critic,
+                    rows_per_minibatch=c.sizes.critic_rows_per_minibatch,
+                    rows_per_microbatch=c.sizes.critic_rows_per_microbatch,
+                    num_epochs=c.sizes.critic_epochs, device=c.device, generator=c.generator,
+                )  # fmt: skip
+            metrics.update(mean_of_lists(result.metrics))
+            skipped += result.num_skipped_updates
+        if step > cfg.trainer.critic_warmup:
+            with timed(metrics, "update_actor"):
+                result = update_actor(
+                    c.actor, c.actor_optimizer, c.actor_scheduler, batch, arr.actor,
+                    rows_per_minibatch=c.sizes.actor_rows_per_minibatch,
+                    rows_per_microbatch=c.sizes.actor_rows_per_microbatch,
+                    temperature=temperature, device=c.device, generator=c.generator,
+                )  # fmt: skip
+            metrics.update(mean_of_lists(result.metrics))
+            skipped += result.num_skipped_updates
+            with timed(metrics, "sync"):
+                c.engine.sync_weights(c.actor.named_parameters())
     if skipped:
         logger.warning(
             "step %d: %d optimizer update(s) skipped for a non-finite gradient norm", step, skipped

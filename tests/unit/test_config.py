@@ -234,7 +234,7 @@ def test_a_verl_style_file_with_targets_and_interpolations_loads(tmp_path: Path)
     )
     cfg, warnings = load_config_with_warnings(["--config", str(config)])
     assert cfg.actor_rollout_ref.actor.use_dynamic_bsz is True
-    assert cfg.actor_rollout_ref.rollout.name == "hf"  # verl's `???` placeholder keeps relm's default
+    assert cfg.actor_rollout_ref.rollout.name == "native"  # verl's `???` placeholder keeps relm's default
     assert [line.split(":")[0] for line in warnings] == [
         f"`{ACT}.checkpoint.save_contents`, `{ACT}.checkpoint.load_contents`",
         "`actor_rollout_ref.ref.log_prob_use_dynamic_bsz`",
