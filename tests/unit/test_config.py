@@ -375,7 +375,7 @@ def test_verl_seq_balance_command_converts_its_global_micro_batch_sizes():
         ("algorithm.kl_penalty=js", "`algorithm.kl_penalty=js` is not supported"),
         ("algorithm.kl_ctrl.type=pid", "`algorithm.kl_ctrl.type=pid` is not supported; choose one of: fixed"),
         ("critic.optim.warmup_style=linear", "`critic.optim.warmup_style=linear` is not supported"),
-        (f"{RO}.name=vllm", f"`{RO}.name=vllm` is not supported; choose one of: hf"),
+        (f"{RO}.name=vllm", f"`{RO}.name=vllm` is not supported; choose one of: native, hf"),
         (f"{ACT}.strategy=megatron", f"`{ACT}.strategy=megatron` is not supported"),
         (f"{MODEL}.dtype=fp8", f"`{MODEL}.dtype=fp8` is not supported"),
         ("data.truncation=cut", "`data.truncation=cut` is not supported"),
