@@ -21,7 +21,8 @@ from relm.trainer.main_ppo import main
 
 pytestmark = pytest.mark.integration
 
-TOTAL_STEPS = 8
+TOTAL_STEPS = 16
+"""Long enough that every interruption below lands before the end, however fast the machine."""
 ARGS = [
     "data.train_batch_size=4",
     "actor_rollout_ref.rollout.n=2",
@@ -102,10 +103,12 @@ def test_killed_and_resumed_runs_match_an_uninterrupted_one(tmp_path: Path):
     reference_dir, run_dir = tmp_path / "reference", tmp_path / "run"
     assert main([*ARGS, f"trainer.default_local_dir={reference_dir}"]) == 0
 
-    # 1. SIGKILL at a random moment after the first checkpoint.
+    # 1. SIGKILL at a random point after the first checkpoint: after a randomly chosen step, plus a
+    # random fraction of a step (progress-based, so a fast machine cannot finish the run first).
     run = Run(run_dir, 1)
-    assert run.wait_until(lambda: latest(run_dir) >= 2), run.output
-    time.sleep(rng.uniform(0.0, 0.5))
+    kill_after = rng.randint(3, 5)
+    assert run.wait_until(lambda: f"step {kill_after}:" in run.output), run.output
+    time.sleep(rng.uniform(0.0, 0.05))
     assert run.kill() == -signal.SIGKILL
 
     # 2. SIGKILL while a checkpoint is being written: the half-written folder must not be used.
