@@ -48,6 +48,7 @@ def batched_logprobs(
     rows_per_forward: int,
     temperature: float,
     device: torch.device,
+    remove_padding: bool = False,
 ) -> torch.Tensor:
     """[N, R] logprobs of the responses under `model`, in forward passes of `rows_per_forward` rows."""
     chunks = []
@@ -60,6 +61,7 @@ def batched_logprobs(
             mb.position_ids,
             mb.response_width,
             temperature=temperature,
+            remove_padding=remove_padding,
         )
         chunks.append(logprobs.float().cpu())
     return torch.cat(chunks)
@@ -67,14 +69,24 @@ def batched_logprobs(
 
 @torch.no_grad()
 def batched_values(
-    value_model: nn.Module, batch: ExperienceBatch, *, rows_per_forward: int, device: torch.device
+    value_model: nn.Module,
+    batch: ExperienceBatch,
+    *,
+    rows_per_forward: int,
+    device: torch.device,
+    remove_padding: bool = False,
 ) -> torch.Tensor:
     """[N, R] critic values V(s_t) before each response token."""
     chunks = []
     for rows in torch.arange(len(batch)).split(rows_per_forward):
         mb = batch.select(rows).to(device)
         values = response_values(
-            value_model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_width
+            value_model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.position_ids,
+            mb.response_width,
+            remove_padding=remove_padding,
         )
         chunks.append(values.float().cpu())
     return torch.cat(chunks)

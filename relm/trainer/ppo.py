@@ -57,6 +57,8 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
     """One full step on one batch of prompts; returns the step's metrics under verl's names."""
     cfg, arr = c.cfg, c.cfg.actor_rollout_ref
     temperature = arr.rollout.temperature or 1.0
+    # Remove-padding forward (verl's key): equal results, no compute spent on padding.
+    packed, critic_packed = arr.model.use_remove_padding, cfg.critic.model.use_remove_padding
     metrics: dict[str, float] = {}
     step_start = time.perf_counter()
 
@@ -71,7 +73,12 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
         rows = c.sizes.rows_per_logprob_forward
         with timed(metrics, "old_log_prob"):
             batch.old_logprobs = batched_logprobs(
-                c.actor, batch, rows_per_forward=rows, temperature=temperature, device=c.device
+                c.actor,
+                batch,
+                rows_per_forward=rows,
+                temperature=temperature,
+                device=c.device,
+                remove_padding=packed,
             )
         diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
         if diff.numel():
@@ -80,11 +87,18 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
         if c.ref is not None:
             with timed(metrics, "ref"):
                 batch.ref_logprobs = batched_logprobs(
-                    c.ref, batch, rows_per_forward=rows, temperature=temperature, device=c.device
+                    c.ref,
+                    batch,
+                    rows_per_forward=rows,
+                    temperature=temperature,
+                    device=c.device,
+                    remove_padding=packed,
                 )
         if c.critic is not None:
             with timed(metrics, "values"):
-                batch.values = batched_values(c.critic, batch, rows_per_forward=rows, device=c.device)
+                batch.values = batched_values(
+                    c.critic, batch, rows_per_forward=rows, device=c.device, remove_padding=critic_packed
+                )
 
         with timed(metrics, "adv"):
             if cfg.algorithm.use_kl_in_reward:
@@ -117,6 +131,7 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
                     rows_per_minibatch=c.sizes.critic_rows_per_minibatch,
                     rows_per_microbatch=c.sizes.critic_rows_per_microbatch,
                     num_epochs=c.sizes.critic_epochs, device=c.device, generator=c.generator,
+                    remove_padding=critic_packed,
                 )  # fmt: skip
             metrics.update(mean_of_lists(result.metrics))
             skipped += result.num_skipped_updates
@@ -127,6 +142,7 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
                     rows_per_minibatch=c.sizes.actor_rows_per_minibatch,
                     rows_per_microbatch=c.sizes.actor_rows_per_microbatch,
                     temperature=temperature, device=c.device, generator=c.generator,
+                    remove_padding=packed,
                 )  # fmt: skip
             metrics.update(mean_of_lists(result.metrics))
             skipped += result.num_skipped_updates

@@ -36,6 +36,7 @@ def update_actor(
     temperature: float,
     device: torch.device,
     generator: torch.Generator | None = None,
+    remove_padding: bool = False,
 ) -> UpdateResult:
     """`cfg.ppo_epochs` passes of policy-loss updates (plus entropy bonus and optional KL loss).
 
@@ -63,6 +64,7 @@ def update_actor(
                     mb.response_width,
                     temperature=temperature,
                     compute_entropy=True,
+                    remove_padding=remove_padding,
                 )
                 mask = mb.response_mask
                 pg_loss, pg_metrics = compute_policy_loss(

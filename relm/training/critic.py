@@ -27,6 +27,7 @@ def update_critic(
     num_epochs: int,
     device: torch.device,
     generator: torch.Generator | None = None,
+    remove_padding: bool = False,
 ) -> UpdateResult:
     """Clipped value-loss regression of V(s_t) onto the returns, `num_epochs` passes.
 
@@ -45,7 +46,12 @@ def update_critic(
             for micro in microbatch_indices(mini, rows_per_microbatch):
                 mb = batch.select(micro).to(device)
                 values = response_values(
-                    value_model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_width
+                    value_model,
+                    mb.input_ids,
+                    mb.attention_mask,
+                    mb.position_ids,
+                    mb.response_width,
+                    remove_padding=remove_padding,
                 )
                 vf_loss, vf_metrics = compute_value_loss(
                     values,

@@ -29,8 +29,12 @@ def response_logprobs(
     temperature: float = 1.0,
     compute_entropy: bool = False,
     vocab_chunk: int | None = None,
+    remove_padding: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob (and entropy) of each response token under `softmax(logits / temperature)`.
+
+    With `remove_padding` the rows are packed into one sequence first (`relm.training.packing`),
+    which skips every padded position; the results are equal up to float rounding.
 
     Memory: the model returns logits only for the last R + 1 columns (`logits_to_keep`, which every
     HF causal LM in transformers 5 accepts; it keeps model-specific logit soft-capping or scaling,
@@ -58,6 +62,13 @@ def response_logprobs(
         raise ValueError(
             f"response_width {response_width} must be in [1, {width - 1}] for sequences of {width}"
         )
+    if remove_padding and _accepts_logits_to_keep(model):
+        from relm.training.packing import packed_response_logprobs
+
+        return packed_response_logprobs(
+            model, input_ids, attention_mask, response_width,
+            temperature=temperature, compute_entropy=compute_entropy, positions_per_chunk=vocab_chunk,
+        )  # fmt: skip
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     if _accepts_logits_to_keep(model):
         logits = model(**kwargs, use_cache=False, logits_to_keep=response_width + 1).logits  # [N, R+1, V]
@@ -120,13 +131,21 @@ def response_values(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     response_width: int,
+    *,
+    remove_padding: bool = False,
 ) -> torch.Tensor:
     """[N, R] fp32 values of the state before each response token (columns P-1 .. T-2).
+
+    `remove_padding` packs the rows first, as in `response_logprobs` (zeros at padded positions).
 
     Value t estimates the return from the moment token t is about to be chosen, i.e. after the
     prompt and tokens < t; that is the last column the model has seen then, P + t - 1 (verl's
     `values[:, -R - 1 : -1]`). It lines up with the logprob of token t for GAE.
     """
+    if remove_padding:
+        from relm.training.packing import packed_response_values
+
+        return packed_response_values(value_model, input_ids, attention_mask, response_width)
     values = value_model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
     )  # [N, T]
