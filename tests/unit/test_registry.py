@@ -82,7 +82,9 @@ def test_inspection_of_each_tiny_architecture(name):
     )
     assert (attention, rest) == EXPECTED[name]
     assert (info.num_layers, info.vocab_size, info.max_position_embeddings) == (2, 101, 256)
-    assert info.position_encoding == "RoPE" and info.packed_forward_verified is True
+    assert info.position_encoding == "RoPE"
+    # Verified per architecture class; the renamed Mistral is not a class relm lists.
+    assert info.packed_forward_verified is (name != "tiny/starling")
 
 
 def test_every_supported_architecture_has_a_tiny_zoo_model():
