@@ -74,8 +74,8 @@ class ModelConfig:
     """Values set on the model's HF config before loading (e.g. `{attn_implementation: eager}`)."""
     enable_gradient_checkpointing: bool = True
     """Recompute activations in backward to save memory."""
-    use_remove_padding: bool = True
-    """Pack sequences without padding for the training forward where the architecture allows."""
+    use_remove_padding: bool = False
+    """Pack the batch into one sequence (no padding computed); pays with a varlen attention kernel, not sdpa."""
     trust_remote_code: bool = False
     """Allow model code shipped inside the model folder."""
     external_lib: str | None = None
@@ -252,8 +252,8 @@ class CriticModelConfig:
     """Values set on the critic's HF config before loading."""
     enable_gradient_checkpointing: bool = True
     """Recompute activations in backward to save memory."""
-    use_remove_padding: bool = True
-    """Pack sequences without padding for the critic forward."""
+    use_remove_padding: bool = False
+    """Pack the batch into one sequence for the critic forward (see the actor's key)."""
     trust_remote_code: bool = False
     """Allow model code shipped inside the model folder."""
     external_lib: str | None = None
