@@ -171,7 +171,10 @@ def _load_module_weights(module: torch.nn.Module, folder: Path, what: str) -> No
     loaded_ptrs = {own[k].data_ptr() for k in tensors if k in own}
     tied = {name for name in missing if own[name].data_ptr() in loaded_ptrs}
     if missing - tied:
-        raise UserError(f"checkpoint `{folder}` lacks {what} weights such as `{sorted(missing - tied)[0]}`")
+        raise UserError(
+            f"checkpoint `{folder}` lacks {what} weights such as `{sorted(missing - tied)[0]}`: it was saved for "
+            "another model; set trainer.resume_mode=disable or point model.path at that model"
+        )
     module.load_state_dict(tensors, strict=False)
 
 

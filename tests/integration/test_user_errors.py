@@ -206,6 +206,104 @@ def bad_yaml(ctx: Ctx) -> CaseInput:
     return ["--config", str(path)], ["run.yaml", "YAML"]
 
 
+# --- more configuration mistakes -----------------------------------------------------------------
+
+
+def zero_batch(ctx: Ctx) -> CaseInput:
+    return ["data.train_batch_size=0"], ["data.train_batch_size", "0"]
+
+
+def negative_lr(ctx: Ctx) -> CaseInput:
+    return ["actor_rollout_ref.actor.optim.lr=-1e-6"], ["actor_rollout_ref.actor.optim.lr"]
+
+
+def negative_temperature(ctx: Ctx) -> CaseInput:
+    return ["actor_rollout_ref.rollout.temperature=-0.5"], ["actor_rollout_ref.rollout.temperature"]
+
+
+def unknown_loss_mode(ctx: Ctx) -> CaseInput:
+    key = "actor_rollout_ref.actor.policy_loss.loss_mode"
+    return [f"{key}=ppo2"], [key, "ppo2", "vanilla"]
+
+
+def unknown_agg_mode(ctx: Ctx) -> CaseInput:
+    key = "actor_rollout_ref.actor.loss_agg_mode"
+    return [f"{key}=mean"], [key, "token-mean"]
+
+
+def unknown_kl_estimator(ctx: Ctx) -> CaseInput:
+    key = "actor_rollout_ref.actor.kl_loss_type"
+    return [f"{key}=k9"], [key, "low_var_kl"]
+
+
+def unknown_engine(ctx: Ctx) -> CaseInput:
+    key = "actor_rollout_ref.rollout.name"
+    return [f"{key}=sglang"], [key, "sglang", "native"]
+
+
+def override_without_value(ctx: Ctx) -> CaseInput:
+    return ["data.train_batch_size"], ["data.train_batch_size", "="]
+
+
+def config_file_missing(ctx: Ctx) -> CaseInput:
+    return ["--config", str(ctx.tmp_path / "nowhere.yaml")], ["nowhere.yaml"]
+
+
+def reward_model_enabled(ctx: Ctx) -> CaseInput:
+    return ["reward_model.enable=true"], ["reward_model.enable"]
+
+
+def mini_batch_larger_than_batch(ctx: Ctx) -> CaseInput:
+    key = "actor_rollout_ref.actor.ppo_mini_batch_size"
+    return ["data.train_batch_size=4", f"{key}=8"], [key, "data.train_batch_size"]
+
+
+def grpo_without_groups(ctx: Ctx) -> CaseInput:
+    return ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"], ["rollout.n"]
+
+
+# --- more data, reward and checkpoint mistakes ---------------------------------------------------
+
+
+def prompt_is_a_string(ctx: Ctx) -> CaseInput:
+    rows = ctx.verl_rows(8)
+    for row in rows:
+        row["prompt"] = "just text"
+    return ctx.data(ctx.write_parquet(rows)), ["row 0", "'prompt'"]
+
+
+def reward_file_does_not_import(ctx: Ctx) -> CaseInput:
+    overrides = ctx.reward("def compute_score(data_source, solution_str\n")
+    return overrides, ["reward.py", "SyntaxError"]
+
+
+def resume_path_missing(ctx: Ctx) -> CaseInput:
+    missing = ctx.tmp_path / "global_step_9"
+    return (
+        ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={missing}"],
+        ["trainer.resume_from_path", "global_step_9"],
+    )
+
+
+def checkpoint_of_another_model(ctx: Ctx) -> CaseInput:
+    """A checkpoint saved by a llama-shaped run, resumed by a qwen2-shaped one."""
+    from relm.trainer.main_ppo import main
+
+    run_dir = ctx.tmp_path / "other"
+    other = [
+        "actor_rollout_ref.model.path=zoo:tiny/llama", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "data.max_response_length=4", "trainer.total_training_steps=1",
+        "trainer.save_freq=1", "trainer.logger=[]", "trainer.val_before_train=false", f"trainer.default_local_dir={run_dir}",
+    ]  # fmt: skip
+    assert main(other) == 0
+    step = run_dir / "global_step_1"
+    return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={step}"], [
+        "global_step_1",
+        "another model",
+    ]
+
+
 CASES: list[Case] = [
     unknown_key,
     wrong_type,
@@ -234,6 +332,22 @@ CASES: list[Case] = [
     unknown_data_source,
     unknown_logger,
     bad_yaml,
+    zero_batch,
+    negative_lr,
+    negative_temperature,
+    unknown_loss_mode,
+    unknown_agg_mode,
+    unknown_kl_estimator,
+    unknown_engine,
+    override_without_value,
+    config_file_missing,
+    reward_model_enabled,
+    mini_batch_larger_than_batch,
+    grpo_without_groups,
+    prompt_is_a_string,
+    reward_file_does_not_import,
+    resume_path_missing,
+    checkpoint_of_another_model,
 ]
 
 
