@@ -35,6 +35,9 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "OlmoeForCausalLM": "olmoe",
+    "PhimoeForCausalLM": "phimoe",
 }
 """Architecture class -> family, for every class a `zoo:tiny/*` model passes `relm compat` with."""
 

@@ -12,12 +12,15 @@ from dataclasses import dataclass
 
 import torch
 from transformers import (
+    DeepseekV2Config,
     Gemma2Config,
     Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
+    OlmoeConfig,
     Phi3Config,
+    PhimoeConfig,
     PretrainedConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -188,6 +191,39 @@ TINY_ZOO: dict[str, ZooEntry] = {
         "Mistral inside, config.json names StarlingLmForCausalLM (a fine-tune's renamed architecture)",
         _tiny(MistralConfig, head_dim=64, sliding_window=_TINY_WINDOW),
         declared_architecture="StarlingLmForCausalLM",
+    ),
+    "tiny/deepseek-v2": ZooEntry(
+        "DeepSeek-V2 (Lite), MLA: kv latent rank 32, no q latent, q/k head 32 nope + 32 rope, v 64; "
+        "layer 0 dense, layer 1 MoE 4 experts top-2 + 1 shared",
+        _tiny(
+            DeepseekV2Config,
+            num_key_value_heads=2,
+            kv_lora_rank=32,
+            q_lora_rank=None,
+            qk_nope_head_dim=32,
+            qk_rope_head_dim=32,
+            v_head_dim=64,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            first_k_dense_replace=1,
+        ),
+    ),
+    "tiny/olmoe": ZooEntry(
+        "OLMoE, 4 experts top-2 (no shared expert, un-normalised top-k), q/k norm over all heads",
+        _tiny(OlmoeConfig, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, intermediate_size=64),
+    ),
+    "tiny/phimoe": ZooEntry(
+        "Phi-3.5-MoE, 4 experts top-2 (sparsemixer routing), LayerNorm, q/k/v/o and lm_head biases",
+        _tiny(
+            PhimoeConfig,
+            num_key_value_heads=1,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            attention_bias=True,
+            lm_head_bias=True,
+        ),
     ),
 }
 

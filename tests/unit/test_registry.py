@@ -61,6 +61,14 @@ EXPECTED = {
                      ("MoE", 4, 2, False, False, "MixtralRMSNorm")),
     "tiny/starling": (("StarlingLmForCausalLM", "MQA", 2, 1, 64, 16, 2, None, None),
                       ("SwiGLU", None, None, False, False, "MistralRMSNorm")),
+    # MLA: the q/k head is 32 nope + 32 rope; the kv cache holds a 32-wide latent, not kv heads.
+    "tiny/deepseek-v2": (("DeepseekV2ForCausalLM", "MLA", 2, 2, 64, None, 0, None, None),
+                         ("MoE", 4, 2, False, False, "DeepseekV2RMSNorm")),
+    "tiny/olmoe": (("OlmoeForCausalLM", "MHA", 2, 2, 64, None, 0, None, None),
+                   ("MoE", 4, 2, False, False, "OlmoeRMSNorm")),
+    # Phi-3.5-MoE normalises with LayerNorm (mean and bias), not RMSNorm.
+    "tiny/phimoe": (("PhimoeForCausalLM", "MQA", 2, 1, 64, None, 0, None, None),
+                    ("MoE", 4, 2, False, False, "LayerNorm")),
 }  # fmt: skip
 
 
@@ -111,7 +119,7 @@ def test_inspection_of_published_shapes():
     assert any("fused 3-D" in note for note in mixtral.notes)
 
 
-def test_inspection_of_architectures_relm_does_not_list():
+def test_inspection_of_an_mla_config_and_a_learned_position_model():
     mla = inspect_model_architecture(
         DeepseekV2Config(
             vocab_size=64, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from relm.data.demo_task import DEMO_PROMPT_TOKENS
 from relm.errors import UserError
+from relm.models.registry import inspect_model_architecture
 from relm.models.tokenizer import (
     build_char_tokenizer,
     encode_prompt,
@@ -258,13 +259,18 @@ def test_every_zoo_entry_builds_a_config():
 def test_tiny_zoo_shapes_and_family_quirks():
     """Every new tiny entry: 2 layers, head_dim 64, the char vocabulary; the quirks each one exists for."""
     tiny = [name for name in ZOO if name.startswith("tiny/") and name not in ("tiny/qwen2", "tiny/llama")]
-    assert len(tiny) == 10
+    assert len(tiny) == 13
     for name in tiny:
         config = zoo_config(f"zoo:{name}")
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # The inspected head_dim: for MLA it is the q/k head (nope + rope), not the config's head_dim.
+        head_dim = inspect_model_architecture(config).head_dim
         assert (config.num_hidden_layers, head_dim, config.vocab_size) == (2, 64, 101), name
     assert zoo_config("zoo:tiny/gemma2").attn_logit_softcapping == 50.0
     assert zoo_config("zoo:tiny/mixtral").num_local_experts == 4
+    deepseek = zoo_config("zoo:tiny/deepseek-v2")
+    assert (deepseek.kv_lora_rank, deepseek.q_lora_rank, deepseek.first_k_dense_replace) == (32, None, 1)
+    phimoe = zoo_config("zoo:tiny/phimoe")
+    assert phimoe.attention_bias and phimoe.lm_head_bias
     assert zoo_config("zoo:tiny/starling").architectures == ["StarlingLmForCausalLM"]
     for name in ("tiny/gemma2", "tiny/mistral"):
         assert zoo_config(f"zoo:{name}").pad_token_id is None
