@@ -117,6 +117,21 @@ def test_inspection_of_published_shapes():
     mixtral = inspect_model_architecture(zoo_config("zoo:mistralai/Mixtral-8x7B-Instruct-v0.1"))
     assert (mixtral.mlp, mixtral.num_experts, mixtral.num_experts_per_token) == ("MoE", 8, 2)
     assert any("fused 3-D" in note for note in mixtral.notes)
+    # Gemma 3: every 6th layer is full (layers 6, 12, 18, 24 of 26), the rest slide over 512 tokens.
+    gemma3 = inspect_model_architecture(zoo_config("zoo:google/gemma-3-1b-it"))
+    assert (gemma3.sliding_window, gemma3.num_sliding_layers, gemma3.attention) == (512, 22, "MQA")
+    assert gemma3.rope_theta == 1e6  # the global layers'; the sliding ones use 1e4
+    # MLA q/k head = 128 nope + 64 rope; yarn x40 from 4096 positions.
+    lite = inspect_model_architecture(zoo_config("zoo:deepseek-ai/DeepSeek-V2-Lite-Chat"))
+    assert (lite.attention, lite.head_dim, lite.num_experts, lite.num_experts_per_token) == (
+        "MLA",
+        192,
+        64,
+        6,
+    )
+    assert (lite.rope_scaling, lite.max_position_embeddings) == ("yarn x40", 163840)
+    qwen3_moe = inspect_model_architecture(zoo_config("zoo:Qwen/Qwen3-30B-A3B"))
+    assert (qwen3_moe.num_kv_heads, qwen3_moe.head_dim, qwen3_moe.num_experts) == (4, 128, 128)
 
 
 def test_inspection_of_an_mla_config_and_a_learned_position_model():
