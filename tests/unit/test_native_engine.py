@@ -40,6 +40,9 @@ ARCHITECTURES = [
         "tiny/qwen2-moe",
         "tiny/qwen3-moe",
         "tiny/mixtral",
+        "tiny/deepseek-v2",
+        "tiny/olmoe",
+        "tiny/phimoe",
     )
     if name in ZOO
 ]
