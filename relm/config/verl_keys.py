@@ -48,6 +48,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "data.dataloader_num_workers": "relm tokenizes in-process, without dataloader workers",
     "data.validation_shuffle": "relm validates in file order",
     "data.filter_overlong_prompts_workers": "relm filters prompts in-process",
+    "data.gen_batch_size": "DAPO dynamic sampling draws data.train_batch_size prompts per generation round",
     "data.image_key": _MULTIMODAL,
     "data.video_key": _MULTIMODAL,
     "data.return_multi_modal_inputs": _MULTIMODAL,
