@@ -5,29 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
+from transformers import PreTrainedModel
 
 from relm.data.records import left_pad
 from relm.models.value_model import ValueModel
 from relm.training.forward import response_logprobs, response_values
+from tests.tiny_models import tiny_lm
 
 PAD = 0
 R = 4  # response width
-
-
-def tiny_lm(seed: int = 0) -> PreTrainedModel:
-    config = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        initializer_range=0.2,
-    )
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config).eval()
 
 
 @pytest.fixture(scope="module")

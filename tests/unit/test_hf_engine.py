@@ -4,32 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
+from transformers import PreTrainedModel
 
 from relm.data.records import left_pad
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine, filter_top_k_top_p, sample_next_token
 from relm.training.forward import response_logprobs
+from tests.tiny_models import tiny_lm
 
 PAD = 0
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
-
-
-def tiny_lm(seed: int) -> PreTrainedModel:
-    # initializer_range 0.2 (not 0.02) makes the logits far from uniform, so greedy choices are
-    # decided by clear margins rather than by rounding differences between code paths.
-    config = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        initializer_range=0.2,
-    )
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config).eval()
 
 
 @pytest.fixture(scope="module")

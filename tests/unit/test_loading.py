@@ -20,16 +20,9 @@ from transformers import (
 from relm.errors import UserError
 from relm.models.loading import load_causal_lm, pick_dtype, resolve_model_dir
 from relm.models.value_model import VALUE_HEAD_FILE, ValueModel, load_value_model
+from tests.tiny_models import TINY_QWEN2
 
-SMALL = dict(
-    vocab_size=64,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=128,
-)
+SMALL = TINY_QWEN2
 
 
 def save_config(config: PretrainedConfig, folder: Path) -> str:
