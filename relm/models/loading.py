@@ -267,7 +267,13 @@ def load_causal_lm(
     for i, attn in enumerate(attn_choices):
         try:
             model = _build(
-                folder, config, dtype=dtype, attn=attn, trust_remote_code=trust_remote_code, seed=seed
+                folder,
+                config,
+                dtype=dtype,
+                attn=attn,
+                trust_remote_code=trust_remote_code,
+                seed=seed,
+                device=torch.device(device),
             )
             break
         except ValueError:
@@ -289,6 +295,7 @@ def _build(
     attn: str,
     trust_remote_code: bool,
     seed: int,
+    device: torch.device,
 ) -> PreTrainedModel:
     common = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": trust_remote_code}
     model_class = registered_model_class((getattr(config, "architectures", None) or [None])[0])
@@ -304,7 +311,9 @@ def _build(
     logger.warning("model folder `%s` has no weight files: using RANDOM weights (seed %d)", folder, seed)
     # A private RNG scope: seeding must make the weights reproducible without resetting the
     # caller's global random stream (data shuffling, sampling).
-    with torch.random.fork_rng(devices=[]):
+    # Built directly on the target device: a 7B model initialised on the CPU takes minutes.
+    rng_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices), device:
         torch.manual_seed(seed)
         if model_class is not None:
             return model_class._from_config(config, **common)

@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 ZOO_PREFIX = "zoo:"
+CONFIG_ONLY_ABOVE_LAYERS = 4
+"""Zoo models deeper than this (the published shapes) are written as config only; see `_write_folder`."""
 COMPLETE_MARKER = ".relm-zoo-complete"
 """Written last inside the temp folder, so a folder that has it was written in full."""
 
@@ -128,14 +130,22 @@ def _write_folder(
     seed: int,
     declared_architecture: str | None = None,
 ) -> None:
-    # fork_rng keeps the caller's global RNG stream untouched by the zoo's seeding.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.generation_config = GenerationConfig(
+    generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     )
-    model.save_pretrained(folder)
+    if config.num_hidden_layers > CONFIG_ONLY_ABOVE_LAYERS:
+        # A published shape: writing gigabytes of random weights through the CPU only to read them
+        # back would dominate a benchmark's start-up; the loader builds them seeded on the device.
+        config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
+        config.save_pretrained(folder)
+        generation_config.save_pretrained(folder)
+    else:
+        # fork_rng keeps the caller's global RNG stream untouched by the zoo's seeding.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model.generation_config = generation_config
+        model.save_pretrained(folder)
     if declared_architecture:
         # save_pretrained writes the class it saved; a renamed architecture is a fact of the file.
         config_file = folder / "config.json"
