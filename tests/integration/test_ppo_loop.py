@@ -86,6 +86,12 @@ def test_gae_steps_write_verl_metrics_and_a_checkpoint_of_changed_weights(train)
     for name in ("actor/config.json", "actor/model.safetensors", "critic/config.json", "trainer_state.pt"):
         assert (run_dir / "global_step_3" / name).is_file(), name
     assert not list(run_dir.glob(".*tmp*")), "a staging folder was left behind"
+    # The run ends by drawing its curves: a real PNG that an image reader opens.
+    curves = run_dir / "curves.png"
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    assert matplotlib.image.imread(curves).shape[0] > 100
 
     initial = load_file(str(materialize_zoo("zoo:tiny/qwen2") / "model.safetensors"))
     trained = load_file(str(run_dir / "global_step_3" / "actor" / "model.safetensors"))
