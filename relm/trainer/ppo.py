@@ -55,99 +55,21 @@ def timed(metrics: dict[str, float], name: str) -> Iterator[None]:
 
 def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, float]:
     """One full step on one batch of prompts; returns the step's metrics under verl's names."""
-    cfg, arr = c.cfg, c.cfg.actor_rollout_ref
-    temperature = arr.rollout.temperature or 1.0
-    # Remove-padding forward (verl's key): equal results, no compute spent on padding.
-    packed, critic_packed = arr.model.use_remove_padding, cfg.critic.model.use_remove_padding
     metrics: dict[str, float] = {}
     step_start = time.perf_counter()
 
     with timed(metrics, "gen"):
         # Generation and scoring (and DAPO's resampling rounds) are one phase; scoring is cheap beside it.
         batch: ExperienceBatch = collect_experience(c, prompts, step, metrics)
-        if arr.rollout.free_cache_engine:
+        if c.cfg.actor_rollout_ref.rollout.free_cache_engine:
             c.engine.release_memory()
 
     # Forward and backward passes compute in bf16 on a GPU; weights and optimizer states stay fp32.
     with c.precision.autocast():
-        rows = c.sizes.rows_per_logprob_forward
-        with timed(metrics, "old_log_prob"):
-            batch.old_logprobs = batched_logprobs(
-                c.actor,
-                batch,
-                rows_per_forward=rows,
-                temperature=temperature,
-                device=c.device,
-                remove_padding=packed,
-            )
-        diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
-        if diff.numel():
-            metrics["rollout/logprob_diff_max"] = diff.max().item()
-            metrics["rollout/logprob_diff_mean"] = diff.mean().item()
-        if c.ref is not None:
-            with timed(metrics, "ref"):
-                batch.ref_logprobs = batched_logprobs(
-                    c.ref,
-                    batch,
-                    rows_per_forward=rows,
-                    temperature=temperature,
-                    device=c.device,
-                    remove_padding=packed,
-                )
-        if c.critic is not None:
-            with timed(metrics, "values"):
-                batch.values = batched_values(
-                    c.critic, batch, rows_per_forward=rows, device=c.device, remove_padding=critic_packed
-                )
-
+        annotate(c, batch, metrics)
         with timed(metrics, "adv"):
-            if cfg.algorithm.use_kl_in_reward:
-                batch.token_rewards, kl_metrics = apply_kl_penalty(
-                    batch.token_scores, batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
-                    c.kl_ctrl.value, cfg.algorithm.kl_penalty,
-                )  # fmt: skip
-                metrics["actor/reward_kl_penalty"] = float(kl_metrics["reward_kl"])
-                metrics["actor/reward_kl_penalty_coeff"] = c.kl_ctrl.value
-                c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(batch))
-            else:
-                batch.token_rewards = batch.token_scores
-            batch.advantages, batch.returns = compute_advantages(
-                cfg.algorithm.adv_estimator,
-                token_rewards=batch.token_rewards,
-                response_mask=batch.response_mask,
-                values=batch.values,
-                group_ids=batch.group_ids,
-                gamma=cfg.algorithm.gamma,
-                lam=cfg.algorithm.lam,
-                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
-                baseline_scores=batch.baseline_scores,
-            )
-
-        skipped = 0
-        if c.critic is not None:
-            with timed(metrics, "update_critic"):
-                result = update_critic(
-                    c.critic, c.critic_optimizer, c.critic_scheduler, batch, cfg.critic,
-                    rows_per_minibatch=c.sizes.critic_rows_per_minibatch,
-                    rows_per_microbatch=c.sizes.critic_rows_per_microbatch,
-                    num_epochs=c.sizes.critic_epochs, device=c.device, generator=c.generator,
-                    remove_padding=critic_packed,
-                )  # fmt: skip
-            metrics.update(mean_of_lists(result.metrics))
-            skipped += result.num_skipped_updates
-        if step > cfg.trainer.critic_warmup:
-            with timed(metrics, "update_actor"):
-                result = update_actor(
-                    c.actor, c.actor_optimizer, c.actor_scheduler, batch, arr.actor,
-                    rows_per_minibatch=c.sizes.actor_rows_per_minibatch,
-                    rows_per_microbatch=c.sizes.actor_rows_per_microbatch,
-                    temperature=temperature, device=c.device, generator=c.generator,
-                    remove_padding=packed,
-                )  # fmt: skip
-            metrics.update(mean_of_lists(result.metrics))
-            skipped += result.num_skipped_updates
-            with timed(metrics, "sync"):
-                c.engine.sync_weights(c.actor.named_parameters())
+            estimate_advantages(c, batch, metrics)
+        skipped = update_models(c, batch, step, metrics)
     if skipped:
         logger.warning(
             "step %d: %d optimizer update(s) skipped for a non-finite gradient norm", step, skipped
@@ -155,19 +77,119 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
     metrics["training/skipped_updates"] = float(skipped)
 
     metrics["timing_s/step"] = time.perf_counter() - step_start
-    peak = peak_flops(c.device)
-    if peak is not None and "timing_s/update_actor" in metrics:
-        seq_lens = batch.attention_mask.sum(-1).tolist()
-        flops = training_flops(c.actor, seq_lens, arr.actor.ppo_epochs)
-        metrics["perf/mfu/actor"] = flops / metrics["timing_s/update_actor"] / peak
-    num_tokens = int(batch.attention_mask.sum())
-    metrics["perf/total_num_tokens"] = float(num_tokens)
-    metrics["perf/throughput"] = (
-        num_tokens / metrics["timing_s/step"] / max(1, cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes)
-    )
+    metrics.update(perf_metrics(c, batch, metrics))
     metrics.update(data_metrics(batch))
     metrics.update(memory_metrics(c.device))
     return metrics
+
+
+def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> None:
+    """Old logprobs (actor), reference logprobs and values, each in forward passes of a few rows."""
+    arr = c.cfg.actor_rollout_ref
+    forward = dict(
+        rows_per_forward=c.sizes.rows_per_logprob_forward,
+        temperature=arr.rollout.temperature or 1.0,
+        device=c.device,
+        remove_padding=arr.model.use_remove_padding,
+    )
+    with timed(metrics, "old_log_prob"):
+        batch.old_logprobs = batched_logprobs(c.actor, batch, **forward)
+    # The gap between the engine's and the trainer's logprobs of the same tokens (should be ~0).
+    diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
+    if diff.numel():
+        metrics["rollout/logprob_diff_max"] = diff.max().item()
+        metrics["rollout/logprob_diff_mean"] = diff.mean().item()
+    if c.ref is not None:
+        with timed(metrics, "ref"):
+            batch.ref_logprobs = batched_logprobs(c.ref, batch, **forward)
+    if c.critic is not None:
+        with timed(metrics, "values"):
+            batch.values = batched_values(
+                c.critic,
+                batch,
+                rows_per_forward=forward["rows_per_forward"],
+                device=c.device,
+                remove_padding=c.cfg.critic.model.use_remove_padding,
+            )
+
+
+def estimate_advantages(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> None:
+    """Token rewards (scores minus the in-reward KL penalty, if any), then advantages and returns."""
+    algo = c.cfg.algorithm
+    if algo.use_kl_in_reward:
+        batch.token_rewards, kl_metrics = apply_kl_penalty(
+            batch.token_scores, batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
+            c.kl_ctrl.value, algo.kl_penalty,
+        )  # fmt: skip
+        metrics["actor/reward_kl_penalty"] = float(kl_metrics["reward_kl"])
+        metrics["actor/reward_kl_penalty_coeff"] = c.kl_ctrl.value
+        c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(batch))
+    else:
+        batch.token_rewards = batch.token_scores
+    batch.advantages, batch.returns = compute_advantages(
+        algo.adv_estimator,
+        token_rewards=batch.token_rewards,
+        response_mask=batch.response_mask,
+        values=batch.values,
+        group_ids=batch.group_ids,
+        gamma=algo.gamma,
+        lam=algo.lam,
+        norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+        baseline_scores=batch.baseline_scores,
+    )
+
+
+def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: dict[str, float]) -> int:
+    """Critic update, then (after `trainer.critic_warmup` steps) actor update and weight sync.
+
+    Returns:
+        How many optimizer steps were skipped for a non-finite gradient norm.
+    """
+    cfg, arr = c.cfg, c.cfg.actor_rollout_ref
+    skipped = 0
+    if c.critic is not None:
+        with timed(metrics, "update_critic"):
+            result = update_critic(
+                c.critic, c.critic_optimizer, c.critic_scheduler, batch, cfg.critic,
+                rows_per_minibatch=c.sizes.critic_rows_per_minibatch,
+                rows_per_microbatch=c.sizes.critic_rows_per_microbatch,
+                num_epochs=c.sizes.critic_epochs, device=c.device, generator=c.generator,
+                remove_padding=cfg.critic.model.use_remove_padding,
+            )  # fmt: skip
+        metrics.update(mean_of_lists(result.metrics))
+        skipped += result.num_skipped_updates
+    if step > cfg.trainer.critic_warmup:
+        with timed(metrics, "update_actor"):
+            result = update_actor(
+                c.actor, c.actor_optimizer, c.actor_scheduler, batch, arr.actor,
+                rows_per_minibatch=c.sizes.actor_rows_per_minibatch,
+                rows_per_microbatch=c.sizes.actor_rows_per_microbatch,
+                temperature=arr.rollout.temperature or 1.0, device=c.device, generator=c.generator,
+                remove_padding=arr.model.use_remove_padding,
+            )  # fmt: skip
+        metrics.update(mean_of_lists(result.metrics))
+        skipped += result.num_skipped_updates
+        with timed(metrics, "sync"):
+            c.engine.sync_weights(c.actor.named_parameters())
+    return skipped
+
+
+def perf_metrics(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> dict[str, float]:
+    """Throughput over the whole step (verl's `perf/throughput`, per GPU) and actor MFU where the peak is known."""
+    trainer = c.cfg.trainer
+    num_tokens = int(batch.attention_mask.sum())
+    perf = {
+        "perf/total_num_tokens": float(num_tokens),
+        "perf/throughput": num_tokens
+        / metrics["timing_s/step"]
+        / max(1, trainer.n_gpus_per_node * trainer.nnodes),
+    }
+    peak = peak_flops(c.device)
+    if peak is not None and "timing_s/update_actor" in metrics:
+        seq_lens = batch.attention_mask.sum(-1).tolist()
+        flops = training_flops(c.actor, seq_lens, c.cfg.actor_rollout_ref.actor.ppo_epochs)
+        perf["perf/mfu/actor"] = flops / metrics["timing_s/update_actor"] / peak
+    return perf
 
 
 def train(c: RunComponents) -> None:
