@@ -74,12 +74,9 @@ def _run(args: argparse.Namespace) -> int:
             raise UserError(f"relm bench rollout: --{name.replace('_', '-')} must be >= 1")
     if not args.model.startswith("zoo:"):
         raise UserError(f"relm bench rollout: --model `{args.model}` must be zoo:NAME (random weights)")
-    if args.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("relm bench rollout: --device cuda but no CUDA device is visible")
+    from relm.trainer.components import pick_device
+
+    device = pick_device(args.device, key="--device")
     dtype = pick_dtype(args.dtype, device)
     model = build_random_model(args.model, dtype, device, args.seed)
     copy_bandwidth = measure_copy_bandwidth(device)

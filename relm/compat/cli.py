@@ -112,9 +112,7 @@ def compat_command(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.steps < 1:
         raise UserError(f"--steps {args.steps}: at least 1")
-    device = pick_device(args.device).type
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is visible; use --device cpu")
+    device = pick_device(args.device, key="--device").type
     models = _models(args, device)
     _register(args)
     for model in models:

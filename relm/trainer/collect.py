@@ -8,7 +8,7 @@ import torch
 
 from relm.algorithms.filtering import groups_with_variance
 from relm.data.records import PromptBatch
-from relm.rewards.manager import RewardResult
+from relm.rewards.manager import RewardResult, place_on_last_token
 from relm.rewards.shaping import overlong_penalty
 from relm.rollout.base import SamplingParams
 from relm.trainer.components import RunComponents
@@ -69,19 +69,12 @@ def generate_and_score(
             buffer_len=overlong.len,
             penalty_factor=overlong.penalty_factor,
         )
-        token_scores = token_scores + penalty[:, None] * _last_token_onehot(batch.response_mask)
+        token_scores = token_scores + place_on_last_token(penalty, batch.response_mask)
         extras["overlong_penalty"] = penalty
     batch.token_scores = token_scores
     if c.cfg.algorithm.adv_estimator == "remax":
         batch.baseline_scores = _greedy_baseline(c, prompts, params.n)
     return batch, extras
-
-
-def _last_token_onehot(response_mask: torch.Tensor) -> torch.Tensor:
-    """[N, R] 1.0 at each response's last token (nothing for an empty response)."""
-    lengths = response_mask.sum(-1)  # [N]
-    positions = torch.arange(response_mask.shape[1])[None, :]
-    return ((positions == (lengths - 1)[:, None]) & (lengths[:, None] > 0)).float()
 
 
 def _filter_values(batch: ExperienceBatch, extras: dict[str, torch.Tensor], metric: str) -> torch.Tensor:

@@ -21,6 +21,7 @@ from relm.config.schema import RelmConfig, RolloutConfig
 from relm.data.dataset import PromptDataset
 from relm.data.demo_task import write_demo_parquet
 from relm.data.loader import PromptLoader
+from relm.errors import UserError
 from relm.models.loading import load_causal_lm, pick_dtype
 from relm.models.tokenizer import load_tokenizer
 from relm.models.value_model import load_value_model
@@ -74,11 +75,19 @@ class RunComponents:
     """Master and compute dtypes of actor, reference and critic."""
 
 
-def pick_device(name: str) -> torch.device:
-    """`auto` is cuda when a GPU is visible, else cpu."""
+def pick_device(name: str, key: str = "trainer.device") -> torch.device:
+    """`auto` is cuda when a GPU is visible, else cpu; `cuda` without one is the user's mistake.
+
+    Args:
+        name: `auto`, `cpu` or `cuda`.
+        key: how the user set it (a config key or a CLI flag), for the error message.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"`{key}={name}`: no CUDA device is visible; use cpu or auto")
+    return device
 
 
 def resolve_train_files(cfg: RelmConfig) -> list[str]:

@@ -12,6 +12,7 @@ from relm.logs import setup_logging
 from relm.models.loading import load_config as load_model_config
 from relm.models.registry import import_external_lib
 from relm.rewards.custom import resolve_compute_score
+from relm.trainer.components import pick_device
 from relm.trainer.loggers import check_logger_packages
 
 logger = logging.getLogger("relm")
@@ -32,6 +33,7 @@ def train_command(argv: list[str]) -> int:
     reward = cfg.custom_reward_function
     compute_score = resolve_compute_score(reward.path, reward.name)
     check_logger_packages(cfg.trainer.logger)
+    pick_device(cfg.trainer.device)  # `cuda` on a machine without one fails here, not after loading
     print(CONFIG_OK_MESSAGE, flush=True)
 
     from relm.trainer.components import build_components

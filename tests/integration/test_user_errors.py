@@ -418,3 +418,13 @@ def test_module_entry_point_exit_code_and_debug_traceback(tmp_path: Path) -> Non
     assert debug.returncode != 0
     assert "Traceback (most recent call last)" in debug.stderr
     assert "UserError" in debug.stderr and "data.max_prompt_length" in debug.stderr
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="the mistake needs a machine without a GPU"
+)
+def test_cuda_asked_without_a_gpu_is_named_before_loading(train) -> None:
+    result = train("trainer.device=cuda")
+    assert result.exit_code == 2
+    assert result.stderr_lines == ["error: `trainer.device=cuda`: no CUDA device is visible; use cpu or auto"]
+    assert "All configuration checks passed" not in result.stdout
