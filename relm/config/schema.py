@@ -130,6 +130,9 @@ class ActorConfig:
     """Form micro-batches by token count instead of by row count."""
     ppo_max_token_len_per_gpu: int = 16384
     """Token budget of one micro-batch when `use_dynamic_bsz` is on."""
+    use_torch_compile: bool = True
+    """On a GPU, run the layers' norms, MLPs and rotary embeddings as torch.compile'd fused kernels in
+    every training forward and backward (actor, reference and critic); no effect on CPU."""
     ppo_epochs: int = 1
     """Passes over each step's responses."""
     shuffle: bool = False

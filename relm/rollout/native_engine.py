@@ -10,7 +10,7 @@ What changes while it generates:
   prompt share one prefill: unique prompts are prefilled and their states written into n rows;
 - on CUDA each decode step is a replayed CUDA graph (`relm.rollout.cuda_graphs`), per row bucket
   and length bucket, so Python launch overhead disappears, and the layers' norms, MLPs and rotary
-  embeddings run as compiled, fused kernels (`relm.rollout.fused_layers`);
+  embeddings run as compiled, fused kernels (`relm.models.fused_layers`);
 - sampling, eos handling and logprobs are the HF engine's (`relm.rollout.sampling`), so with the
   same seed both engines draw the same tokens; on CUDA the race is compiled into a couple of fused
   passes over the logits, which stay in the model's dtype.
@@ -33,9 +33,9 @@ import torch
 from torch import nn
 
 from relm.data.records import left_pad
+from relm.models.fused_layers import FusedLayers
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, SamplingParams
 from relm.rollout.cuda_graphs import DecodeGraphs
-from relm.rollout.fused_layers import FusedLayers
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.kv_cache import PreallocatedKVCache
 from relm.rollout.memory_budget import check_rollout_memory
@@ -124,7 +124,7 @@ class NativeRolloutEngine:
         self.graphs = DecodeGraphs(self._decode_step, self._weight_tensors) if use_cuda_graphs else None
         compile_layers = self.device.type == "cuda" if compile_layers is None else compile_layers
         self.fused = FusedLayers(model, enabled=compile_layers)
-        self._race = torch.compile(exponential_race, dynamic=None) if compile_layers else None
+        self._race = self.fused.compiled(exponential_race)
         self._buffers: _DecodeBuffers | None = None
         self.fallback_reason = _native_blocker(model)
         """Why this model generates on the HF engine instead; None when the native path runs."""
@@ -149,7 +149,8 @@ class NativeRolloutEngine:
         self.model.eval()
         self.model.set_attn_implementation(NATIVE_ATTENTION)
         try:
-            return self._generate_fused(prompts, params)
+            with self.fused.applied():
+                return self._generate(prompts, params)
         except NativeAttentionUnsupported as exc:
             # Raised by the first prefill forward, before any sampling, so the fallback draws the
             # same random numbers this call would have.
@@ -160,23 +161,6 @@ class NativeRolloutEngine:
             self.model.set_attn_implementation(previous_attention)
             self.model.train(was_training)
         return self.reference.generate(prompts, params)
-
-    def _generate_fused(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
-        """`_generate` with the compiled pieces; a compilation failure turns them off and reruns eagerly."""
-        if not self.fused.active:
-            return self._generate(prompts, params)
-        try:
-            with self.fused.applied():
-                return self._generate(prompts, params)
-        except (NativeAttentionUnsupported, torch.OutOfMemoryError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - any compiler failure: same model, uncompiled
-            self.fused.disable(exc)
-            self._race = None
-            self.release_memory()
-        if params.seed is not None:
-            self.generator.manual_seed(params.seed)
-        return self._generate(prompts, params)
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         n, width = params.n, params.max_new_tokens

@@ -22,6 +22,7 @@ from relm.data.dataset import PromptDataset
 from relm.data.demo_task import write_demo_parquet
 from relm.data.loader import PromptLoader
 from relm.errors import UserError
+from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype
 from relm.models.tokenizer import load_tokenizer
 from relm.models.value_model import load_value_model
@@ -32,6 +33,11 @@ from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native_engine import NativeRolloutEngine
 from relm.training.precision import Precision, pick_precision
+from relm.training.varlen_attention import (
+    VARLEN_ATTENTION,
+    register_varlen_attention,
+    varlen_kernel_available,
+)
 
 logger = logging.getLogger("relm")
 
@@ -73,6 +79,8 @@ class RunComponents:
     """Seeds mini-batch shuffles; its state is part of a checkpoint."""
     precision: Precision
     """Master and compute dtypes of actor, reference and critic."""
+    fused: FusedLayers
+    """Compiled norm/MLP/rotary pieces the training forwards run under (`actor.use_torch_compile`)."""
 
 
 def pick_device(name: str, key: str = "trainer.device") -> torch.device:
@@ -181,6 +189,8 @@ def build_components(
     )
     logger.info("loading the actor from %s (%s on %s)", model_dir, dtype, device)
     actor = load_causal_lm(model_dir, override_config=arr.model.override_config, **load_kwargs)
+    if arr.model.use_remove_padding:
+        use_varlen_attention(actor, device)
     if arr.model.enable_gradient_checkpointing:
         actor.gradient_checkpointing_enable()
     actor.eval()
@@ -210,6 +220,8 @@ def build_components(
             override_config=cfg.critic.model.override_config,
             **{**load_kwargs, "trust_remote_code": cfg.critic.model.trust_remote_code},
         )
+        if cfg.critic.model.use_remove_padding:
+            use_varlen_attention(critic.backbone, device)
         if cfg.critic.model.enable_gradient_checkpointing:
             critic.gradient_checkpointing_enable()
         critic.eval()
@@ -253,7 +265,21 @@ def build_components(
         sizes=sizes,
         generator=torch.Generator().manual_seed(cfg.seed),
         precision=precision,
+        fused=FusedLayers(actor, enabled=arr.actor.use_torch_compile and device.type == "cuda"),
     )
+
+
+def use_varlen_attention(model: nn.Module, device: torch.device) -> None:
+    """Packed forwards on a GPU cut attention at the rows' boundaries (flash varlen kernel) instead
+    of building a dense [S, S] mask; models whose attention is not sdpa (soft-capped ones run eager)
+    and CPU runs keep transformers' packed path."""
+    if device.type != "cuda" or not varlen_kernel_available():
+        return
+    if model.config._attn_implementation != "sdpa":
+        return
+    register_varlen_attention()
+    model.set_attn_implementation(VARLEN_ATTENTION)
+    logger.info("packed sequences attend through the flash variable-length kernel")
 
 
 def generator_model(

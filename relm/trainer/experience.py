@@ -9,6 +9,7 @@ from relm.data.records import PromptBatch, left_pad
 from relm.rollout.base import GenerationOutput
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs, response_values
+from relm.training.minibatch import forward_token_counts, microbatch_indices
 
 
 def build_experience(
@@ -49,10 +50,12 @@ def batched_logprobs(
     temperature: float,
     device: torch.device,
     remove_padding: bool = False,
+    max_tokens_per_forward: int | None = None,
 ) -> torch.Tensor:
-    """[N, R] logprobs of the responses under `model`, in forward passes of `rows_per_forward` rows."""
-    chunks = []
-    for rows in torch.arange(len(batch)).split(rows_per_forward):
+    """[N, R] logprobs of the responses under `model`, in forward passes of `rows_per_forward` rows
+    (or of at most `max_tokens_per_forward` tokens)."""
+    out = torch.zeros(len(batch), batch.response_width)
+    for rows in _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding):
         mb = batch.select(rows).to(device)
         logprobs, _ = response_logprobs(
             model,
@@ -63,8 +66,8 @@ def batched_logprobs(
             temperature=temperature,
             remove_padding=remove_padding,
         )
-        chunks.append(logprobs.float().cpu())
-    return torch.cat(chunks)
+        out[rows] = logprobs.float().cpu()
+    return out
 
 
 @torch.no_grad()
@@ -75,10 +78,11 @@ def batched_values(
     rows_per_forward: int,
     device: torch.device,
     remove_padding: bool = False,
+    max_tokens_per_forward: int | None = None,
 ) -> torch.Tensor:
     """[N, R] critic values V(s_t) before each response token."""
-    chunks = []
-    for rows in torch.arange(len(batch)).split(rows_per_forward):
+    out = torch.zeros(len(batch), batch.response_width)
+    for rows in _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding):
         mb = batch.select(rows).to(device)
         values = response_values(
             value_model,
@@ -88,5 +92,16 @@ def batched_values(
             mb.response_width,
             remove_padding=remove_padding,
         )
-        chunks.append(values.float().cpu())
-    return torch.cat(chunks)
+        out[rows] = values.float().cpu()
+    return out
+
+
+def _forward_groups(
+    batch: ExperienceBatch, rows_per_forward: int, max_tokens: int | None, remove_padding: bool
+) -> list[torch.Tensor]:
+    token_counts = forward_token_counts(batch.attention_mask, remove_padding)
+    return list(
+        microbatch_indices(
+            torch.arange(len(batch)), rows_per_forward, token_counts=token_counts, max_tokens=max_tokens
+        )
+    )

@@ -65,7 +65,8 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
             c.engine.release_memory()
 
     # Forward and backward passes compute in bf16 on a GPU; weights and optimizer states stay fp32.
-    with c.precision.autocast():
+    # There the layers' norms, MLPs and rotary embeddings also run as compiled, fused kernels.
+    with c.precision.autocast(), c.fused.applied():
         annotate(c, batch, metrics)
         with timed(metrics, "adv"):
             estimate_advantages(c, batch, metrics)
@@ -91,6 +92,7 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
         temperature=arr.rollout.temperature or 1.0,
         device=c.device,
         remove_padding=arr.model.use_remove_padding,
+        max_tokens_per_forward=actor_token_budget(c),
     )
     with timed(metrics, "old_log_prob"):
         batch.old_logprobs = batched_logprobs(c.actor, batch, **forward)
@@ -110,6 +112,7 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
                 rows_per_forward=forward["rows_per_forward"],
                 device=c.device,
                 remove_padding=c.cfg.critic.model.use_remove_padding,
+                max_tokens_per_forward=critic_token_budget(c),
             )
 
 
@@ -155,6 +158,7 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
                 rows_per_microbatch=c.sizes.critic_rows_per_microbatch,
                 num_epochs=c.sizes.critic_epochs, device=c.device, generator=c.generator,
                 remove_padding=cfg.critic.model.use_remove_padding,
+                max_tokens_per_microbatch=critic_token_budget(c),
             )  # fmt: skip
         metrics.update(mean_of_lists(result.metrics))
         skipped += result.num_skipped_updates
@@ -166,12 +170,26 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
                 rows_per_microbatch=c.sizes.actor_rows_per_microbatch,
                 temperature=arr.rollout.temperature or 1.0, device=c.device, generator=c.generator,
                 remove_padding=arr.model.use_remove_padding,
+                max_tokens_per_microbatch=actor_token_budget(c),
             )  # fmt: skip
         metrics.update(mean_of_lists(result.metrics))
         skipped += result.num_skipped_updates
         with timed(metrics, "sync"):
             c.engine.sync_weights(c.actor.named_parameters())
     return skipped
+
+
+def actor_token_budget(c: RunComponents) -> int | None:
+    """Tokens per actor/reference forward when `actor.use_dynamic_bsz` is on; None cuts by rows."""
+    actor = c.cfg.actor_rollout_ref.actor
+    return actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
+
+
+def critic_token_budget(c: RunComponents) -> int | None:
+    """The critic's budget: `critic.use_dynamic_bsz` (unset follows the actor's)."""
+    critic, actor = c.cfg.critic, c.cfg.actor_rollout_ref.actor
+    dynamic = actor.use_dynamic_bsz if critic.use_dynamic_bsz is None else critic.use_dynamic_bsz
+    return critic.ppo_max_token_len_per_gpu if dynamic else None
 
 
 def perf_metrics(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> dict[str, float]:

@@ -12,7 +12,12 @@ from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
 from relm.config.schema import ActorConfig
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs
-from relm.training.minibatch import MinibatchMetrics, microbatch_indices, minibatch_indices
+from relm.training.minibatch import (
+    MinibatchMetrics,
+    forward_token_counts,
+    microbatch_indices,
+    minibatch_indices,
+)
 from relm.training.optim import clip_and_step
 
 
@@ -37,11 +42,13 @@ def update_actor(
     device: torch.device,
     generator: torch.Generator | None = None,
     remove_padding: bool = False,
+    max_tokens_per_microbatch: int | None = None,
 ) -> UpdateResult:
     """`cfg.ppo_epochs` passes of policy-loss updates (plus entropy bonus and optional KL loss).
 
     Every micro-batch loss is normalised by its mini-batch's token/response counts (`AggScale`), so
-    the accumulated gradient equals the mini-batch gradient whatever the micro-batch size.
+    the accumulated gradient equals the mini-batch gradient whatever the micro-batch size, including
+    micro-batches formed by token budget (`max_tokens_per_microbatch`, verl's `use_dynamic_bsz`).
     """
     assert batch.old_logprobs is not None and batch.advantages is not None
     if cfg.use_kl_loss:
@@ -49,12 +56,15 @@ def update_actor(
     model.train()
     stats = MinibatchMetrics("actor")
     skipped = 0
+    token_counts = forward_token_counts(batch.attention_mask, remove_padding)
     for _ in range(cfg.ppo_epochs):
         for mini in minibatch_indices(
             len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
         ):
             scale = AggScale.of(batch.response_mask[mini])
-            for micro in microbatch_indices(mini, rows_per_microbatch):
+            for micro in microbatch_indices(
+                mini, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens_per_microbatch
+            ):
                 mb = batch.select(micro).to(device)
                 logprobs, entropy = response_logprobs(
                     model,

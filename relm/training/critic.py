@@ -11,7 +11,12 @@ from relm.config.schema import CriticConfig
 from relm.training.actor import UpdateResult
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_values
-from relm.training.minibatch import MinibatchMetrics, microbatch_indices, minibatch_indices
+from relm.training.minibatch import (
+    MinibatchMetrics,
+    forward_token_counts,
+    microbatch_indices,
+    minibatch_indices,
+)
 from relm.training.optim import clip_and_step
 
 
@@ -28,6 +33,7 @@ def update_critic(
     device: torch.device,
     generator: torch.Generator | None = None,
     remove_padding: bool = False,
+    max_tokens_per_microbatch: int | None = None,
 ) -> UpdateResult:
     """Clipped value-loss regression of V(s_t) onto the returns, `num_epochs` passes.
 
@@ -37,13 +43,16 @@ def update_critic(
     value_model.train()
     stats = MinibatchMetrics("critic")
     skipped = 0
+    token_counts = forward_token_counts(batch.attention_mask, remove_padding)
     agg_mode = cfg.loss_agg_mode or "token-mean"
     for _ in range(num_epochs):
         for mini in minibatch_indices(
             len(batch), rows_per_minibatch, shuffle=bool(cfg.shuffle), generator=generator
         ):
             scale = AggScale.of(batch.response_mask[mini])
-            for micro in microbatch_indices(mini, rows_per_microbatch):
+            for micro in microbatch_indices(
+                mini, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens_per_microbatch
+            ):
                 mb = batch.select(micro).to(device)
                 values = response_values(
                     value_model,

@@ -7,9 +7,9 @@ import torch
 import transformers.models.qwen2.modeling_qwen2 as modeling_qwen2
 from transformers import AutoModelForCausalLM
 
+from relm.models.fused_layers import FusedLayers
 from relm.models.zoo import zoo_config
 from relm.rollout.base import SamplingParams
-from relm.rollout.fused_layers import FusedLayers
 from relm.rollout.native_engine import NativeRolloutEngine
 from tests.tiny_models import tiny_lm
 
@@ -61,3 +61,19 @@ def test_compiled_engine_matches_eager_engine():
         assert fused.last_stats["compiled"] == 1.0 and fused.fused.disabled_reason is None
         assert torch.equal(got.response_ids, want.response_ids)
         torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_failing_compiler_falls_back_to_the_models_own_code():
+    def failing_backend(graph_module, example_inputs):
+        raise RuntimeError("this compiler cannot lower the graph")
+
+    model = tiny_lm(seed=0).eval()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        fused = FusedLayers(model, enabled=True, backend=failing_backend)
+        with fused.applied():
+            got = model(input_ids=ids).logits
+    assert "cannot lower the graph" in fused.disabled_reason
+    torch.testing.assert_close(got, want)
+    assert fused.compiled(lambda x: x) is None
