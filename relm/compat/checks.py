@@ -33,7 +33,7 @@ from relm.errors import UserError
 from relm.models.loading import load_causal_lm, pick_dtype, read_config, resolve_model_dir
 from relm.models.registry import classify, inspect_model_architecture, registered_model_class
 from relm.models.tokenizer import encode_prompt, load_tokenizer
-from relm.rollout.base import FINISH_STOP, SamplingParams
+from relm.rollout.base import FINISH_STOP, SamplingParams, logprob_tolerance
 from relm.rollout.hf_engine import HFRolloutEngine
 
 PROMPTS = ("k", "Count to three.", "Write one short sentence about the sea, then stop.")
@@ -56,17 +56,9 @@ class CompatOptions:
     tokenizer_path: str | None = None
     dtype: str = "auto"
     """Training dtype (`actor_rollout_ref.model.dtype`): auto is bf16 on GPU, fp32 on CPU."""
-
-
-def logprob_tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    """(max, mean) |rollout - trainer| logprob allowed.
-
-    The two paths differ only in kernels (KV-cached decoding vs one full-sequence forward): in fp32
-    that is ~1e-6 (0 was measured on an H200). bf16 rounds every activation, and the gap grows with
-    depth: measured maxima on random-weight models were 0.03 (Qwen2.5-0.5B) to 0.12 (Phi-3-mini,
-    32 layers), so bf16 gets a loose max and a mean bound that a wrong model would break.
-    """
-    return (2e-3, 2e-4) if dtype == torch.float32 else (0.5, 0.05)
+    rollout: str | None = None
+    """Engine of both stages (`native`, `hf`, `vllm`); None: the HF reference engine in the rollout stage and
+    the default engine in the update stage."""
 
 
 @dataclass
@@ -110,7 +102,7 @@ def check_model(model: str, options: CompatOptions) -> ModelReport:
     loaded: dict[str, _Loaded] = {}
     stages: list[tuple[StageName, Callable[[dict[str, float]], None]]] = [
         ("load", lambda metrics: _load(folder, options, device, report, loaded, metrics)),
-        ("rollout", lambda metrics: _rollout(loaded["it"], options, device, metrics)),
+        ("rollout", lambda metrics: _rollout(loaded["it"], folder, options, device, metrics)),
         ("update", lambda metrics: _update(folder, options, device, config, metrics)),
     ]
     for name, run in stages:
@@ -201,18 +193,33 @@ def _load(
 
 
 def _rollout(
-    loaded: _Loaded, options: CompatOptions, device: torch.device, metrics: dict[str, float]
+    loaded: _Loaded, folder: str, options: CompatOptions, device: torch.device, metrics: dict[str, float]
 ) -> None:
-    """Generate with the HF engine; check the outputs and that the trainer's forward agrees."""
+    """Generate with the chosen engine; check the outputs and that the trainer's forward agrees."""
     from relm.trainer.components import eos_token_ids_of  # the trainer's own choice of stop ids
-    from relm.trainer.experience import batched_logprobs, build_experience
 
     tokenizer, model = loaded.tokenizer, loaded.model
     prompts = [encode_prompt(tokenizer, [{"role": "user", "content": text}]) for text in PROMPTS]
     eos_ids = eos_token_ids_of(tokenizer, model)
-    engine = HFRolloutEngine(
-        model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=eos_ids, device=device, seed=options.seed
-    )
+    engine = _rollout_engine(loaded, folder, options, device, eos_ids, max(map(len, prompts)))
+    try:
+        _check_rollout(engine, loaded, prompts, eos_ids, options, device, metrics)
+    finally:
+        getattr(engine, "close", lambda: None)()  # vLLM's engine holds its own weights and KV cache
+
+
+def _check_rollout(
+    engine: Any,
+    loaded: _Loaded,
+    prompts: list[list[int]],
+    eos_ids: list[int],
+    options: CompatOptions,
+    device: torch.device,
+    metrics: dict[str, float],
+) -> None:
+    from relm.trainer.experience import batched_logprobs, build_experience
+
+    tokenizer, model = loaded.tokenizer, loaded.model
     params = SamplingParams(
         n=options.samples_per_prompt,
         max_new_tokens=options.max_new_tokens,
@@ -259,6 +266,31 @@ def _rollout(
         )
 
 
+def _rollout_engine(
+    loaded: _Loaded,
+    folder: str,
+    options: CompatOptions,
+    device: torch.device,
+    eos_ids: list[int],
+    longest_prompt: int,
+) -> Any:
+    """The engine `options.rollout` names (the HF reference when unset), over the loaded model."""
+    tokenizer, model = loaded.tokenizer, loaded.model
+    common = dict(pad_token_id=tokenizer.pad_token_id, eos_token_ids=eos_ids, device=device)
+    if options.rollout == "vllm":
+        from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
+
+        settings = VLLMSettings(
+            dtype=loaded.dtype, max_model_len=longest_prompt + options.max_new_tokens, seed=options.seed
+        )
+        return VLLMRolloutEngine(model, folder, settings=settings, **common)
+    if options.rollout == "native":
+        from relm.rollout.native_engine import NativeRolloutEngine
+
+        return NativeRolloutEngine(model, seed=options.seed, **common)
+    return HFRolloutEngine(model, seed=options.seed, **common)
+
+
 def _update(
     folder: str, options: CompatOptions, device: torch.device, config: Any, metrics: dict[str, float]
 ) -> None:
@@ -283,6 +315,10 @@ def _update(
             check_update_metrics(step_metrics, step)
         changed = changed_fraction(before, sample_weights(components.actor))
         metrics["actor_weights_changed"] = changed
+        if options.rollout == "vllm":  # its own copy of the weights: the synced copy must be the actor's
+            worst, _ = components.engine.check_agreement()
+            metrics["weight_sync_logprob_diff_max"] = worst
+            components.engine.close()
         if changed < 0.5:
             dtype = next(components.actor.parameters()).dtype
             raise CheckFailed(
@@ -334,6 +370,8 @@ def _update_overrides(
         f"custom_reward_function.path='{Path(__file__).with_name('reward.py')}'",
         "custom_reward_function.name=compute_score",
     ]
+    if options.rollout is not None:
+        overrides.append(f"actor_rollout_ref.rollout.name={options.rollout}")
     if options.tokenizer_path:
         overrides.append(f"actor_rollout_ref.model.tokenizer_path='{options.tokenizer_path}'")
     return overrides

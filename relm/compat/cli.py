@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "float32", "bfloat16"),
         help="training dtype (auto: bf16 on GPU)",
     )
+    parser.add_argument(
+        "--rollout",
+        choices=("native", "hf", "vllm"),
+        help="engine of the rollout and update stages (default: the HF reference, then relm's default)",
+    )
     parser.add_argument("--steps", type=int, default=1, help="PPO steps in the update stage (default 1)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per stage (default 600)")
     parser.add_argument("--tokenizer-path", help="tokenizer folder for every MODEL (default: the model's)")
@@ -87,7 +92,7 @@ def _register(args: argparse.Namespace) -> None:
         register_model_class(arch, target)
 
 
-def environment(device: str) -> dict[str, str]:
+def environment(device: str, rollout: str | None = None) -> dict[str, str]:
     import transformers
 
     info = {
@@ -96,6 +101,10 @@ def environment(device: str) -> dict[str, str]:
         "transformers": transformers.__version__,
         "device": device,
     }
+    if rollout == "vllm":
+        from relm.rollout.vllm_engine import import_vllm
+
+        info["vllm"] = import_vllm().__version__
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)
     else:
@@ -124,6 +133,7 @@ def compat_command(argv: list[str]) -> int:
         stage_timeout_s=args.timeout,
         tokenizer_path=args.tokenizer_path,
         dtype=args.dtype,
+        rollout=args.rollout,
     )
     reports, start = [], time.perf_counter()
     with _quiet_console(args.verbose):
@@ -132,7 +142,7 @@ def compat_command(argv: list[str]) -> int:
             reports.append(check_model(model, options))
     elapsed = time.perf_counter() - start
 
-    env = environment(device)
+    env = environment(device, args.rollout)
     title = (
         f"relm compat on {device} ({len(reports)} model{'s' if len(reports) != 1 else ''}, {elapsed:.0f} s)"
     )

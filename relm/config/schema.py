@@ -194,9 +194,11 @@ class RolloutConfig:
     """Generation (`actor_rollout_ref.rollout.*`)."""
 
     name: str = "native"
-    """Rollout engine: `native` (preallocated KV cache, GQA-aware attention, CUDA graphs) or `hf` (plain reference)."""
+    """Rollout engine: `native` (preallocated KV cache, GQA-aware attention, CUDA graphs), `hf` (plain reference)
+    or `vllm` (needs `pip install -e .[vllm]`; see docs/rollout.md)."""
     free_cache_engine: bool = True
-    """Free the engine's KV cache and graphs after generation so the update can use that memory."""
+    """Free the engine's KV cache (and vLLM's weights: sleep mode) after generation so the update can use that
+    memory."""
     n: int = 1
     """Responses sampled per prompt."""
     temperature: float = 1.0
@@ -222,7 +224,22 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: int | None = None
     """Responses per old-logprob forward; unset uses the actor's micro-batch size."""
     tensor_model_parallel_size: int = 1
-    """Tensor-parallel size of the engine (1 for the native engines)."""
+    """Tensor-parallel size of the engine (1: every engine generates within one process)."""
+    enforce_eager: bool = True
+    """vLLM: no CUDA graphs or compilation (faster start, slower decoding)."""
+    enable_chunked_prefill: bool = True
+    """vLLM: split long prompts over scheduler steps (off on CPU, where vLLM 0.32 cannot rewind seeded sampling)."""
+    max_num_batched_tokens: int = 8192
+    """vLLM: tokens in one scheduler step."""
+    max_num_seqs: int = 1024
+    """vLLM: sequences decoded at once."""
+    max_model_len: int | None = None
+    """vLLM: longest prompt plus response; unset is `data.max_prompt_length + data.max_response_length`."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Further engine arguments by engine, e.g. `engine_kwargs.vllm.kv_cache_dtype=fp8` (passed to vllm.LLM)."""
+    timeout_s: float | None = 600.0
+    """End the run with an error naming the stage when generation makes no progress for this long (any engine);
+    null waits forever."""
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     """Sampling for validation."""
 
@@ -360,6 +377,15 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Training on the rollout engine's own logprobs (`algorithm.rollout_correction.*`)."""
+
+    bypass_mode: bool = False
+    """Take the engine's logprobs as the old logprobs instead of recomputing them with the actor (one forward
+    fewer; their gap is then not measured)."""
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and reward shaping (`algorithm.*`)."""
 
@@ -379,6 +405,8 @@ class AlgorithmConfig:
     """Controller of the in-reward KL coefficient."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO dynamic sampling."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Which policy's logprobs the update treats as old: the actor's (default) or the engine's."""
 
 
 @dataclass

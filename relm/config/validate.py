@@ -36,7 +36,7 @@ POLICY_LOSS_MODES = ("vanilla", "gspo")
 KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 WARMUP_STYLES = ("constant", "cosine")
-ROLLOUT_ENGINES = ("native", "hf")
+ROLLOUT_ENGINES = ("native", "hf", "vllm")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 LOGGERS_NOT_YET = ("swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "file")
@@ -177,6 +177,9 @@ def _check_ranges(cfg: RelmConfig) -> None:
         ),
         ("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
         ("actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n),
+        ("actor_rollout_ref.rollout.max_num_batched_tokens", rollout.max_num_batched_tokens),
+        ("actor_rollout_ref.rollout.max_num_seqs", rollout.max_num_seqs),
+        ("actor_rollout_ref.rollout.max_model_len", rollout.max_model_len),
         ("critic.ppo_mini_batch_size", critic.ppo_mini_batch_size),
         ("critic.ppo_micro_batch_size_per_gpu", critic.ppo_micro_batch_size_per_gpu),
         ("critic.forward_micro_batch_size_per_gpu", critic.forward_micro_batch_size_per_gpu),
@@ -225,6 +228,10 @@ def _check_ranges(cfg: RelmConfig) -> None:
     ):
         if not 0 <= value <= 1:
             raise UserError(f"`{key}` must be between 0 and 1, got {value}")
+    if rollout.timeout_s is not None and not rollout.timeout_s > 0:
+        raise UserError(
+            f"`actor_rollout_ref.rollout.timeout_s` must be greater than 0 (null: no limit), got {rollout.timeout_s}"
+        )
     if rollout.gpu_memory_utilization == 0:
         raise UserError(
             "`actor_rollout_ref.rollout.gpu_memory_utilization` must be above 0 (at most 1), got 0"
@@ -309,6 +316,12 @@ def _check_features(cfg: RelmConfig) -> None:
                 f"`actor_rollout_ref.rollout.{key}={mirror}` differs from `data.{source_key}={source}`; relm "
                 f"reads `data.{source_key}`: set the two equal or drop the rollout key"
             )
+    longest = data.max_prompt_length + data.max_response_length
+    if rollout.max_model_len is not None and rollout.max_model_len < longest:
+        raise UserError(
+            f"`actor_rollout_ref.rollout.max_model_len={rollout.max_model_len}` is shorter than a prompt plus its "
+            f"response ({data.max_prompt_length} + {data.max_response_length}); raise it or leave it unset"
+        )
     overlong = cfg.reward_model.overlong_buffer
     if overlong.enable and not 0 < overlong.len < data.max_response_length:
         raise UserError(

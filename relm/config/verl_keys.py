@@ -20,7 +20,7 @@ _OFFLOAD = "CPU offload is not implemented yet"
 _SP = "sequence parallelism (Ulysses) is not implemented"
 _PROFILER = "verl's profiler hooks are not implemented; wrap `relm train` in a profiler instead"
 _HDFS = "relm writes only to the local run folder"
-_VLLM = "a vLLM/sglang engine setting; relm's `hf` engine does not use it"
+_VLLM = "an sglang or vLLM setting that relm's engines have no counterpart for"
 _MULTI_TURN = "multi-turn and tool rollouts are not implemented"
 _MULTIMODAL = "multimodal inputs are not supported"
 _COMPILE = "relm reads `actor_rollout_ref.actor.use_torch_compile` for every training forward"
@@ -35,6 +35,9 @@ _DYN_LOGPROB = "log-prob forwards use the actor's `use_dynamic_bsz` and `ppo_max
 _ENTROPY_MEM = "relm computes the entropy in one pass"
 _CLIP_COV = "only used by the `clip_cov`/`kl_cov` policy losses, which relm does not implement"
 _ASYNC = "relm generates synchronously, in-process"
+_ROLLOUT_CORRECTION = (
+    "importance-sampling and rejection corrections are not implemented; relm acts on `bypass_mode` alone"
+)
 
 ACCEPTED_UNUSED: dict[str, str] = {
     # Hydra's own keys, present in verl's unflattened YAML files.
@@ -101,25 +104,19 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.rollout.mode": _ASYNC,
     "actor_rollout_ref.rollout.chat_scheduler": _ASYNC,
     "actor_rollout_ref.rollout.use_fire_sampling": "FIRE sampling is not implemented",
-    "actor_rollout_ref.rollout.enforce_eager": _VLLM,
-    "actor_rollout_ref.rollout.cudagraph_capture_sizes": _VLLM,
-    "actor_rollout_ref.rollout.load_format": _VLLM,
-    "actor_rollout_ref.rollout.layered_summon": _VLLM,
-    "actor_rollout_ref.rollout.max_num_batched_tokens": _VLLM,
-    "actor_rollout_ref.rollout.max_model_len": _VLLM,
-    "actor_rollout_ref.rollout.max_num_seqs": _VLLM,
-    "actor_rollout_ref.rollout.disable_log_stats": _VLLM,
-    "actor_rollout_ref.rollout.enable_chunked_prefill": _VLLM,
-    "actor_rollout_ref.rollout.engine_kwargs.*": _VLLM,
+    "actor_rollout_ref.rollout.cudagraph_capture_sizes": "relm leaves vLLM's CUDA-graph batch sizes at vLLM's default",
+    "actor_rollout_ref.rollout.load_format": "relm's vLLM engine starts from dummy weights and takes the actor's in memory",
+    "actor_rollout_ref.rollout.layered_summon": "relm streams the actor's weights into vLLM layer by layer already",
+    "actor_rollout_ref.rollout.disable_log_stats": "relm keeps vLLM's periodic statistics log off",
     "actor_rollout_ref.rollout.multi_stage_wake_up": _VLLM,
-    "actor_rollout_ref.rollout.update_weights_bucket_megabytes": _VLLM,
+    "actor_rollout_ref.rollout.update_weights_bucket_megabytes": "relm hands weights to vLLM in-process, tensor by tensor (no buckets)",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": _DYN_LOGPROB,
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": _DYN_LOGPROB,
     "actor_rollout_ref.rollout.multi_turn.*": _MULTI_TURN,
     "actor_rollout_ref.rollout.agent.*": _MULTI_TURN,
     "actor_rollout_ref.rollout.trace.*": _MULTI_TURN,
     "actor_rollout_ref.rollout.over_sample_rate": _ASYNC,
-    "actor_rollout_ref.rollout.calculate_log_probs": "relm always recomputes old log-probs with the actor",
+    "actor_rollout_ref.rollout.calculate_log_probs": "every relm engine returns the sampled tokens' logprobs",
     "actor_rollout_ref.rollout.skip_rollout": "rollout dumps for debugging are not implemented",
     "actor_rollout_ref.rollout.skip_dump_dir": "rollout dumps for debugging are not implemented",
     "actor_rollout_ref.rollout.profiler.*": _PROFILER,
@@ -158,6 +155,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     # algorithm
     "algorithm.use_pf_ppo": "PF-PPO (policy filtration) reweighting is not implemented",
     "algorithm.pf_ppo.*": "PF-PPO (policy filtration) reweighting is not implemented",
+    "algorithm.rollout_correction.*": _ROLLOUT_CORRECTION,
     # trainer
     "trainer.log_val_generations": "validation samples are not logged yet",
     "trainer.rollout_data_dir": "rollout dumps are not implemented",
@@ -181,6 +179,13 @@ UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
     "actor_rollout_ref.rollout.multi_turn.enable": "multi-turn rollouts are not supported yet",
     "algorithm.use_pf_ppo": "PF-PPO (policy filtration) is not supported yet",
     "trainer.val_only": "validation-only runs are not supported yet",
+    "algorithm.rollout_correction.rollout_is": "rollout importance sampling is not implemented yet",
+    "algorithm.rollout_correction.rollout_rs": "rollout rejection sampling is not implemented yet",
+    "algorithm.rollout_correction.rollout_token_veto_threshold": "rollout rejection sampling is not implemented yet",
+    "algorithm.rollout_correction.use_pure_rollout_correction": "relm's update keeps the PPO clipped loss",
+    "algorithm.rollout_correction.bypass_old_logprob_for_rollout": (
+        "later verl names this `algorithm.rollout_correction.bypass_mode`; set that key"
+    ),
 }
 """Accepted keys whose non-off value would change what is trained: turning them on is an error."""
 

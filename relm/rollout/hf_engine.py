@@ -8,7 +8,7 @@ distribution the reported logprob comes from, and what a finished row emits.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -49,6 +49,8 @@ class HFRolloutEngine:
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
+        self.heartbeat: Callable[[], None] = _no_progress_listener
+        """Called once per decoding step; the trainer's stall watchdog points it at its clock."""
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
@@ -95,6 +97,7 @@ class HFRolloutEngine:
         tokens, masks, logprobs = [], [], []
         for step in range(params.max_new_tokens):
             token, logprob = sample_next_token(logits, params, self.generator)  # [N], [N]
+            self.heartbeat()
             live = ~finished
             token = torch.where(live, token, self.pad_token_id)
             tokens.append(token)
@@ -173,6 +176,10 @@ class HFRolloutEngine:
             if _same_memory(tensor, target):
                 continue
             target.copy_(tensor)
+
+
+def _no_progress_listener() -> None:
+    """The default `heartbeat`: nobody is watching."""
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +118,9 @@ class NativeRolloutEngine:
             model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=self.device
         )
         self.reference.generator = self.generator
+        self.heartbeat: Callable[[], None] = lambda: None
+        """Called once per decoding step; the trainer's stall watchdog points it at its clock."""
+        self.reference.heartbeat = lambda: self.heartbeat()  # the fallback reports through this engine
         use_cuda_graphs = self.device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
         if use_cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
@@ -184,6 +187,7 @@ class NativeRolloutEngine:
         tokens, masks, logprobs = [], [], []
         for step in range(width):
             token, logprob = sample_next_token(buffers.logits[:num_rows], params, self.generator, self._race)
+            self.heartbeat()
             live = ~finished
             token = torch.where(live, token, self.pad_token_id)
             tokens.append(token)

@@ -32,6 +32,7 @@ from relm.rewards.manager import RewardManager
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native_engine import NativeRolloutEngine
+from relm.rollout.watchdog import WatchedEngine
 from relm.training.precision import Precision, pick_precision
 from relm.training.varlen_attention import (
     VARLEN_ATTENTION,
@@ -237,13 +238,21 @@ def build_components(
         )
 
     eos_ids = eos_token_ids_of(tokenizer, actor)
-    engine = build_engine(
-        arr.rollout,
-        generator_model(actor, arr.rollout, device, precision),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=eos_ids,
-        device=device,
-        seed=cfg.seed,
+    # Every generate call of the run is watched: no progress for rollout.timeout_s ends the run.
+    engine = WatchedEngine(
+        build_engine(
+            arr.rollout,
+            actor,
+            model_dir=model_dir,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_ids=eos_ids,
+            device=device,
+            seed=cfg.seed,
+            precision=precision,
+            max_model_len=arr.rollout.max_model_len
+            or cfg.data.max_prompt_length + cfg.data.max_response_length,
+        ),
+        arr.rollout.timeout_s,
     )
     kl = cfg.algorithm.kl_ctrl
     return RunComponents(
@@ -282,12 +291,17 @@ def use_varlen_attention(model: nn.Module, device: torch.device) -> None:
     logger.info("packed sequences attend through the flash variable-length kernel")
 
 
+def generation_dtype(rollout: RolloutConfig, device: torch.device, precision: Precision) -> torch.dtype:
+    """`rollout.dtype` on a GPU; on CPU the training dtype (bf16 matrix products are slow there)."""
+    return pick_dtype(rollout.dtype, device) if device.type == "cuda" else precision.master
+
+
 def generator_model(
     actor: nn.Module, rollout: RolloutConfig, device: torch.device, precision: Precision
 ) -> nn.Module:
     """The module the engine generates with: the actor itself where dtypes agree (CPU), else a copy in
     `rollout.dtype` (bf16 on GPU) that `sync_weights` refreshes in place after every update."""
-    gen_dtype = pick_dtype(rollout.dtype, device) if device.type == "cuda" else precision.master
+    gen_dtype = generation_dtype(rollout, device, precision)
     if gen_dtype == precision.master:
         return actor
     logger.info(
@@ -300,14 +314,42 @@ def generator_model(
 
 def build_engine(
     rollout: RolloutConfig,
-    model: nn.Module,
+    actor: nn.Module,
     *,
+    model_dir: str,
     pad_token_id: int,
     eos_token_ids: list[int],
     device: torch.device,
     seed: int,
+    precision: Precision,
+    max_model_len: int,
 ) -> RolloutEngine:
-    """The engine `rollout.name` names, generating with the actor's own module (colocated)."""
+    """The engine `rollout.name` names, colocated with the actor.
+
+    `native` and `hf` generate with the actor's own module (or a copy in the generation dtype); `vllm`
+    holds its own copy of the weights, built from `model_dir`'s config and loaded from the actor.
+    """
+    if rollout.name == "vllm":
+        from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
+
+        settings = VLLMSettings(
+            dtype=generation_dtype(rollout, device, precision),
+            max_model_len=max_model_len,
+            seed=seed,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            tensor_model_parallel_size=rollout.tensor_model_parallel_size,
+            enable_chunked_prefill=rollout.enable_chunked_prefill,
+            enforce_eager=rollout.enforce_eager,
+            max_num_batched_tokens=rollout.max_num_batched_tokens,
+            max_num_seqs=rollout.max_num_seqs,
+            free_cache_engine=rollout.free_cache_engine,
+            engine_kwargs=vllm_engine_kwargs(rollout.engine_kwargs),
+        )
+        return VLLMRolloutEngine(
+            actor, model_dir, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=device,
+            settings=settings,
+        )  # fmt: skip
+    model = generator_model(actor, rollout, device, precision)
     if rollout.name == "hf":
         return HFRolloutEngine(
             model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=device, seed=seed
@@ -320,6 +362,14 @@ def build_engine(
         seed=seed,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
     )
+
+
+def vllm_engine_kwargs(engine_kwargs: dict) -> dict:
+    """`engine_kwargs.vllm.*` (and, as older verl wrote them, top-level keys such as `swap_space`) without
+    the null values verl's defaults carry, which mean "vLLM's default"."""
+    top_level = {k: v for k, v in engine_kwargs.items() if k not in ("vllm", "sglang")}
+    merged = {**top_level, **(engine_kwargs.get("vllm") or {})}
+    return {key: value for key, value in merged.items() if value is not None}
 
 
 def eos_token_ids_of(tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> list[int]:

@@ -21,6 +21,7 @@ from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
 from relm.data.records import PromptBatch
 from relm.errors import UserError
+from relm.rollout.watchdog import engine_stage
 from relm.trainer.checkpoint import (
     find_resume_checkpoint,
     load_checkpoint,
@@ -58,7 +59,7 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
     metrics: dict[str, float] = {}
     step_start = time.perf_counter()
 
-    with timed(metrics, "gen"):
+    with timed(metrics, "gen"), engine_stage(c.engine, f"rollout of step {step}"):
         # Generation and scoring (and DAPO's resampling rounds) are one phase; scoring is cheap beside it.
         batch: ExperienceBatch = collect_experience(c, prompts, step, metrics)
         if c.cfg.actor_rollout_ref.rollout.free_cache_engine:
@@ -94,13 +95,18 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
         remove_padding=arr.model.use_remove_padding,
         max_tokens_per_forward=actor_token_budget(c),
     )
-    with timed(metrics, "old_log_prob"):
-        batch.old_logprobs = batched_logprobs(c.actor, batch, **forward)
-    # The gap between the engine's and the trainer's logprobs of the same tokens (should be ~0).
-    diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
-    if diff.numel():
-        metrics["rollout/logprob_diff_max"] = diff.max().item()
-        metrics["rollout/logprob_diff_mean"] = diff.mean().item()
+    if c.cfg.algorithm.rollout_correction.bypass_mode:
+        # verl's bypass mode: the engine's logprobs stand for the old policy's; no actor forward, so no
+        # gap to measure here (the first mini-batch's actor/ppo_kl shows it instead).
+        batch.old_logprobs = batch.rollout_logprobs.clone()
+    else:
+        with timed(metrics, "old_log_prob"):
+            batch.old_logprobs = batched_logprobs(c.actor, batch, **forward)
+        # The gap between the engine's and the trainer's logprobs of the same tokens (docs/rollout.md).
+        diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
+        if diff.numel():
+            metrics["rollout/logprob_diff_max"] = diff.max().item()
+            metrics["rollout/logprob_diff_mean"] = diff.mean().item()
     if c.ref is not None:
         with timed(metrics, "ref"):
             batch.ref_logprobs = batched_logprobs(c.ref, batch, **forward)
@@ -239,10 +245,11 @@ def train(c: RunComponents) -> None:
     degenerate = DegenerateBatchReporter()
     num_responses = c.cfg.data.train_batch_size * c.cfg.actor_rollout_ref.rollout.n
 
-    def validate() -> dict[str, float]:
-        return run_validation(
-            c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size
-        )
+    def validate(step: int) -> dict[str, float]:
+        with engine_stage(c.engine, f"validation after step {step}"):
+            return run_validation(
+                c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size
+            )
 
     def save(step: int) -> None:
         save_checkpoint(c, step, loop_state={"skip_guard": guard.state_dict()})
@@ -256,7 +263,7 @@ def train(c: RunComponents) -> None:
         with stop_on_signals() as stop:
             if val_dataset is not None and trainer_cfg.val_before_train and start == 0:
                 for sink in loggers:
-                    sink.log(0, validate())
+                    sink.log(0, validate(0))
             for step in range(start + 1, total + 1):
                 if stop.requested:
                     break
@@ -264,7 +271,7 @@ def train(c: RunComponents) -> None:
                 metrics["training/epoch"] = float(c.loader.epoch)
                 diverged = guard.update(step, metrics)
                 if val_dataset is not None and is_validation_step(step, total, trainer_cfg.test_freq):
-                    metrics.update(validate())
+                    metrics.update(validate(step))
                 degenerate.check(step, metrics, num_responses)
                 for sink in loggers:
                     sink.log(step, metrics)

@@ -244,7 +244,8 @@ def test_a_verl_style_file_with_targets_and_interpolations_loads(tmp_path: Path)
 
 
 # verl's example scripts (examples/ppo_trainer/run_deepseek7b_llm.sh, run_qwen2-7b_seq_balance.sh and a
-# GRPO run) with the two values relm cannot honour yet replaced: rollout.name=vllm and the wandb logger.
+# GRPO run) with the two values relm cannot honour here replaced: rollout.name=vllm (tensor-parallel, and vLLM
+# need not be installed) and the wandb logger.
 VERL_GAE = """
 algorithm.adv_estimator=gae data.train_files=/home/u/data/gsm8k/train.parquet
 data.val_files=/home/u/data/gsm8k/test.parquet data.train_batch_size=1024 data.max_prompt_length=512
@@ -375,7 +376,10 @@ def test_verl_seq_balance_command_converts_its_global_micro_batch_sizes():
         ("algorithm.kl_penalty=js", "`algorithm.kl_penalty=js` is not supported"),
         ("algorithm.kl_ctrl.type=pid", "`algorithm.kl_ctrl.type=pid` is not supported; choose one of: fixed"),
         ("critic.optim.warmup_style=linear", "`critic.optim.warmup_style=linear` is not supported"),
-        (f"{RO}.name=vllm", f"`{RO}.name=vllm` is not supported; choose one of: native, hf"),
+        (f"{RO}.name=sglang", f"`{RO}.name=sglang` is not supported; choose one of: native, hf, vllm"),
+        (f"{RO}.timeout_s=0", f"`{RO}.timeout_s` must be greater than 0 (null: no limit), got 0"),
+        (f"{RO}.max_model_len=20", f"`{RO}.max_model_len=20` is shorter than a prompt plus its response"),
+        (f"{RO}.max_num_seqs=0", f"`{RO}.max_num_seqs` must be a positive integer, got 0"),
         (f"{ACT}.strategy=megatron", f"`{ACT}.strategy=megatron` is not supported"),
         (f"{MODEL}.dtype=fp8", f"`{MODEL}.dtype=fp8` is not supported"),
         ("data.truncation=cut", "`data.truncation=cut` is not supported"),
@@ -553,7 +557,11 @@ VERL_DEFAULT_KEYS = {
 def test_every_verl_default_key_is_read_or_accepted():
     implemented = set(_schema_keys(RelmConfig, ""))
     verl = [f"{section}.{name}" for section, names in VERL_DEFAULT_KEYS.items() for name in names.split()]
-    assert [key for key in verl if key not in implemented and verl_keys.match_accepted(key) is None] == []
+    # A key under a dict-valued field (rollout.engine_kwargs.vllm.swap_space) is read through that field.
+    read = [
+        key for key in verl if key in implemented or any(key.startswith(f"{leaf}.") for leaf in implemented)
+    ]
+    assert [key for key in verl if key not in read and verl_keys.match_accepted(key) is None] == []
     assert all(verl_keys.match_accepted(key) for key in verl_keys.UNSUPPORTED_WHEN_ENABLED)
 
 
