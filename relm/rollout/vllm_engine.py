@@ -135,7 +135,8 @@ class VLLMRolloutEngine:
         with _process_state_kept():
             self.llm = vllm.LLM(**self._engine_arguments(model_dir, architecture))
         self._sleep_mode = self.device.type == "cuda" and settings.free_cache_engine
-        self._asleep = False
+        self._asleep: set[str] = set()
+        """What sleep released and no wake-up has brought back yet: `weights`, `kv_cache`, `scheduling`."""
         self._weights_current = False
         self._seeds = torch.Generator().manual_seed(settings.seed)
         self._num_requests = self._num_finished = 0
@@ -342,8 +343,7 @@ class VLLMRolloutEngine:
     @torch.no_grad()
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load the actor's weights (HF parameter names) into vLLM, layer by layer, in memory."""
-        if self._asleep:
-            self.llm.wake_up(tags=["weights"])
+        self._wake_up({"weights"})
         (missing,) = self.llm.collective_rpc(
             _load_on_worker, args=(checkpoint_format(self.model, named_tensors),)
         )
@@ -359,16 +359,22 @@ class VLLMRolloutEngine:
     def release_memory(self) -> None:
         """On a GPU, sleep: free the KV cache and the weights (the next sync brings the weights back)."""
         if self._sleep_mode and not self._asleep:
+            # Level 2 drops the weights rather than copying them to host memory: the next sync or
+            # `generate` writes them anew from the actor.
             self.llm.sleep(level=2)
-            self._asleep, self._weights_current = True, False
+            self._asleep, self._weights_current = {"weights", "kv_cache", "scheduling"}, False
 
     def _wake(self) -> None:
-        if not self._asleep:
-            return
+        """Before generating: the actor's weights in place, then the KV cache and the scheduler back."""
         if not self._weights_current:  # slept without a sync since (e.g. critic warm-up steps)
             self.sync_weights(self.model.named_parameters())
-        self.llm.wake_up(tags=["kv_cache", "scheduling"])
-        self._asleep = False
+        self._wake_up({"kv_cache", "scheduling"})
+
+    def _wake_up(self, tags: set[str]) -> None:
+        tags = tags & self._asleep
+        if tags:
+            self.llm.wake_up(tags=sorted(tags))
+            self._asleep -= tags
 
     # --- the watchdog's view --------------------------------------------------------------------------
 
@@ -385,10 +391,10 @@ class VLLMRolloutEngine:
         pause = getattr(scheduler, "_pause_state", None)
         usage = scheduler.kv_cache_manager.usage
         return (
-            f"vLLM: {len(scheduler.waiting)} requests waiting, {len(scheduler.running)} running, "
-            f"{self._num_finished} of {self._num_requests} finished; scheduler "
+            f"vLLM: {len(scheduler.waiting)} sequences waiting, {len(scheduler.running)} running, "
+            f"{self._num_finished} of {self._num_requests} prompts finished; scheduler "
             f"{'paused' if pause else 'running'}; KV cache {usage:.0%} used"
-            + ("; asleep" if self._asleep else "")
+            + (f"; asleep ({', '.join(sorted(self._asleep))})" if self._asleep else "")
         )
 
 
@@ -440,9 +446,11 @@ def _load_on_worker(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) ->
     from vllm.platforms import current_platform
 
     model = worker.model_runner.get_model()
+    tied_once = {name for name, _ in model.named_parameters()}  # a tied LM head appears as the embedding
     initialize_layerwise_reload(model)
-    # Now in checkpoint form: without what processing derives after loading (MLA's W_UV, packed copies).
-    expected = {name for name, _ in model.named_parameters()}
+    # Now in checkpoint form: without what processing derives after loading (MLA's W_UV, packed copies),
+    # and with tied weights untied until the reload puts them back.
+    expected = tied_once & {name for name, _ in model.named_parameters()}
     loaded = model.load_weights(weights)
     finalize_layerwise_reload(model, worker.model_config)
     if current_platform.is_cpu():

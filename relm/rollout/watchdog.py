@@ -133,7 +133,7 @@ class _Watcher(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - the state is a courtesy; the stall is the error
             state = f"state unavailable ({type(exc).__name__}: {exc})"
         return (
-            f"{self.stage}: generation made no progress for {idle:.0f} s "
+            f"{self.stage}: generation made no progress for {idle:.1f} s "
             f"(actor_rollout_ref.rollout.timeout_s={self.dog.timeout_s:g}) after {self.dog.num_beats} "
             f"decoding steps; engine state: {state}"
         )

