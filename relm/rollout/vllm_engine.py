@@ -23,9 +23,10 @@ import contextlib
 import logging
 import os
 import random
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -102,6 +103,9 @@ def import_vllm() -> Any:
 class VLLMRolloutEngine:
     """`RolloutEngine` over an in-process `vllm.LLM` that holds a copy of the actor's weights.
 
+    One engine lives in a process at a time: vLLM keeps its parallel groups process-wide and tears them
+    down when any engine shuts down, so building an engine closes the previous one first.
+
     Args:
         model: the actor (HF module): its class picks vLLM's model, its conversion rules the checkpoint
             names, and its weights are loaded at once (and again after a sleep with no sync since).
@@ -111,6 +115,9 @@ class VLLMRolloutEngine:
         device: cuda or cpu.
         settings: engine arguments.
     """
+
+    _live: ClassVar[weakref.ref[VLLMRolloutEngine] | None] = None
+    """The engine built last, while it is open."""
 
     def __init__(
         self,
@@ -132,8 +139,13 @@ class VLLMRolloutEngine:
         architecture = vllm_architecture(model, vllm)
         # In-memory syncs need vLLM's model in this process; its engine core would run in another.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        previous = VLLMRolloutEngine._live() if VLLMRolloutEngine._live is not None else None
+        if previous is not None:
+            logger.info("closing the previous vLLM engine: vLLM runs one engine per process")
+            previous.close()
         with _process_state_kept():
             self.llm = vllm.LLM(**self._engine_arguments(model_dir, architecture))
+        VLLMRolloutEngine._live = weakref.ref(self)
         self._sleep_mode = self.device.type == "cuda" and settings.free_cache_engine
         self._asleep: set[str] = set()
         """What sleep released and no wake-up has brought back yet: `weights`, `kv_cache`, `scheduling`."""
@@ -199,10 +211,21 @@ class VLLMRolloutEngine:
         return int(min(MAX_CPU_KV_CACHE_BYTES, max(MIN_CPU_KV_CACHE_BYTES, need)))
 
     def close(self) -> None:
-        """Shut vLLM's engine down and free its memory now rather than when the object is collected."""
+        """Shut vLLM's engine down and free its memory now rather than when the object is collected.
+
+        Shutting down also tears down vLLM's process-wide parallel state, which is why an engine that
+        is not the last one built must never shut down later (`__init__` closes the previous one).
+        """
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
+        if VLLMRolloutEngine._live is not None and VLLMRolloutEngine._live() is self:
+            VLLMRolloutEngine._live = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "llm":
+            raise RuntimeError("this vLLM engine was closed (a newer one was built, or close() was called)")
+        raise AttributeError(name)
 
     # --- generation -----------------------------------------------------------------------------------
 
