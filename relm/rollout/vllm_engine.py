@@ -152,8 +152,12 @@ class VLLMRolloutEngine:
         self._weights_current = False
         self._seeds = torch.Generator().manual_seed(settings.seed)
         self._num_requests = self._num_finished = 0
-        self.sync_weights(model.named_parameters())
-        self.check_agreement()
+        try:
+            self.sync_weights(model.named_parameters())
+            self.check_agreement()
+        except BaseException:
+            self.close()  # now, not whenever the collector gets to it (see `close`)
+            raise
 
     def _check_placement(self) -> None:
         if self.settings.tensor_model_parallel_size != 1:
