@@ -24,6 +24,7 @@ How relm's (verl's) settings become `GRPOConfig` fields, so both do the same wor
 | `model.enable_gradient_checkpointing` | `gradient_checkpointing` | |
 | `model.dtype` (auto) | fp32 weights + `bf16=True` on CUDA | TRL's own default and relm's recipe |
 | `rollout.temperature` / `top_p` / `top_k` | same names (top_k -1 -> 0) | |
+| the bench's `relm/letters` reward | `reward_funcs=[letters_reward]` | the same scorer |
 
 Not matched (they do not change the work of a step, or TRL has no counterpart): TRL's reference
 model keeps the policy's dtype (fp32 under autocast; relm's is a bf16 copy), TRL always uses the k3
