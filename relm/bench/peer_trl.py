@@ -128,7 +128,7 @@ def grpo_config_kwargs(
         "adam_beta2": actor.optim.betas[1],
         "max_grad_norm": actor.grad_clip,
         "lr_scheduler_type": "constant",
-        "gradient_checkpointing": arr.model.enable_gradient_checkpointing,
+        "gradient_checkpointing": bool(arr.model.enable_gradient_checkpointing),
         "model_init_kwargs": {
             "dtype": str(precision.master).removeprefix("torch."),
             "attn_implementation": "sdpa",

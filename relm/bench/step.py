@@ -129,7 +129,10 @@ def run_algo(args: argparse.Namespace, algo: str, train_file: Path, run_dir: Pat
         )
         if step > 1:
             measured.append(metrics)
-    return {key: statistics.mean(m[key] for m in measured) for key in REPORTED if key in measured[0]}
+    result = {key: statistics.mean(m[key] for m in measured) for key in REPORTED if key in measured[0]}
+    # what the memory plan chose, so a peer runs with the same setting
+    result["memory/gradient_checkpointing"] = float(c.memory.actor_checkpointing)
+    return result
 
 
 def bench_step(argv: list[str]) -> int:
@@ -156,7 +159,8 @@ def bench_step(argv: list[str]) -> int:
         for algo in algos:
             results[algo] = run_algo(args, algo, train_file, Path(tmp) / algo)
         if args.peer:
-            results["trl"] = run_peer(args, train_file, Path(tmp) / "trl")
+            checkpointing = bool(results["grpo"]["memory/gradient_checkpointing"])
+            results["trl"] = run_peer(args, train_file, Path(tmp) / "trl", checkpointing)
     print_table(args, results)
     if args.peer:
         relm, trl = results["grpo"], results["trl"]
@@ -172,13 +176,17 @@ def bench_step(argv: list[str]) -> int:
     return 0
 
 
-def run_peer(args: argparse.Namespace, train_file: Path, workdir: Path) -> dict[str, float]:
-    """TRL's GRPOTrainer on relm's GRPO config, prompts and device, after relm's models are freed."""
+def run_peer(
+    args: argparse.Namespace, train_file: Path, workdir: Path, gradient_checkpointing: bool
+) -> dict[str, float]:
+    """TRL's GRPOTrainer on relm's GRPO config, prompts and device, after relm's models are freed;
+    gradient checkpointing as relm's run used it (its memory plan decides when the config leaves it unset)."""
     from relm.bench.peer_trl import free_memory, run_trl_grpo
     from relm.models.loading import resolve_model_dir
     from relm.trainer.components import pick_device
 
     cfg = bench_config(args, "grpo", train_file, workdir)
+    cfg.actor_rollout_ref.model.enable_gradient_checkpointing = gradient_checkpointing
     device = pick_device(cfg.trainer.device, "--device")
     free_memory(device)
     prompts = pq.read_table(train_file).column("prompt").to_pylist()

@@ -32,6 +32,8 @@ from relm.rewards.manager import RewardManager
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native_engine import NativeRolloutEngine
+from relm.trainer.memory import MemoryChoices, build_residency, choose_memory
+from relm.training.offload import Residency
 from relm.training.precision import Precision, pick_precision
 from relm.training.varlen_attention import (
     VARLEN_ATTENTION,
@@ -81,6 +83,10 @@ class RunComponents:
     """Master and compute dtypes of actor, reference and critic."""
     fused: FusedLayers
     """Compiled norm/MLP/rotary pieces the training forwards run under (`actor.use_torch_compile`)."""
+    memory: MemoryChoices
+    """Gradient checkpointing and micro-batch token budgets, planned on a GPU (`relm.trainer.memory`)."""
+    residency: Residency
+    """Which models wait on the CPU outside their phases (none unless the plan parks them)."""
 
 
 def pick_device(name: str, key: str = "trainer.device") -> torch.device:
@@ -191,8 +197,6 @@ def build_components(
     actor = load_causal_lm(model_dir, override_config=arr.model.override_config, **load_kwargs)
     if arr.model.use_remove_padding:
         use_varlen_attention(actor, device)
-    if arr.model.enable_gradient_checkpointing:
-        actor.gradient_checkpointing_enable()
     actor.eval()
     actor_optimizer, actor_scheduler = build_optimizer(
         actor,
@@ -222,8 +226,6 @@ def build_components(
         )
         if cfg.critic.model.use_remove_padding:
             use_varlen_attention(critic.backbone, device)
-        if cfg.critic.model.enable_gradient_checkpointing:
-            critic.gradient_checkpointing_enable()
         critic.eval()
         critic_optimizer, critic_scheduler = build_optimizer(
             critic,
@@ -236,10 +238,22 @@ def build_components(
             ),
         )
 
+    generator = generator_model(actor, arr.rollout, device, precision)
+    memory = choose_memory(cfg, actor, critic, has_generator_copy=generator is not actor, device=device)
+    if memory.plan is not None:
+        logger.info("%s", memory.plan.describe())
+    if memory.actor_checkpointing:
+        actor.gradient_checkpointing_enable()
+    if critic is not None and memory.critic_checkpointing:
+        critic.gradient_checkpointing_enable()
+    residency = build_residency(
+        memory.plan, device, ref=ref, generator=generator if generator is not actor else None,
+        critic=critic, critic_optimizer=critic_optimizer,
+    )  # fmt: skip
     eos_ids = eos_token_ids_of(tokenizer, actor)
     engine = build_engine(
         arr.rollout,
-        generator_model(actor, arr.rollout, device, precision),
+        generator,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=eos_ids,
         device=device,
@@ -266,6 +280,8 @@ def build_components(
         generator=torch.Generator().manual_seed(cfg.seed),
         precision=precision,
         fused=FusedLayers(actor, enabled=arr.actor.use_torch_compile and device.type == "cuda"),
+        memory=memory,
+        residency=residency,
     )
 
 

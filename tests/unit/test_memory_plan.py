@@ -73,3 +73,27 @@ def test_refusals_name_what_does_not_fit():
         plan_memory(request(22, host_bytes=1 * GIB))
     with pytest.raises(PlanDoesNotFit, match="critic's update"):
         plan_memory(request(26, critic=SHAPE))  # critic 16e9 beside the actor's 12e9 > 0.9 * 26 GiB
+
+
+def test_cpu_runs_follow_the_users_settings_without_a_plan():
+    import torch
+
+    from relm.config.loader import load_config
+    from relm.trainer.memory import build_residency, choose_memory
+    from tests.tiny_models import tiny_lm
+
+    actor = tiny_lm(seed=0)
+    cfg = load_config(["actor_rollout_ref.actor.use_dynamic_bsz=true"])
+    choices = choose_memory(cfg, actor, None, has_generator_copy=False, device=torch.device("cpu"))
+    # unset checkpointing is off on CPU; unset budgets are verl's defaults
+    assert choices.plan is None and not choices.actor_checkpointing
+    assert (choices.actor_max_tokens, choices.critic_max_tokens) == (16384, 32768)
+    cfg = load_config(["actor_rollout_ref.model.enable_gradient_checkpointing=true"])
+    choices = choose_memory(cfg, actor, None, has_generator_copy=False, device=torch.device("cpu"))
+    assert choices.actor_checkpointing and choices.actor_max_tokens is None
+    assert (
+        build_residency(
+            None, torch.device("cpu"), ref=actor, generator=None, critic=None, critic_optimizer=None
+        ).models
+        == {}
+    )

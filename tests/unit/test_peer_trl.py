@@ -44,7 +44,12 @@ def test_mapping_gives_one_generation_and_one_update_per_step():
     assert kwargs["loss_type"] == "dapo" and kwargs["scale_rewards"] == "group"
     # relm's recipe on CUDA: fp32 weights, bf16 autocast.
     assert kwargs["model_init_kwargs"]["dtype"] == "float32" and kwargs["bf16"] and not kwargs["use_cpu"]
-    assert kwargs["gradient_checkpointing"] and kwargs["top_k"] == 0 and kwargs["learning_rate"] == 1e-6
+    # checkpointing as relm's run used it: unset here (the memory plan decides), explicit below
+    assert (
+        kwargs["gradient_checkpointing"] is False and kwargs["top_k"] == 0 and kwargs["learning_rate"] == 1e-6
+    )
+    cfg = grpo_bench_config("actor_rollout_ref.model.enable_gradient_checkpointing=true")
+    assert grpo_config_kwargs(cfg, torch.device("cuda"), "/tmp/out", max_steps=3)["gradient_checkpointing"]
 
 
 def test_mapping_follows_overrides_and_the_device():
