@@ -33,7 +33,7 @@ from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native_engine import NativeRolloutEngine
 from relm.trainer.memory import MemoryChoices, build_residency, choose_memory
-from relm.training.offload import Residency
+from relm.training.offload import OffloadedOptimizerStates, Residency
 from relm.training.precision import Precision, pick_precision
 from relm.training.varlen_attention import (
     VARLEN_ATTENTION,
@@ -87,6 +87,8 @@ class RunComponents:
     """Gradient checkpointing and micro-batch token budgets, planned on a GPU (`relm.trainer.memory`)."""
     residency: Residency
     """Which models wait on the CPU outside their phases (none unless the plan parks them)."""
+    actor_optimizer_offload: OffloadedOptimizerStates | None = None
+    """Set when the plan keeps the actor's AdamW moments in CPU memory (its `step` is chunked)."""
 
 
 def pick_device(name: str, key: str = "trainer.device") -> torch.device:
@@ -246,6 +248,9 @@ def build_components(
         actor.gradient_checkpointing_enable()
     if critic is not None and memory.critic_checkpointing:
         critic.gradient_checkpointing_enable()
+    optimizer_offload = None
+    if memory.plan is not None and memory.plan.offload_optimizer:
+        optimizer_offload = OffloadedOptimizerStates(actor_optimizer, device)
     residency = build_residency(
         memory.plan, device, ref=ref, generator=generator if generator is not actor else None,
         critic=critic, critic_optimizer=critic_optimizer,
@@ -282,6 +287,7 @@ def build_components(
         fused=FusedLayers(actor, enabled=arr.actor.use_torch_compile and device.type == "cuda"),
         memory=memory,
         residency=residency,
+        actor_optimizer_offload=optimizer_offload,
     )
 
 

@@ -5,7 +5,8 @@ shorten prompts for a 7B. The arithmetic behind those choices is simple enough t
 the first step, from what the run holds:
 
 - trainable models (actor, critic): fp32 master weights, fp32 gradients and two fp32 AdamW states,
-  16 bytes a parameter, resident on the GPU through their update;
+  16 bytes a parameter, plus the bf16 copies of the weights autocast caches while it computes (2 more),
+  resident on the GPU through their update;
 - frozen copies (reference model, the engine's bf16 generator copy): 2 bytes a parameter;
 - activations of one micro-batch, per token: without gradient checkpointing every layer keeps its
   intermediate tensors; with it only each layer's input stays and one layer is recomputed at a time;
@@ -13,7 +14,9 @@ the first step, from what the run holds:
 
 The plan keeps everything on the GPU when it fits; otherwise it parks, in this order, the reference
 model, the engine's generator copy and the critic (with its optimizer states) in CPU memory outside
-the phases that use them (`relm.training.offload`). With the remaining memory it prefers no
+the phases that use them (`relm.training.offload`), and if that is not enough it also keeps the
+actor's AdamW moments in CPU memory, stepping them on the GPU a chunk at a time (a 7B actor on one
+H200: its update otherwise holds 18 x 7.6e9 bytes = 127 GiB before any activation). With the remaining memory it prefers no
 gradient checkpointing (about a third less compute) when a micro-batch of at least two full sequences
 fits without it. A setting the user made explicitly (`enable_gradient_checkpointing`,
 `ppo_max_token_len_per_gpu`) is kept; the plan only reports what it estimates for it.
@@ -30,13 +33,15 @@ from dataclasses import dataclass, field
 from torch import nn
 
 GIB = 1 << 30
-USABLE_SHARE = 0.9
+USABLE_SHARE = 0.85
 """Share of the GPU a plan fills: the rest is the CUDA context, allocator fragmentation and kernels'
 workspaces."""
 HOST_SHARE = 0.7
 """Share of host memory parked models may take (pinned pages cannot be swapped)."""
 LOGIT_SCRATCH_BYTES = 2 * GIB
 """fp32 vocabulary chunks of the chunked log-softmax and its recomputation in backward."""
+OPTIMIZER_CHUNK_BYTES = 2 * GIB
+"""AdamW moments brought to the GPU at once when they are offloaded (`OffloadedOptimizerStates`)."""
 MIN_TOKENS_WITHOUT_CHECKPOINTING = 8192
 MAX_TOKENS_PER_MICROBATCH = 65536
 
@@ -102,6 +107,8 @@ class MemoryPlan:
     park_reference: bool = False
     park_generator: bool = False
     park_critic: bool = False
+    offload_optimizer: bool = False
+    """The actor's AdamW moments live in CPU memory and step on the GPU a chunk at a time."""
     update_peak_bytes: int = 0
     budget_bytes: int = 0
     notes: list[str] = field(default_factory=list)
@@ -124,6 +131,7 @@ class MemoryPlan:
             f"{'on' if self.gradient_checkpointing else 'off'} (actor), "
             f"{'on' if self.critic_gradient_checkpointing else 'off'} (critic)",
             f"  waiting on the CPU outside their phases: {', '.join(parked) if parked else 'nothing'}",
+            f"  actor's AdamW moments: {'in CPU memory, stepped in chunks' if self.offload_optimizer else 'on the GPU'}",
         ]
         return "\n".join(lines + [f"  {note}" for note in self.notes])
 
@@ -140,25 +148,40 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
     """
     budget = int(request.gpu_bytes * USABLE_SHARE)
     actor, critic = request.actor, request.critic
-    resident = {
-        "actor": 16 * actor.num_params,
-        "reference": 2 * actor.num_params if request.has_reference else 0,
-        "generator copy": 2 * actor.num_params if request.has_generator_copy else 0,
-        # outside its own update the critic keeps weights and AdamW states (no gradients)
-        "critic": 12 * critic.num_params if critic else 0,
-    }
     smallest_need = _per_token(actor, True) * request.max_sequence_length + LOGIT_SCRATCH_BYTES
-    parked: set[str] = set()
-    for name in ("reference", "generator copy", "critic"):
-        if _resident(resident, parked) + smallest_need <= budget:
-            break
-        if resident[name]:
-            parked.add(name)
+    # Cheapest arrangement first: parking a frozen copy costs one transfer each way per step,
+    # offloading the actor's AdamW moments two transfers of 8 bytes a parameter per optimizer step.
+    # The first that leaves room for a comfortable micro-batch wins, else the first that holds one sequence.
+    comfortable = smallest_need + _per_token(actor, True) * MIN_TOKENS_WITHOUT_CHECKPOINTING
+    arrangements = [
+        (offload, parked)
+        for offload in (False, True)
+        for parked in (
+            (),
+            ("reference",),
+            ("reference", "generator copy"),
+            ("reference", "generator copy", "critic"),
+        )
+    ]
+
+    def static_of(arrangement: tuple[bool, tuple[str, ...]]) -> int:
+        return _resident(_residents(request, arrangement[0]), set(arrangement[1]))
+
+    chosen = next((a for a in arrangements if static_of(a) + comfortable <= budget), None)
+    chosen = chosen or next(
+        (a for a in arrangements if static_of(a) + smallest_need <= budget), arrangements[-1]
+    )
+    offload_optimizer, parked = (
+        chosen[0],
+        {name for name in chosen[1] if _residents(request, chosen[0])[name]},
+    )
+    resident = _residents(request, offload_optimizer)
     static = _resident(resident, parked)
-    parked_bytes = sum(resident[name] for name in parked)
-    if parked_bytes > HOST_SHARE * request.host_bytes:
+    host_bytes = sum(resident[name] for name in parked) + (8 * actor.num_params if offload_optimizer else 0)
+    if host_bytes > HOST_SHARE * request.host_bytes:
+        waiting = sorted(parked) + (["actor's AdamW moments"] if offload_optimizer else [])
         raise PlanDoesNotFit(
-            f"parking the {', '.join(sorted(parked))} on the CPU needs ~{parked_bytes / GIB:.0f} GiB of host "
+            f"keeping the {', '.join(waiting)} on the CPU needs ~{host_bytes / GIB:.0f} GiB of host "
             f"memory, over {HOST_SHARE:.0%} of this machine's {request.host_bytes / GIB:.0f} GiB"
         )
     if static + smallest_need > budget:
@@ -176,12 +199,13 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
         park_reference="reference" in parked,
         park_generator="generator copy" in parked,
         park_critic="critic" in parked,
+        offload_optimizer=offload_optimizer,
         budget_bytes=budget,
     )
     if critic is not None:
         # The critic updates while the actor keeps weights and AdamW states (its gradients are freed).
-        critic_static = static - resident["critic"] * ("critic" not in parked) + 16 * critic.num_params
-        critic_static -= 4 * actor.num_params
+        critic_static = static - resident["critic"] * ("critic" not in parked) + 18 * critic.num_params
+        critic_static -= 6 * actor.num_params  # the actor's gradients and autocast copies are gone by then
         critic_need = _per_token(critic, True) * request.max_sequence_length
         if critic_static + critic_need > budget:
             raise PlanDoesNotFit(
@@ -205,6 +229,23 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
         + plan.max_tokens_per_microbatch * _per_token(actor, plan.gradient_checkpointing)
     )
     return plan
+
+
+def _residents(request: PlanRequest, offload_optimizer: bool) -> dict[str, int]:
+    """Bytes each model holds on the GPU through the actor's update."""
+    actor, critic = request.actor, request.critic
+    # fp32 weights and gradients, AdamW moments (or one 2 GiB chunk of them), and the bf16 copies of
+    # the weights autocast caches while it computes
+    trainable = (8 + 2) * actor.num_params + (
+        OPTIMIZER_CHUNK_BYTES if offload_optimizer else 8 * actor.num_params
+    )
+    return {
+        "actor": trainable,
+        "reference": 2 * actor.num_params if request.has_reference else 0,
+        "generator copy": 2 * actor.num_params if request.has_generator_copy else 0,
+        # outside its own update the critic keeps weights and AdamW states (no gradients)
+        "critic": 12 * critic.num_params if critic else 0,
+    }
 
 
 def _resident(resident: dict[str, int], parked: set[str]) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relm.training.offload import PHASE_NEEDS, ParkedModel, Residency
+from relm.training.offload import PHASE_NEEDS, OffloadedOptimizerStates, ParkedModel, Residency
 from tests.tiny_models import tiny_lm
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -52,3 +52,28 @@ def test_phases_move_only_what_they_use():
 def test_an_unknown_model_name_is_refused():
     with pytest.raises(ValueError, match="no phase uses"):
         Residency({"actor": ParkedModel(tiny_lm(seed=0), DEVICE)})
+
+
+def test_chunked_offloaded_adamw_steps_exactly_like_adamw():
+    plain, chunked = tiny_lm(seed=0).to(DEVICE), tiny_lm(seed=0).to(DEVICE)
+    opt_plain = torch.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_chunked = torch.optim.AdamW(chunked.parameters(), lr=1e-2, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt_chunked, lambda step: 1.0 / (step + 1))
+    scheduler_plain = torch.optim.lr_scheduler.LambdaLR(opt_plain, lambda step: 1.0 / (step + 1))
+    offload = OffloadedOptimizerStates(opt_chunked, DEVICE, chunk_bytes=4096)  # many chunks
+    assert len(offload._chunks()) > 5
+    ids = torch.tensor([[1, 2, 3, 4]], device=DEVICE)
+    for _ in range(3):
+        for model, optimizer, sched in (
+            (plain, opt_plain, scheduler_plain),
+            (chunked, opt_chunked, scheduler),
+        ):
+            model(input_ids=ids).logits.square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sched.step()
+    for (name, a), b in zip(plain.state_dict().items(), chunked.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+    assert all(s["exp_avg"].device.type == "cpu" for s in opt_chunked.state.values())
+    assert scheduler.get_last_lr() == scheduler_plain.get_last_lr()
+    assert all(len(g["params"]) for g in opt_chunked.param_groups)  # groups restored after each step
