@@ -18,17 +18,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OF
 export RELM_CACHE="${RELM_CACHE:-/tmp/relm-cache}"
 PY="${PYTHON:-python3}"
 SITE="${SITE:-/tmp/site}"
-STATUS=()
-
-step() {  # step NAME SECONDS COMMAND...
-  local name="$1" limit="$2"; shift 2
-  echo; echo "=== $name (limit ${limit}s) ==="
-  local start=$SECONDS
-  timeout --signal=KILL "$limit" "$@" 2>&1 | tee "$RESULTS/$name.log"
-  local rc=${PIPESTATUS[0]}
-  STATUS+=("$name: rc=$rc, $((SECONDS - start))s")
-  echo "--- $name: rc=$rc in $((SECONDS - start))s"
-}
+source "$(dirname "$0")/lib.sh"
 
 peer() {  # peer NAME SECONDS ARGS...
   local name="$1" limit="$2"; shift 2
@@ -60,8 +50,7 @@ if [ "$MODE" = "3b" ] || [ "$MODE" = "all" ]; then
   peer peer_3b 560 --model zoo:Qwen/Qwen2.5-3B-Instruct --prompts 64 --n 8 --prompt-len 512 --response-len 512
 fi
 
-echo; echo "=== summary ==="
-printf '%s\n' "${STATUS[@]}"
+summary
 "$PY" - "$RESULTS" <<'EOF'
 import json, sys
 from pathlib import Path
