@@ -14,17 +14,7 @@ mkdir -p "$RESULTS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export RELM_CACHE="${RELM_CACHE:-/tmp/relm-cache}"
 PY="${PYTHON:-python3}"
-STATUS=()
-
-step() {  # step NAME SECONDS COMMAND...
-  local name="$1" limit="$2"; shift 2
-  echo; echo "=== $name (limit ${limit}s) ==="
-  local start=$SECONDS
-  timeout --signal=KILL "$limit" "$@" 2>&1 | tee "$RESULTS/$name.log"
-  local rc=${PIPESTATUS[0]}
-  STATUS+=("$name: rc=$rc, $((SECONDS - start))s")
-  echo "--- $name: rc=$rc in $((SECONDS - start))s"
-}
+source "$(dirname "$0")/lib.sh"
 
 bench() {  # bench NAME SECONDS ARGS...
   local name="$1" limit="$2"; shift 2
@@ -61,8 +51,7 @@ if [ "$MODE" = "full" ]; then
   step attention_variants 60 "$PY" bench/attention_variants.py
 fi
 
-echo; echo "=== summary ==="
-printf '%s\n' "${STATUS[@]}"
+summary
 "$PY" - "$RESULTS" <<'EOF' | tee "$RESULTS/summary.md"
 import json, sys
 from pathlib import Path

@@ -68,6 +68,7 @@ class FusedLayers:
         if not self.active:
             yield
             return
+        _raise_recompile_limits()
         originals = [(owner, name, getattr(owner, name)) for owner, name in self._targets]
         for owner, name, original in originals:
             key = (owner, name)
@@ -113,6 +114,15 @@ class FusedLayers:
             "code instead (same results, slower)",
             self.disabled_reason,
         )
+
+
+def _raise_recompile_limits(limit: int = 64) -> None:
+    """Each piece sees several shapes (row buckets, prefill, decode), grad modes and autocast states;
+    dynamo's default of 8 compiled variants per function was hit in a full training run."""
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name) and getattr(config, name) < limit:
+            setattr(config, name, limit)
 
 
 def _find_targets(model: nn.Module) -> list[tuple[Any, str]]:

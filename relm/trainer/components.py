@@ -33,6 +33,8 @@ from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native_engine import NativeRolloutEngine
 from relm.rollout.watchdog import WatchedEngine
+from relm.trainer.memory import MemoryChoices, build_residency, choose_memory
+from relm.training.offload import OffloadedOptimizerStates, Residency
 from relm.training.precision import Precision, pick_precision
 from relm.training.varlen_attention import (
     VARLEN_ATTENTION,
@@ -82,6 +84,12 @@ class RunComponents:
     """Master and compute dtypes of actor, reference and critic."""
     fused: FusedLayers
     """Compiled norm/MLP/rotary pieces the training forwards run under (`actor.use_torch_compile`)."""
+    memory: MemoryChoices
+    """Gradient checkpointing and micro-batch token budgets, planned on a GPU (`relm.trainer.memory`)."""
+    residency: Residency
+    """Which models wait on the CPU outside their phases (none unless the plan parks them)."""
+    actor_optimizer_offload: OffloadedOptimizerStates | None = None
+    """Set when the plan keeps the actor's AdamW moments in CPU memory (its `step` is chunked)."""
 
 
 def pick_device(name: str, key: str = "trainer.device") -> torch.device:
@@ -192,8 +200,6 @@ def build_components(
     actor = load_causal_lm(model_dir, override_config=arr.model.override_config, **load_kwargs)
     if arr.model.use_remove_padding:
         use_varlen_attention(actor, device)
-    if arr.model.enable_gradient_checkpointing:
-        actor.gradient_checkpointing_enable()
     actor.eval()
     actor_optimizer, actor_scheduler = build_optimizer(
         actor,
@@ -223,8 +229,6 @@ def build_components(
         )
         if cfg.critic.model.use_remove_padding:
             use_varlen_attention(critic.backbone, device)
-        if cfg.critic.model.enable_gradient_checkpointing:
-            critic.gradient_checkpointing_enable()
         critic.eval()
         critic_optimizer, critic_scheduler = build_optimizer(
             critic,
@@ -237,12 +241,30 @@ def build_components(
             ),
         )
 
+    # vLLM keeps its own copy of the weights (in rollout.dtype), so no HF copy is made for it.
+    generator = (
+        actor if arr.rollout.name == "vllm" else generator_model(actor, arr.rollout, device, precision)
+    )
+    memory = choose_memory(cfg, actor, critic, has_generator_copy=generator is not actor, device=device)
+    if memory.plan is not None:
+        logger.info("%s", memory.plan.describe())
+    if memory.actor_checkpointing:
+        actor.gradient_checkpointing_enable()
+    if critic is not None and memory.critic_checkpointing:
+        critic.gradient_checkpointing_enable()
+    optimizer_offload = None
+    if memory.plan is not None and memory.plan.offload_optimizer:
+        optimizer_offload = OffloadedOptimizerStates(actor_optimizer, device)
+    residency = build_residency(
+        memory.plan, device, ref=ref, generator=generator if generator is not actor else None,
+        critic=critic, critic_optimizer=critic_optimizer,
+    )  # fmt: skip
     eos_ids = eos_token_ids_of(tokenizer, actor)
     # Every generate call of the run is watched: no progress for rollout.timeout_s ends the run.
     engine = WatchedEngine(
         build_engine(
             arr.rollout,
-            actor,
+            generator,
             model_dir=model_dir,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_ids=eos_ids,
@@ -275,6 +297,9 @@ def build_components(
         generator=torch.Generator().manual_seed(cfg.seed),
         precision=precision,
         fused=FusedLayers(actor, enabled=arr.actor.use_torch_compile and device.type == "cuda"),
+        memory=memory,
+        residency=residency,
+        actor_optimizer_offload=optimizer_offload,
     )
 
 
@@ -314,7 +339,7 @@ def generator_model(
 
 def build_engine(
     rollout: RolloutConfig,
-    actor: nn.Module,
+    model: nn.Module,
     *,
     model_dir: str,
     pad_token_id: int,
@@ -326,8 +351,9 @@ def build_engine(
 ) -> RolloutEngine:
     """The engine `rollout.name` names, colocated with the actor.
 
-    `native` and `hf` generate with the actor's own module (or a copy in the generation dtype); `vllm`
-    holds its own copy of the weights, built from `model_dir`'s config and loaded from the actor.
+    `native` and `hf` generate with `model`: the actor's own module, or its copy in the generation dtype
+    (`generator_model`). `vllm` takes the actor as `model` and keeps its own copy of the weights, built
+    from `model_dir`'s config and loaded from the actor.
     """
     if rollout.name == "vllm":
         from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
@@ -346,10 +372,9 @@ def build_engine(
             engine_kwargs=vllm_engine_kwargs(rollout.engine_kwargs),
         )
         return VLLMRolloutEngine(
-            actor, model_dir, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=device,
+            model, model_dir, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=device,
             settings=settings,
         )  # fmt: skip
-    model = generator_model(actor, rollout, device, precision)
     if rollout.name == "hf":
         return HFRolloutEngine(
             model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=device, seed=seed

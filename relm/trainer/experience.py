@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -10,6 +13,8 @@ from relm.rollout.base import GenerationOutput
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs, response_values
 from relm.training.minibatch import forward_token_counts, microbatch_indices
+
+logger = logging.getLogger("relm")
 
 
 def build_experience(
@@ -55,7 +60,8 @@ def batched_logprobs(
     """[N, R] logprobs of the responses under `model`, in forward passes of `rows_per_forward` rows
     (or of at most `max_tokens_per_forward` tokens)."""
     out = torch.zeros(len(batch), batch.response_width)
-    for rows in _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding):
+
+    def forward(rows: torch.Tensor) -> None:
         mb = batch.select(rows).to(device)
         logprobs, _ = response_logprobs(
             model,
@@ -67,6 +73,9 @@ def batched_logprobs(
             remove_padding=remove_padding,
         )
         out[rows] = logprobs.float().cpu()
+
+    for rows in _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding):
+        run_halving_on_oom(rows, forward, "logprob forward")
     return out
 
 
@@ -82,7 +91,8 @@ def batched_values(
 ) -> torch.Tensor:
     """[N, R] critic values V(s_t) before each response token."""
     out = torch.zeros(len(batch), batch.response_width)
-    for rows in _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding):
+
+    def forward(rows: torch.Tensor) -> None:
         mb = batch.select(rows).to(device)
         values = response_values(
             value_model,
@@ -93,7 +103,32 @@ def batched_values(
             remove_padding=remove_padding,
         )
         out[rows] = values.float().cpu()
+
+    for rows in _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding):
+        run_halving_on_oom(rows, forward, "value forward")
     return out
+
+
+def run_halving_on_oom(rows: torch.Tensor, forward: Callable[[torch.Tensor], None], what: str) -> None:
+    """`forward(rows)`, and on a GPU out-of-memory the same rows again as two halves (recursively).
+
+    The memory plan's budgets are estimates; a forward that does not fit is cheaper to split than a
+    run is to restart. Only a single row that does not fit is an error.
+    """
+    try:
+        forward(rows)
+        return
+    except torch.OutOfMemoryError:
+        if len(rows) == 1:
+            raise
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    half = len(rows) // 2
+    logger.warning(
+        "%s: out of GPU memory on %d rows; retrying as %d + %d", what, len(rows), half, len(rows) - half
+    )
+    run_halving_on_oom(rows[:half], forward, what)
+    run_halving_on_oom(rows[half:], forward, what)
 
 
 def _forward_groups(

@@ -59,7 +59,11 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
     metrics: dict[str, float] = {}
     step_start = time.perf_counter()
 
-    with timed(metrics, "gen"), engine_stage(c.engine, f"rollout of step {step}"):
+    with (
+        timed(metrics, "gen"),
+        c.residency.phase("generate"),
+        engine_stage(c.engine, f"rollout of step {step}"),
+    ):
         # Generation and scoring (and DAPO's resampling rounds) are one phase; scoring is cheap beside it.
         batch: ExperienceBatch = collect_experience(c, prompts, step, metrics)
         if c.cfg.actor_rollout_ref.rollout.free_cache_engine:
@@ -93,14 +97,14 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
         temperature=arr.rollout.temperature or 1.0,
         device=c.device,
         remove_padding=arr.model.use_remove_padding,
-        max_tokens_per_forward=actor_token_budget(c),
+        max_tokens_per_forward=c.memory.actor_max_tokens,
     )
     if c.cfg.algorithm.rollout_correction.bypass_mode:
         # verl's bypass mode: the engine's logprobs stand for the old policy's; no actor forward, so no
         # gap to measure here (the first mini-batch's actor/ppo_kl shows it instead).
         batch.old_logprobs = batch.rollout_logprobs.clone()
     else:
-        with timed(metrics, "old_log_prob"):
+        with timed(metrics, "old_log_prob"), c.residency.phase("old_log_prob"):
             batch.old_logprobs = batched_logprobs(c.actor, batch, **forward)
         # The gap between the engine's and the trainer's logprobs of the same tokens (docs/rollout.md).
         diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
@@ -108,17 +112,17 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
             metrics["rollout/logprob_diff_max"] = diff.max().item()
             metrics["rollout/logprob_diff_mean"] = diff.mean().item()
     if c.ref is not None:
-        with timed(metrics, "ref"):
+        with timed(metrics, "ref"), c.residency.phase("reference"):
             batch.ref_logprobs = batched_logprobs(c.ref, batch, **forward)
     if c.critic is not None:
-        with timed(metrics, "values"):
+        with timed(metrics, "values"), c.residency.phase("values"):
             batch.values = batched_values(
                 c.critic,
                 batch,
                 rows_per_forward=forward["rows_per_forward"],
                 device=c.device,
                 remove_padding=c.cfg.critic.model.use_remove_padding,
-                max_tokens_per_forward=critic_token_budget(c),
+                max_tokens_per_forward=c.memory.critic_max_tokens,
             )
 
 
@@ -157,45 +161,32 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
     cfg, arr = c.cfg, c.cfg.actor_rollout_ref
     skipped = 0
     if c.critic is not None:
-        with timed(metrics, "update_critic"):
+        with timed(metrics, "update_critic"), c.residency.phase("update_critic"):
             result = update_critic(
                 c.critic, c.critic_optimizer, c.critic_scheduler, batch, cfg.critic,
                 rows_per_minibatch=c.sizes.critic_rows_per_minibatch,
                 rows_per_microbatch=c.sizes.critic_rows_per_microbatch,
                 num_epochs=c.sizes.critic_epochs, device=c.device, generator=c.generator,
                 remove_padding=cfg.critic.model.use_remove_padding,
-                max_tokens_per_microbatch=critic_token_budget(c),
+                max_tokens_per_microbatch=c.memory.critic_max_tokens,
             )  # fmt: skip
         metrics.update(mean_of_lists(result.metrics))
         skipped += result.num_skipped_updates
     if step > cfg.trainer.critic_warmup:
-        with timed(metrics, "update_actor"):
+        with timed(metrics, "update_actor"), c.residency.phase("update_actor"):
             result = update_actor(
                 c.actor, c.actor_optimizer, c.actor_scheduler, batch, arr.actor,
                 rows_per_minibatch=c.sizes.actor_rows_per_minibatch,
                 rows_per_microbatch=c.sizes.actor_rows_per_microbatch,
                 temperature=arr.rollout.temperature or 1.0, device=c.device, generator=c.generator,
                 remove_padding=arr.model.use_remove_padding,
-                max_tokens_per_microbatch=actor_token_budget(c),
+                max_tokens_per_microbatch=c.memory.actor_max_tokens,
             )  # fmt: skip
         metrics.update(mean_of_lists(result.metrics))
         skipped += result.num_skipped_updates
-        with timed(metrics, "sync"):
+        with timed(metrics, "sync"), c.residency.phase("sync"):
             c.engine.sync_weights(c.actor.named_parameters())
     return skipped
-
-
-def actor_token_budget(c: RunComponents) -> int | None:
-    """Tokens per actor/reference forward when `actor.use_dynamic_bsz` is on; None cuts by rows."""
-    actor = c.cfg.actor_rollout_ref.actor
-    return actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
-
-
-def critic_token_budget(c: RunComponents) -> int | None:
-    """The critic's budget: `critic.use_dynamic_bsz` (unset follows the actor's)."""
-    critic, actor = c.cfg.critic, c.cfg.actor_rollout_ref.actor
-    dynamic = actor.use_dynamic_bsz if critic.use_dynamic_bsz is None else critic.use_dynamic_bsz
-    return critic.ppo_max_token_len_per_gpu if dynamic else None
 
 
 def perf_metrics(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> dict[str, float]:
@@ -230,6 +221,8 @@ def train(c: RunComponents) -> None:
     if checkpoint is not None:
         logger.info("loading checkpoint %s", checkpoint)
         restored = load_checkpoint(c, checkpoint)
+        if c.actor_optimizer_offload is not None:
+            c.actor_optimizer_offload.to_host()  # loading put the moments on the GPU
         start = restored.step
         guard.load_state_dict(restored.loop_state.get("skip_guard", {}))
         logger.info("resumed from %s: continuing at step %d of %d", checkpoint, start + 1, total)
@@ -246,7 +239,7 @@ def train(c: RunComponents) -> None:
     num_responses = c.cfg.data.train_batch_size * c.cfg.actor_rollout_ref.rollout.n
 
     def validate(step: int) -> dict[str, float]:
-        with engine_stage(c.engine, f"validation after step {step}"):
+        with c.residency.phase("generate"), engine_stage(c.engine, f"validation after step {step}"):
             return run_validation(
                 c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size
             )

@@ -1,0 +1,200 @@
+"""Models that wait in CPU memory outside the phases that use them (the memory plan's "parking").
+
+A step uses its models one phase at a time: the engine's generator copy while generating and
+syncing, the reference model for one forward, the critic for its values and its update. When the
+memory plan finds that the actor's update does not fit beside all of them, the ones it names are
+moved to pinned CPU memory when their phase ends and back when it starts. A 7B model's bf16 copy
+moves in about half a second each way over PCIe, small beside the step it makes possible.
+
+Moving is done on the tensors' `.data`, so parameter objects (and the optimizer state keyed by them)
+stay the same; CUDA graphs captured over the old addresses are dropped and recaptured by the engine
+(`DecodeGraphs.check_weights`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+PHASE_NEEDS = {
+    "generate": {"generator"},
+    "old_log_prob": set(),
+    "reference": {"reference"},
+    "values": {"critic"},
+    "update_critic": {"critic"},
+    "update_actor": set(),
+    "sync": {"generator"},
+}
+"""Which parkable models each phase of `ppo_step` uses."""
+
+
+class ParkedModel:
+    """One model (and optionally its optimizer's states) that can move between the GPU and pinned CPU memory.
+
+    Args:
+        module: the model.
+        device: where it computes.
+        optimizer: its optimizer, whose per-parameter state tensors move with it.
+    """
+
+    def __init__(
+        self, module: nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None = None
+    ):
+        self.module = module
+        self.device = torch.device(device)
+        self.optimizer = optimizer
+        self.parked = False
+        self._host: dict[int, torch.Tensor] = {}
+
+    def park(self) -> None:
+        """Copy every tensor into its pinned CPU buffer and release the device copy."""
+        if self.parked:
+            return
+        for tensor in self._tensors():
+            host = self._host.get(id(tensor))
+            if host is None:
+                host = torch.empty(
+                    tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=torch.cuda.is_available()
+                )
+                self._host[id(tensor)] = host
+            host.copy_(tensor.data, non_blocking=True)
+            tensor.data = host
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        self.parked = True
+
+    def unpark(self) -> None:
+        """Bring every tensor back to the device (new device memory; the pinned buffers stay for next time)."""
+        if not self.parked:
+            return
+        for tensor in self._tensors():
+            tensor.data = tensor.data.to(self.device, non_blocking=True)
+        self.parked = False
+
+    def _tensors(self) -> Iterator[torch.Tensor]:
+        yield from self.module.parameters()
+        yield from self.module.buffers()
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                yield from (
+                    value for value in state.values() if isinstance(value, torch.Tensor) and value.dim()
+                )
+
+
+class Residency:
+    """The parkable models of a run and the phase that is running; `phase(name)` moves what it needs."""
+
+    def __init__(self, models: dict[str, ParkedModel]) -> None:
+        unknown = set(models) - {name for needs in PHASE_NEEDS.values() for name in needs}
+        if unknown:
+            raise ValueError(f"no phase uses {sorted(unknown)}")
+        self.models = models
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Park what `name` does not use, bring back what it does; nothing moves when nothing is parkable."""
+        needs = PHASE_NEEDS[name]
+        for model_name, model in self.models.items():
+            if model_name not in needs:
+                model.park()
+        for model_name in needs:
+            if model_name in self.models:
+                self.models[model_name].unpark()
+        yield
+
+
+class OffloadedOptimizerStates:
+    """AdamW moments that live in pinned CPU memory and visit the GPU a chunk at a time to step.
+
+    fp32 AdamW keeps 8 bytes of moments per parameter beside 4 of weights and 4 of gradients: for a 7B
+    actor that is 61 GB of the 122 its update holds, too much beside anything else on one H200. With
+    this, `optimizer.step()` runs over consecutive chunks of the parameters (about `chunk_bytes` of
+    moments each): the chunk's moments come to the GPU, the optimizer's own step updates it, and they
+    go back. The GPU holds one chunk of moments at a time; the price is moving them over PCIe twice a
+    step (verl's `optimizer_offload` makes the same trade).
+
+    Args:
+        optimizer: a torch optimizer whose per-parameter state tensors are moments (AdamW).
+        device: where the parameters are.
+        chunk_bytes: moments brought to the GPU at once.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device, chunk_bytes: int = 2 << 30):
+        self.optimizer = optimizer
+        self.device = torch.device(device)
+        self.chunk_bytes = chunk_bytes
+        self._host: dict[tuple[int, str], torch.Tensor] = {}
+        inner = optimizer.step  # possibly an lr scheduler's counting wrapper: keep calling through it
+
+        @functools.wraps(inner)  # keeps the scheduler's marker that it wrapped `step`
+        def chunked_step(closure: object = None) -> None:
+            if closure is not None:
+                raise ValueError("offloaded optimizer states do not support a closure")
+            self._step(inner)
+
+        optimizer.step = chunked_step  # type: ignore[method-assign]
+
+    def to_host(self) -> None:
+        """Move every state tensor to pinned CPU memory (after loading a checkpoint, for instance)."""
+        for param in self._params():
+            self._move_state(param, to_device=False)
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def _chunks(self) -> list[dict[int, list[torch.nn.Parameter]]]:
+        chunks: list[dict[int, list[torch.nn.Parameter]]] = [{}]
+        size = 0
+        for index, group in enumerate(self.optimizer.param_groups):
+            for param in group["params"]:
+                moments = 2 * param.numel() * 4
+                if size and size + moments > self.chunk_bytes:
+                    chunks.append({})
+                    size = 0
+                chunks[-1].setdefault(index, []).append(param)
+                size += moments
+        return chunks
+
+    def _step(self, inner) -> None:
+        groups = self.optimizer.param_groups
+        originals = [group["params"] for group in groups]
+        try:
+            for chunk in self._chunks():
+                members = [p for params in chunk.values() for p in params]
+                for param in members:
+                    self._move_state(param, to_device=True)
+                for index, group in enumerate(groups):
+                    group["params"] = chunk.get(index, [])
+                inner()
+                for param in members:
+                    self._move_state(param, to_device=False)
+        finally:
+            for group, params in zip(groups, originals, strict=True):
+                group["params"] = params
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _move_state(self, param: torch.nn.Parameter, to_device: bool) -> None:
+        state = self.optimizer.state.get(param)
+        if not state:
+            return
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor) or value.dim() == 0:
+                continue  # the step counter stays where the optimizer keeps it
+            if to_device:
+                state[key] = value.to(self.device, non_blocking=True)
+                continue
+            host = self._host.get((id(param), key))
+            if host is None:
+                host = torch.empty(
+                    value.shape, dtype=value.dtype, device="cpu", pin_memory=torch.cuda.is_available()
+                )
+                self._host[(id(param), key)] = host
+            if value.data_ptr() != host.data_ptr():
+                host.copy_(value, non_blocking=True)
+                state[key] = host
