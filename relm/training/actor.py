@@ -10,6 +10,7 @@ from torch import nn
 from relm.algorithms.kl import kl_estimate
 from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
 from relm.config.schema import ActorConfig
+from relm.distributed.context import DistContext
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs
 from relm.training.minibatch import MinibatchMetrics, microbatch_indices, minibatch_indices
@@ -37,11 +38,14 @@ def update_actor(
     device: torch.device,
     generator: torch.Generator | None = None,
     remove_padding: bool = False,
+    dist: DistContext | None = None,
 ) -> UpdateResult:
     """`cfg.ppo_epochs` passes of policy-loss updates (plus entropy bonus and optional KL loss).
 
     Every micro-batch loss is normalised by its mini-batch's token/response counts (`AggScale`), so
-    the accumulated gradient equals the mini-batch gradient whatever the micro-batch size.
+    the accumulated gradient equals the mini-batch gradient whatever the micro-batch size. With
+    `dist` (data parallel, `batch` holding this rank's rows) the counts are those of the global
+    mini-batch, so the ranks' summed gradients equal one process's over the whole batch.
     """
     assert batch.old_logprobs is not None and batch.advantages is not None
     if cfg.use_kl_loss:
@@ -54,6 +58,9 @@ def update_actor(
             len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
         ):
             scale = AggScale.of(batch.response_mask[mini])
+            if dist is not None and dist.is_distributed:
+                # Normalise by the whole global mini-batch: each rank's loss is its share of the global one.
+                scale = AggScale(*dist.sum_floats([scale.num_tokens, scale.num_seqs]))
             for micro in microbatch_indices(mini, rows_per_microbatch):
                 mb = batch.select(micro).to(device)
                 logprobs, entropy = response_logprobs(
@@ -87,6 +94,9 @@ def update_actor(
                     kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, scale)
                     loss = loss + cfg.kl_loss_coef * kl_loss
                     micro_metrics.update(kl_loss=kl_loss.detach(), kl_coef=cfg.kl_loss_coef)
+                if dist is not None and dist.is_distributed:
+                    # FSDP averages the ranks' gradients; the global gradient is their sum.
+                    loss = loss * dist.world_size
                 loss.backward()
                 stats.add(micro_metrics)
             grad_norm, stepped = clip_and_step(model, optimizer, scheduler, cfg.grad_clip)

@@ -1,0 +1,106 @@
+"""`relm train` with more than one process: start torchrun for one node, print its command for several.
+
+relm has no process launcher of its own: every data-parallel run is torchrun's (`python -m
+torch.distributed.run`), one process per GPU, and `relm.distributed.context` picks the process group
+up from the variables torchrun sets. This module only saves typing:
+
+- one node (`trainer.nnodes=1`): `relm train trainer.n_gpus_per_node=N ...` re-runs itself under
+  `torchrun --standalone --nproc_per_node N` and waits, forwarding SIGINT/SIGTERM (torchrun passes a
+  signal on to every worker, which finish their step, save and exit; torchrun kills workers that take
+  longer than 30 s);
+- several nodes: relm cannot start processes on other machines, so it prints the one torchrun command
+  (c10d rendezvous at this machine) to run on every node, and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from types import FrameType
+
+from relm.config.schema import RelmConfig
+from relm.errors import UserError
+
+logger = logging.getLogger("relm")
+
+RENDEZVOUS_PORT = 29400
+"""torchrun's own default port for the c10d rendezvous."""
+
+
+def world_size_of(cfg: RelmConfig) -> int:
+    """Processes of the run: `trainer.n_gpus_per_node * trainer.nnodes`."""
+    return cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+
+
+def needs_torchrun(cfg: RelmConfig) -> bool:
+    """More than one process, or FSDP2's CPU offload (which needs a process group even on one GPU)."""
+    offload = (
+        cfg.actor_rollout_ref.actor.fsdp_config.offload_policy or cfg.critic.model.fsdp_config.offload_policy
+    )
+    return world_size_of(cfg) > 1 or offload
+
+
+def torchrun_command(
+    argv: list[str], *, nproc_per_node: int, nnodes: int = 1, rendezvous: str | None = None, run_id: str = ""
+) -> list[str]:
+    """The torchrun command line that runs `relm train argv` in `nproc_per_node` processes per node.
+
+    One node uses `--standalone` (a local rendezvous on a free port); several use the c10d rendezvous
+    at `rendezvous` (host:port), the same command on every node.
+    """
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_per_node}"]
+    if nnodes == 1:
+        command.append("--standalone")
+    else:
+        command += [
+            f"--nnodes={nnodes}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={rendezvous}",
+            f"--rdzv_id={run_id or 'relm'}",
+        ]
+    return [*command, "-m", "relm.trainer.main_ppo", *argv]
+
+
+def launch(cfg: RelmConfig, argv: list[str]) -> int:
+    """Run `relm train argv` under torchrun on this node and return its exit code (see module docstring).
+
+    Raises:
+        UserError: several nodes; the command to run on each is printed first.
+    """
+    trainer = cfg.trainer
+    if trainer.nnodes > 1:
+        command = torchrun_command(
+            argv,
+            nproc_per_node=trainer.n_gpus_per_node,
+            nnodes=trainer.nnodes,
+            rendezvous=f"{socket.gethostname()}:{RENDEZVOUS_PORT}",
+            run_id=trainer.experiment_name,
+        )
+        print(
+            f"relm: a {trainer.nnodes}-node run is started by torchrun on every node; run this same command "
+            f"on each of the {trainer.nnodes} nodes (this machine included), from the same folder:\n\n"
+            f"  {shlex.join(command)}\n",
+            flush=True,
+        )
+        raise UserError(
+            f"`trainer.nnodes={trainer.nnodes}`: relm starts processes on this machine only; run the "
+            "torchrun command printed above on every node"
+        )
+    command = torchrun_command(argv, nproc_per_node=trainer.n_gpus_per_node)
+    logger.info("starting %d processes: %s", trainer.n_gpus_per_node, shlex.join(command))
+    # Its own session, so a Ctrl-C in the terminal reaches torchrun once (through us), not twice.
+    process = subprocess.Popen(command, start_new_session=True)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        process.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
