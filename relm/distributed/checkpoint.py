@@ -3,7 +3,7 @@
 A data-parallel run saves each model as
 
     actor/                 config.json, generation_config.json, tokenizer files (rank 0)
-      scheduler.pt         the lr schedule (rank 0)
+      scheduler.pt         the lr schedule, and whether the optimizer had state to save (rank 0)
       dcp/                 model and optimizer state, one file per rank plus DCP's .metadata
 
 DCP records which slice of which tensor each file holds, so a load reshards to whatever the loading
@@ -45,16 +45,23 @@ def save_sharded(
     `folder` must exist on every rank (a shared file system across nodes); the caller makes it atomic.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-    model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder / DCP_FOLDER))
+    # An optimizer that never stepped (the actor during `critic_warmup`) is saved without state:
+    # `get_state_dict` would first give it one by a zero-lr step, which advances AdamW's step count.
+    stepped = bool(optimizer.state)
+    if stepped:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+    else:
+        state = {"model": get_model_state_dict(model)}
+    dcp.save(state, checkpoint_id=str(folder / DCP_FOLDER))
     if dist.is_main:
         model.config.save_pretrained(folder)
         generation = getattr(model, "generation_config", None)
         if generation is not None:
             generation.save_pretrained(folder)
-        torch.save(scheduler.state_dict(), folder / SCHEDULER_FILE)
+        torch.save({"scheduler": scheduler.state_dict(), "optimizer_saved": stepped}, folder / SCHEDULER_FILE)
 
 
 def load_sharded(
@@ -75,6 +82,11 @@ def load_sharded(
         set_state_dict,
     )
 
+    saved = None
+    if scheduler is not None:
+        saved = torch.load(folder / SCHEDULER_FILE, map_location="cpu", weights_only=False)
+        if not saved["optimizer_saved"]:
+            optimizer = None  # it never stepped: the fresh optimizer is the saved one
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
     else:
@@ -94,8 +106,8 @@ def load_sharded(
         set_model_state_dict(model, state["model"])
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    if scheduler is not None:
-        scheduler.load_state_dict(torch.load(folder / SCHEDULER_FILE, map_location="cpu", weights_only=False))
+    if saved is not None:
+        scheduler.load_state_dict(saved["scheduler"])
 
 
 def load_full_into_sharded(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
@@ -116,6 +128,8 @@ def load_full_optimizer_into_sharded(
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+    if not saved["state"]:
+        return  # it never stepped: the fresh optimizer is the saved one (the schedule sets the lr)
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     by_name = {
         "state": {names[index]: value for index, value in saved["state"].items()},
