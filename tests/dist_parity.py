@@ -44,16 +44,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sizes.add_argument("--dtype", default="float32", help="actor_rollout_ref.model.dtype (auto: bf16 on GPU)")
     sizes.add_argument("--algos", default="ppo,grpo")
     sizes.add_argument("--prompts", type=int, default=4)
-    sizes.add_argument("--n", type=int, default=4)
+    sizes.add_argument("--rollout-n", type=int, default=4)  # not --n: torchrun reads that as its own
     sizes.add_argument("--response-len", type=int, default=8)
     sizes.add_argument("--micro", type=int, default=2)
     sizes.add_argument("--lr", type=float, default=1e-3)
-    sizes.add_argument("--params", default="all", help="`all`, or comma-separated names to record whole")
+    sizes.add_argument(
+        "--params", default="all", help="`all`, or comma-separated parts of the parameter names to record"
+    )
     parser = argparse.ArgumentParser(prog="dist_parity.py")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", parents=[sizes])
     run.add_argument("out", type=Path)
     run.add_argument("--load-from", type=Path, default=None, help="another run's OUT: load its checkpoints")
+    run.add_argument("--no-save", action="store_true", help="skip the checkpoint (large models: disk, time)")
     load = sub.add_parser("load", parents=[sizes])
     load.add_argument("out", type=Path)
     load.add_argument("load_from", type=Path)
@@ -72,7 +75,7 @@ def overrides(args: argparse.Namespace, algo: str, world_size: int) -> list[str]
         f"data.train_batch_size={args.prompts}",
         "data.max_prompt_length=24",
         f"data.max_response_length={args.response_len}",
-        f"actor_rollout_ref.rollout.n={args.n}",
+        f"actor_rollout_ref.rollout.n={args.rollout_n}",
         # Two optimizer steps per model: the union of the ranks' k-th local mini-batches must be the
         # k-th global one, and the critic's second step is the first where its backbone gets a gradient.
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts // 2}",
@@ -121,7 +124,7 @@ def whole(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | N
 
 
 def wanted(names: str, name: str) -> bool:
-    return names == "all" or name in names.split(",")
+    return names == "all" or any(part in name for part in names.split(","))
 
 
 def record_gradients(model: torch.nn.Module, optimizer: Any, c: Any, names: str, log: list) -> None:
@@ -205,7 +208,10 @@ def run_algo(args: argparse.Namespace, algo: str, dist: Any) -> None:
     result = {
         "world_size": dist.world_size,
         "metrics": {k: v for k, v in metrics.items() if not k.startswith("timing_s")},
-        "batch": {k: getattr(batch, k) for k in ("old_logprobs", "ref_logprobs", "values", "advantages")},
+        "batch": {
+            k: getattr(batch, k)
+            for k in ("response_ids", "old_logprobs", "ref_logprobs", "values", "advantages")
+        },
         "response_tokens": int(batch.response_mask.sum()),
         "grads": grads,
         "actor": full_state(c.actor, c.actor_optimizer, c, args.params),
@@ -213,7 +219,8 @@ def run_algo(args: argparse.Namespace, algo: str, dist: Any) -> None:
     }
     if dist.is_main:
         torch.save(result, args.out / f"{algo}.pt")
-    save_checkpoint(c, 1)
+    if not args.no_save:
+        save_checkpoint(c, 1)
     if args.load_from is not None:
         load_algo(args, algo, dist, args.load_from)
 
@@ -251,8 +258,12 @@ def compare(a_dir: Path, b_dir: Path) -> dict[str, dict[str, float]]:
             if key.startswith(("actor/", "critic/")) and not key.endswith(("/max", "/min")):
                 row[f"metric {key}"] = abs(a["metrics"][key] - b["metrics"][key])
         for key, tensor in a["batch"].items():
-            if tensor is not None:
+            if tensor is not None and key != "response_ids":
                 row[f"batch {key}"] = (tensor - b["batch"][key]).abs().max().item()
+        if "response_ids" in a["batch"]:  # a different generated batch would make every other figure moot
+            row["batch response_ids"] = float(
+                not a["batch"]["response_ids"].equal(b["batch"]["response_ids"])
+            )
         for model in ("actor", "critic"):
             if a[model] is None:
                 continue

@@ -5,16 +5,19 @@ torch.distributed.run`), one process per GPU, and `relm.distributed.context` pic
 up from the variables torchrun sets. This module only saves typing:
 
 - one node (`trainer.nnodes=1`): `relm train trainer.n_gpus_per_node=N ...` re-runs itself under
-  `torchrun --standalone --nproc_per_node N` and waits, forwarding SIGINT/SIGTERM (torchrun passes a
-  signal on to every worker, which finish their step, save and exit; torchrun kills workers that take
-  longer than 30 s);
+  `torchrun --standalone --nproc_per_node N` and waits. SIGINT/SIGTERM go straight to the workers, as
+  in a single-process run: each finishes its step, the ranks agree to stop after the same one, save,
+  and exit 0, so torchrun ends cleanly too. (torchrun itself, signalled, would pass the signal on but
+  then report the run as failed and kill workers still saving after 30 s.)
 - several nodes: relm cannot start processes on other machines, so it prints the one torchrun command
   (c10d rendezvous at this machine) to run on every node, and exits with code 2.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shlex
 import signal
 import socket
@@ -92,11 +95,14 @@ def launch(cfg: RelmConfig, argv: list[str]) -> int:
         )
     command = torchrun_command(argv, nproc_per_node=trainer.n_gpus_per_node)
     logger.info("starting %d processes: %s", trainer.n_gpus_per_node, shlex.join(command))
-    # Its own session, so a Ctrl-C in the terminal reaches torchrun once (through us), not twice.
+    # Its own session, so a Ctrl-C in the terminal reaches only us; we pass it on to the workers.
     process = subprocess.Popen(command, start_new_session=True)
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        process.send_signal(signum)
+        workers = child_pids(process.pid)
+        for pid in workers or [process.pid]:  # no worker yet: torchrun tears the start-up down
+            with contextlib.suppress(ProcessLookupError):  # it ended in between
+                os.kill(pid, signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -104,3 +110,20 @@ def launch(cfg: RelmConfig, argv: list[str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def child_pids(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (torchrun's workers), from /proc; empty where it is absent."""
+    children = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                # pid (comm) state ppid ...: comm may hold spaces, so split after its closing parenthesis.
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            children.append(int(entry))
+    return children

@@ -201,7 +201,8 @@ def perf_metrics(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, fl
     if peak is not None and "timing_s/update_actor" in metrics:
         seq_lens = batch.attention_mask.sum(-1).tolist()
         flops = training_flops(c.actor, seq_lens, c.cfg.actor_rollout_ref.actor.ppo_epochs)
-        perf["perf/mfu/actor"] = flops / metrics["timing_s/update_actor"] / peak
+        # FLOPs of the whole batch, done by every rank together.
+        perf["perf/mfu/actor"] = flops / metrics["timing_s/update_actor"] / (peak * c.dist.world_size)
     return perf
 
 

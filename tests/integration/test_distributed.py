@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,30 +93,37 @@ def steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_relm_train_starts_torchrun_saves_shards_and_one_process_resumes(tmp_path: Path, train):
+def test_relm_train_under_torchrun_stops_on_ctrl_c_saves_shards_and_one_process_resumes(
+    tmp_path: Path, train
+):
     run_dir = tmp_path / "run"
-    args = [
-        *TINY,
-        f"trainer.default_local_dir={run_dir}",
-        "trainer.save_freq=2",
-        "trainer.logger=[console,jsonl]",
-    ]
-    done = run_subprocess([sys.executable, "-m", "relm.cli", "train", "trainer.n_gpus_per_node=2", *args,
-                           "trainer.total_training_steps=2"])  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count(CONFIG_OK_MESSAGE) == 1  # rank 0 only
-    assert "relm[rank 1]" not in done.stderr  # other ranks log errors only
-    assert "starting 2 processes" in done.stderr and "torch.distributed.run" in done.stderr
-    assert steps(run_dir) == [1, 2]  # one metrics line per step: only rank 0 writes
-    shards = sorted(p.name for p in (run_dir / "global_step_2" / "actor" / "dcp").iterdir())
+    args = [*TINY, f"trainer.default_local_dir={run_dir}", "trainer.logger=[console,jsonl]"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "relm.cli", "train", "trainer.n_gpus_per_node=2", *args,
+               "trainer.total_training_steps=40"]  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 180
+    while not ((run_dir / "metrics.jsonl").is_file() and steps(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)  # as a Ctrl-C in the terminal reaches `relm train`
+    stdout, stderr = process.communicate(timeout=180)
+    assert process.returncode == 0, stderr[-3000:]
+    assert stdout.count(CONFIG_OK_MESSAGE) == 1  # rank 0 only
+    assert "relm[rank 1]" not in stderr  # other ranks log errors only
+    assert "starting 2 processes" in stderr and "stopped by SIGINT" in stderr
+    logged = steps(run_dir)
+    last = logged[-1]
+    assert logged == list(range(1, last + 1)) and last < 40  # one line per step: only rank 0 writes
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == str(last)
+    shards = sorted(p.name for p in (run_dir / f"global_step_{last}" / "actor" / "dcp").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    assert (run_dir / "global_step_2" / "critic" / "dcp" / ".metadata").is_file()
+    assert (run_dir / f"global_step_{last}" / "critic" / "dcp" / ".metadata").is_file()
 
-    resumed = train(*args, "trainer.total_training_steps=3", run_dir=run_dir, tiny=False)
+    resumed = train(*args, f"trainer.total_training_steps={last + 1}", run_dir=run_dir, tiny=False)
     assert resumed.exit_code == 0, resumed.stderr
-    assert "resumed from" in resumed.stderr and steps(run_dir) == [1, 2, 3]
-    assert (run_dir / "global_step_2" / "actor" / "dcp").is_dir()  # step 3 saved by one process: plain HF
-    assert (run_dir / "global_step_3" / "actor" / "model.safetensors").is_file()
+    assert f"continuing at step {last + 1}" in resumed.stderr and steps(run_dir) == list(range(1, last + 2))
 
 
 def test_several_nodes_print_the_torchrun_command_for_each(train):
