@@ -51,6 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sizes.add_argument(
         "--params", default="all", help="`all`, or comma-separated parts of the parameter names to record"
     )
+    sizes.add_argument("--set", action="append", default=[], help="one more section.key=value override")
     parser = argparse.ArgumentParser(prog="dist_parity.py")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", parents=[sizes])
@@ -90,6 +91,7 @@ def overrides(args: argparse.Namespace, algo: str, world_size: int) -> list[str]
         "trainer.logger=[]",
         "trainer.test_freq=-1",
         *ALGOS[algo],
+        *args.set,
     ]
 
 

@@ -32,6 +32,8 @@ logger = logging.getLogger("relm")
 
 RENDEZVOUS_PORT = 29400
 """torchrun's own default port for the c10d rendezvous."""
+EXTRA_ARGS_ENV = "RELM_TORCHRUN_ARGS"
+"""More torchrun options for `relm train` to pass, e.g. "--log-dir logs --redirects 3 --tee 3"."""
 
 
 def world_size_of(cfg: RelmConfig) -> int:
@@ -53,7 +55,8 @@ def torchrun_command(
     """The torchrun command line that runs `relm train argv` in `nproc_per_node` processes per node.
 
     One node uses `--standalone` (a local rendezvous on a free port); several use the c10d rendezvous
-    at `rendezvous` (host:port), the same command on every node.
+    at `rendezvous` (host:port), the same command on every node. Options in `RELM_TORCHRUN_ARGS` come
+    last, before the program.
     """
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_per_node}"]
     if nnodes == 1:
@@ -65,6 +68,7 @@ def torchrun_command(
             f"--rdzv_endpoint={rendezvous}",
             f"--rdzv_id={run_id or 'relm'}",
         ]
+    command += shlex.split(os.environ.get(EXTRA_ARGS_ENV, ""))
     return [*command, "-m", "relm.trainer.main_ppo", *argv]
 
 
