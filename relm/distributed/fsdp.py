@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from relm.distributed.context import DistContext
+from relm.errors import UserError
 from relm.training.precision import Precision
 
 logger = logging.getLogger("relm")
@@ -49,6 +50,11 @@ def shard_model(
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+    if offload and dist.device.type != "cuda":
+        raise UserError(
+            "`fsdp_config.offload_policy=true` moves a GPU run's shards to the CPU; this run computes on "
+            f"{dist.device.type}: set it to false"
+        )
     mixed = MixedPrecisionPolicy()
     if precision.compute != precision.master:
         mixed = MixedPrecisionPolicy(param_dtype=precision.compute, reduce_dtype=torch.float32)
