@@ -5,7 +5,8 @@ gradients of every parameter at every optimizer step agree to 1e-5 relative (L2 
 and 1e-6 absolute, losses to 1e-6, old/ref logprobs, values and advantages of the batch exactly
 (they are computed on the same rows by the same code, then gathered), weights and AdamW moments after
 the step to 1e-5 (AdamW's first steps are about lr x sign(gradient), lr = 1e-3 here). Only the
-order of floating-point sums differs, so measured gaps are ~1e-7 (gradients) and ~3e-6 (weights).
+order of floating-point sums differs: measured gaps are at most 7.4e-7 relative / 1.7e-7 absolute
+(gradients), 6e-9 (losses) and 3e-6 (weights).
 Checkpoints cross world sizes exactly (0 difference) in both directions.
 """
 
