@@ -25,6 +25,8 @@ import subprocess
 import sys
 from types import FrameType
 
+import torch
+
 from relm.config.schema import RelmConfig
 from relm.errors import UserError
 
@@ -72,13 +74,20 @@ def torchrun_command(
     return [*command, "-m", "relm.trainer.main_ppo", *argv]
 
 
-def launch(cfg: RelmConfig, argv: list[str]) -> int:
+def launch(cfg: RelmConfig, argv: list[str], device: torch.device) -> int:
     """Run `relm train argv` under torchrun on this node and return its exit code (see module docstring).
 
     Raises:
-        UserError: several nodes; the command to run on each is printed first.
+        UserError: more GPUs per node than this machine shows, or several nodes (the command to run
+            on each is printed first).
     """
     trainer = cfg.trainer
+    visible = torch.cuda.device_count() if device.type == "cuda" else None
+    if visible is not None and trainer.n_gpus_per_node > visible:
+        raise UserError(
+            f"`trainer.n_gpus_per_node={trainer.n_gpus_per_node}` but this machine shows {visible} GPU(s); "
+            f"set it to {visible} or fewer (or trainer.device=cpu for CPU processes)"
+        )
     if trainer.nnodes > 1:
         command = torchrun_command(
             argv,

@@ -41,7 +41,7 @@ def train_command(argv: list[str]) -> int:
     check_logger_packages(cfg.trainer.logger)
     device = pick_device(cfg.trainer.device)  # `cuda` on a machine without one fails here, not after loading
     if needs_torchrun(cfg) and not in_torchrun():
-        return launch(cfg, argv)
+        return launch(cfg, argv, device)
     dist = init_distributed(device, expected_world_size=world_size_of(cfg))
     try:
         if dist.is_main:
