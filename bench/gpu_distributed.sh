@@ -74,7 +74,11 @@ if [ -n "${SMALL:-}" ]; then
 fi
 step step_1gpu 150 env CUDA_VISIBLE_DEVICES=0 "$PY" -m relm.cli bench step "${BENCH[@]}" \
   --json "$RESULTS/step_1gpu.json"
-step step_2gpu 120 "${TORCHRUN[@]}" -m relm.cli bench step "${BENCH[@]}" --json "$RESULTS/step_2gpu.json"
+# Gradient checkpointing as the 1-GPU run's memory plan chose it (a sharded run does not plan).
+CKPT=$("$PY" -c "import json,sys; r=json.load(open(sys.argv[1]))['results']['grpo']; \
+print(str(bool(r.get('memory/gradient_checkpointing', 0))).lower())" "$RESULTS/step_1gpu.json" 2>/dev/null || echo false)
+step step_2gpu 120 "${TORCHRUN[@]}" -m relm.cli bench step "${BENCH[@]}" --json "$RESULTS/step_2gpu.json" \
+  "actor_rollout_ref.model.enable_gradient_checkpointing=$CKPT"
 
 # FSDP2's CPU offload on the 2-GPU side (a tiny model: it checks the code path, not its speed).
 OFFLOAD=(--model zoo:tiny/qwen2 --device "$DEVICE" --dtype float32 --no-save)

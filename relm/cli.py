@@ -8,7 +8,7 @@ USAGE = """usage: relm <command> [args]
 
 commands:
   train [--config FILE.yaml] [section.key=value ...]   run PPO-family training (same as python -m relm.trainer.main_ppo)
-  bench step|rollout [options]                           time full training steps or generation alone (relm bench step --help)
+  bench step|rollout|update [options]                    time full training steps, generation or the actor update alone
   compat MODEL [options]                                 check that a model loads, generates and trains (relm compat --help)
   export CHECKPOINT OUT_DIR [--critic]                   write a checkpoint's actor (and critic) as Hugging Face folders
   plot RUN_DIR [--out FILE.png]                          draw reward, KL, entropy, length, throughput curves (RUN_DIR/curves.png)
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(args: list[str]) -> int:
-    """`relm bench step ...` (full training steps) or `relm bench rollout ...` (generation alone)."""
+    """`relm bench step ...` (full training steps), `rollout` (generation alone), `update` (actor update alone)."""
     kind, rest = (args[0], args[1:]) if args else ("", [])
     if kind == "step":
         from relm.bench.step import main as step_main
@@ -54,8 +54,12 @@ def _bench(args: list[str]) -> int:
         from relm.bench.rollout import main as rollout_main
 
         return rollout_main(rest)
+    if kind == "update":
+        from relm.bench.update import main as update_main
+
+        return update_main(rest)
     print(
-        "error: `relm bench` needs `step` or `rollout`, e.g. `relm bench step --model zoo:tiny/qwen2`",
+        "error: `relm bench` needs `step`, `rollout` or `update`, e.g. `relm bench step --model zoo:tiny/qwen2`",
         file=sys.stderr,
     )
     return 2

@@ -2,11 +2,12 @@
 
 Every step runs the real trainer (`relm.trainer.ppo.ppo_step`) on prompts of exactly `--prompt-len`
 tokens with eos ignored, so each response is `--response-len` tokens and runs are comparable across
-engines, machines and versions. The first step is a warm-up and is not counted.
+engines, machines and versions. The first step is a warm-up and is not counted. `--peer trl` then
+times TRL's GRPOTrainer on the same GRPO steps (`relm.bench.peer_trl`) and prints the ratio.
 
 Under torchrun (`python -m torch.distributed.run --nproc_per_node N -m relm.cli bench step ...`) it
-runs data-parallel over the N processes with the same global batch (`--prompts` x `--n`), so the step
-times of 1 and N GPUs compare directly; rank 0 prints and writes the results.
+runs data-parallel over the N processes with the same global batch (`--prompts` x `--rollout-n`), so
+the step times of 1 and N GPUs compare directly; rank 0 prints and writes the results.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ REPORTED = (
     "timing_s/update_critic",
     "timing_s/update_actor",
     "timing_s/step",
+    "perf/total_num_tokens",
     "perf/throughput",
     "perf/mfu/actor",
     "perf/max_memory_allocated_gb",
@@ -64,6 +66,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=2, help="measured steps (after one warm-up step)")
     parser.add_argument("--micro", type=int, default=8, help="ppo_micro_batch_size_per_gpu")
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--peer", choices=["trl"], default=None, help="also time TRL's GRPOTrainer on the same GRPO steps"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
     parser.add_argument("overrides", nargs="*", help="extra section.key=value overrides")
     return parser.parse_args(argv)
@@ -94,15 +99,10 @@ def write_prompts(path: Path, tokenizer, num_prompts: int, prompt_len: int, seed
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def run_algo(
-    args: argparse.Namespace, algo: str, train_file: Path, run_dir: Path, dist: DistContext
-) -> dict[str, float]:
-    """Warm-up step, then `args.steps` measured steps; returns each reported metric's mean."""
+def bench_config(args: argparse.Namespace, algo: str, train_file: Path, run_dir: Path):
+    """relm's validated config for `algo` at the bench's sizes (the TRL peer mirrors the same one)."""
     from relm.config.loader import load_config
     from relm.config.validate import validate_config
-    from relm.models.loading import resolve_model_dir
-    from relm.trainer.components import build_components
-    from relm.trainer.ppo import ppo_step
 
     overrides = [
         f"actor_rollout_ref.model.path={args.model}",
@@ -117,24 +117,39 @@ def run_algo(
         f"trainer.device={args.device}",
         f"trainer.default_local_dir={run_dir}",
         "trainer.logger=[]",
-        f"trainer.n_gpus_per_node={dist.world_size}",
+        f"trainer.n_gpus_per_node={getattr(args, 'world_size', 1)}",
         *ALGOS[algo],
         *args.overrides,
     ]
     cfg = load_config(overrides)
     validate_config(cfg)
+    return cfg
+
+
+def run_algo(
+    args: argparse.Namespace, algo: str, train_file: Path, run_dir: Path, dist: DistContext | None = None
+) -> dict[str, float]:
+    """Warm-up step, then `args.steps` measured steps; returns each reported metric's mean."""
+    from relm.models.loading import resolve_model_dir
+    from relm.trainer.components import build_components
+    from relm.trainer.ppo import ppo_step
+
+    cfg = bench_config(args, algo, train_file, run_dir)
     c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path), dist=dist)
     measured: list[dict[str, float]] = []
     for step in range(1, args.steps + 2):
         metrics = ppo_step(c, c.loader.next_batch(), step)
-        if dist.is_main:
+        if c.dist.is_main:
             print(
                 f"  {algo} step {step}{' (warm-up)' if step == 1 else ''}: {metrics['timing_s/step']:.2f} s",
                 flush=True,
             )
         if step > 1:
             measured.append(metrics)
-    return {key: statistics.mean(m[key] for m in measured) for key in REPORTED if key in measured[0]}
+    result = {key: statistics.mean(m[key] for m in measured) for key in REPORTED if key in measured[0]}
+    # what the memory plan chose, so a peer runs with the same setting
+    result["memory/gradient_checkpointing"] = float(c.memory.actor_checkpointing)
+    return result
 
 
 def bench_step(argv: list[str]) -> int:
@@ -143,14 +158,23 @@ def bench_step(argv: list[str]) -> int:
     unknown = [a for a in algos if a not in ALGOS]
     if unknown:
         raise UserError(f"--algo {unknown[0]}: choose from {', '.join(ALGOS)}")
+    peer: dict[str, object] = {}
+    if args.peer:
+        from relm.bench.peer_trl import require_trl
+
+        if "grpo" not in algos:
+            raise UserError("--peer trl compares GRPO steps: include grpo in --algo")
+        peer = {"name": "trl", "version": require_trl()}  # before relm's steps: fail in a second, not minutes
     from relm.distributed.context import in_torchrun, init_distributed
     from relm.models.loading import resolve_model_dir
     from relm.models.tokenizer import load_tokenizer
     from relm.trainer.components import pick_device
 
+    args.world_size = int(os.environ["WORLD_SIZE"]) if in_torchrun() else 1
+    if args.peer and args.world_size > 1:
+        raise UserError("--peer trl times one process: run it without torchrun")
     tokenizer = load_tokenizer(resolve_model_dir(args.model))
-    world_size = int(os.environ["WORLD_SIZE"]) if in_torchrun() else 1
-    dist = init_distributed(pick_device(args.device, "--device"), expected_world_size=world_size)
+    dist = init_distributed(pick_device(args.device, "--device"), expected_world_size=args.world_size)
     results: dict[str, dict[str, float]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="relm-bench-") as tmp:  # one per rank, same prompts
@@ -158,17 +182,43 @@ def bench_step(argv: list[str]) -> int:
             write_prompts(train_file, tokenizer, args.prompts, args.prompt_len)
             for algo in algos:
                 results[algo] = run_algo(args, algo, train_file, Path(tmp) / algo, dist)
+            if args.peer:
+                checkpointing = bool(results["grpo"]["memory/gradient_checkpointing"])
+                results["trl"] = run_peer(args, train_file, Path(tmp) / "trl", checkpointing)
     finally:
         dist.close()
     if not dist.is_main:
         return 0
-    args.world_size = world_size
     print_table(args, results)
-    if args.json:
-        args.json.write_text(
-            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2)
+    if args.peer:
+        relm, trl = results["grpo"], results["trl"]
+        ratio = peer["throughput_ratio"] = relm["perf/throughput"] / trl["perf/throughput"]
+        print(
+            f"relm grpo / TRL {peer['version']} GRPOTrainer: perf/throughput x{ratio:.2f}; "
+            f"TRL responses {trl['response_length/min']:.0f}-{trl['response_length/max']:.0f} tokens "
+            f"(asked {args.response_len})"
         )
+    if args.json:
+        record = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}
+        args.json.write_text(json.dumps(record | ({"peer": peer} if peer else {}), indent=2))
     return 0
+
+
+def run_peer(
+    args: argparse.Namespace, train_file: Path, workdir: Path, gradient_checkpointing: bool
+) -> dict[str, float]:
+    """TRL's GRPOTrainer on relm's GRPO config, prompts and device, after relm's models are freed;
+    gradient checkpointing as relm's run used it (its memory plan decides when the config leaves it unset)."""
+    from relm.bench.peer_trl import free_memory, run_trl_grpo
+    from relm.models.loading import resolve_model_dir
+    from relm.trainer.components import pick_device
+
+    cfg = bench_config(args, "grpo", train_file, workdir)
+    cfg.actor_rollout_ref.model.enable_gradient_checkpointing = gradient_checkpointing
+    device = pick_device(cfg.trainer.device, "--device")
+    free_memory(device)
+    prompts = pq.read_table(train_file).column("prompt").to_pylist()
+    return run_trl_grpo(cfg, resolve_model_dir(args.model), prompts, args.steps, device, workdir)
 
 
 def print_table(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> None:

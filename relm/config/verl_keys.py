@@ -23,7 +23,7 @@ _HDFS = "relm writes only to the local run folder"
 _VLLM = "a vLLM/sglang engine setting; relm's `hf` engine does not use it"
 _MULTI_TURN = "multi-turn and tool rollouts are not implemented"
 _MULTIMODAL = "multimodal inputs are not supported"
-_COMPILE = "relm does not torch.compile the training forward"
+_COMPILE = "relm reads `actor_rollout_ref.actor.use_torch_compile` for every training forward"
 _KERNELS = "fused/Liger kernels are not wired in yet"
 _LORA = "LoRA is not supported yet"
 _RM = "reward models are not supported yet (`reward_model.enable=true` is an error)"
@@ -68,7 +68,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.model.fused_kernel_options.*": _KERNELS,
     "actor_rollout_ref.model.return_last_hidden_state": "only used by verl's fused-loss path",
     "actor_rollout_ref.model.use_fused_loss": _KERNELS,
-    "actor_rollout_ref.actor.use_torch_compile": _COMPILE,
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": _SP,
     "actor_rollout_ref.actor.checkpoint.*": _CKPT,
     "actor_rollout_ref.actor.optim.num_cycles": "relm's cosine schedule decays once (half a cycle)",

@@ -15,7 +15,12 @@ backward passes, because each FSDP pass is a collective.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from relm.distributed.context import DistContext
 
 
 def partition_rows(
@@ -65,3 +70,32 @@ def _balanced_split(rows: list[int], counts: list[float], num_parts: int, per_pa
         parts[target].append(row)
         loads[target] += counts[row]
     return parts
+
+
+def same_group_count(groups: list[torch.Tensor], dist: DistContext | None) -> list[torch.Tensor]:
+    """`groups` (micro-batches or forward passes of this rank), split until every rank has as many.
+
+    Micro-batches cut by token budget (`use_dynamic_bsz`) can number differently on ranks whose rows
+    differ in length, but every FSDP pass is a collective, so each rank makes as many as the rank with
+    the most (`split_to_count`). A no-op in a single-process run (no collective either).
+    """
+    if dist is None or not dist.is_distributed:
+        return groups
+    return split_to_count(groups, int(dist.max_floats([float(len(groups))])[0]))
+
+
+def split_to_count(groups: list[torch.Tensor], target: int) -> list[torch.Tensor]:
+    """Halve the group with the most rows (the first of equals) until there are `target` groups.
+
+    Always possible when `target` is at most the number of rows, which holds across ranks because
+    every rank has the same number of rows; the loss is normalised per mini-batch, so splitting a
+    micro-batch does not change the gradient, and halves stay within the token budget.
+    """
+    groups = list(groups)
+    while len(groups) < target:
+        largest = max(range(len(groups)), key=lambda i: (len(groups[i]), -i))
+        if len(groups[largest]) < 2:
+            raise ValueError(f"{sum(len(g) for g in groups)} rows cannot make {target} groups")
+        half = len(groups[largest]) // 2
+        groups[largest : largest + 1] = [groups[largest][:half], groups[largest][half:]]
+    return groups

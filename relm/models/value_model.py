@@ -58,11 +58,22 @@ class ValueModel(nn.Module):
         # (a tied lm_head shares the embedding, which the backbone keeps anyway).
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        **attention_kwargs: Any,
     ) -> torch.Tensor:
-        """[N, T] ids, mask, positions -> [N, T] float32 values (one per token, padding included)."""
+        """[N, T] ids, mask, positions -> [N, T] float32 values (one per token, padding included).
+
+        `attention_kwargs` (packed sequences' `cu_seq_lens_q`, ...) go to the backbone's attention.
+        """
         hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            **attention_kwargs,
         ).last_hidden_state  # [N, T, H]
         # fp32 head math: values are regression targets compared against returns in fp32, and a
         # bf16 dot product over H channels would add error of the order of the value differences.

@@ -7,33 +7,70 @@ token against the HF reference engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from relm.rollout.base import SamplingParams
 
 
 def sample_next_token(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    race: Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, V] next-token logits -> ([N] token ids, [N] fp32 logprobs of those tokens).
+    """[N, V] next-token logits (any float dtype) -> ([N] token ids, [N] fp32 logprobs of those tokens).
 
     The logprob is under softmax(logits / temperature) *before* top-k/top-p filtering: that is the
     distribution the trainer's `response_logprobs` recomputes, so rollout and trainer logprobs are
     comparable token by token (filtering would renormalise over a set the trainer cannot see).
     Greedy (temperature 0) reports logprobs at temperature 1.
+
+    Args:
+        race: `exponential_race` or a compiled copy of it (the native engine compiles it on CUDA,
+            where fusing its passes over the [N, V] logits cut sampling from 0.70 to about 0.15 ms a
+            step at 256 x 152k); None is the plain function.
     """
     scale = params.temperature if params.temperature > 0 else 1.0
-    scaled = logits.float() / scale  # [N, V]
     if params.greedy:
+        scaled = logits.float() / scale
         token = scaled.argmax(dim=-1)
-    else:
-        probs = torch.softmax(filter_top_k_top_p(scaled, params.top_k, params.top_p), dim=-1)  # [N, V]
-        # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability p_i. One batched
-        # kernel on the device, no host sync (torch.multinomial syncs); the clamp avoids 0 / 0.
-        noise = torch.empty_like(probs).exponential_(generator=generator)
-        token = (probs / noise.clamp_min(torch.finfo(probs.dtype).tiny)).argmax(dim=-1)
-    logprob = torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)  # [N]
-    return token, logprob
+        return token, _logprob_of(scaled, token)
+    # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability p_i; in log space
+    # that is argmax (scaled_i - log E_i), softmax's normaliser being the same for every i. One batched
+    # draw on the device, no host sync (torch.multinomial syncs).
+    noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(
+        generator=generator
+    )
+    if params.top_k > 0 or params.top_p < 1.0:
+        scaled = logits.float() / scale
+        filtered = filter_top_k_top_p(scaled, params.top_k, params.top_p)
+        token = (filtered - _log_noise(noise)).argmax(dim=-1)
+        return token, _logprob_of(scaled, token)
+    return (race or exponential_race)(logits, noise, scale)
+
+
+def exponential_race(
+    logits: torch.Tensor, noise: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token = argmax(logits / scale - log noise) and its logprob under softmax(logits / scale).
+
+    Pure and shape-stable, so torch.compile fuses it into a couple of passes over the logits.
+    """
+    scaled = logits.float() / scale  # [N, V]
+    token = (scaled - _log_noise(noise)).argmax(dim=-1)
+    return token, _logprob_of(scaled, token)
+
+
+def _log_noise(noise: torch.Tensor) -> torch.Tensor:
+    # The clamp keeps log(0) (a draw of exactly 0, probability 0 in theory) from making an -inf race.
+    return noise.clamp_min(torch.finfo(noise.dtype).tiny).log()
+
+
+def _logprob_of(scaled: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """[N] log softmax(scaled)[token] without materialising the [N, V] log-softmax."""
+    return scaled.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
 
 
 def filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -23,6 +23,7 @@ from relm.data.demo_task import write_demo_parquet
 from relm.data.loader import PromptLoader
 from relm.distributed.context import DistContext
 from relm.errors import UserError
+from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype
 from relm.models.tokenizer import load_tokenizer
 from relm.models.value_model import load_value_model
@@ -32,7 +33,14 @@ from relm.rewards.manager import RewardManager
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native_engine import NativeRolloutEngine
+from relm.trainer.memory import MemoryChoices, build_residency, choose_memory
+from relm.training.offload import Residency
 from relm.training.precision import Precision, pick_precision
+from relm.training.varlen_attention import (
+    VARLEN_ATTENTION,
+    register_varlen_attention,
+    varlen_kernel_available,
+)
 
 logger = logging.getLogger("relm")
 
@@ -74,6 +82,12 @@ class RunComponents:
     """Seeds mini-batch shuffles; its state is part of a checkpoint."""
     precision: Precision
     """Master and compute dtypes of actor, reference and critic."""
+    fused: FusedLayers
+    """Compiled norm/MLP/rotary pieces the training forwards run under (`actor.use_torch_compile`)."""
+    memory: MemoryChoices
+    """Gradient checkpointing and micro-batch token budgets, planned on a GPU (`relm.trainer.memory`)."""
+    residency: Residency
+    """Which models wait on the CPU outside their phases (none unless the plan parks them)."""
     dist: DistContext = field(default_factory=DistContext)
     """This process's place in a data-parallel run (the single-process context by default)."""
 
@@ -193,15 +207,15 @@ def build_components(
     )
     logger.info("loading the actor from %s (%s on %s)", model_dir, dtype, device)
     actor = load_causal_lm(model_dir, override_config=arr.model.override_config, **load_kwargs)
-    if arr.model.enable_gradient_checkpointing:
-        actor.gradient_checkpointing_enable()
+    if arr.model.use_remove_padding:
+        use_varlen_attention(actor, device)
     actor.eval()
     ref = None
     if needs_reference(cfg):
         # A frozen copy of the starting policy: identical weights without a second read from disk.
         ref = copy.deepcopy(actor).to(precision.compute).requires_grad_(False).eval()
     # Taken before sharding: the engine generates with whole weights (a copy when data-parallel).
-    rollout_model = generator_model(actor, arr.rollout, device, precision, separate=dist.is_distributed)
+    generator = generator_model(actor, arr.rollout, device, precision, separate=dist.is_distributed)
     if dist.is_distributed:
         from relm.distributed.fsdp import shard_model
 
@@ -230,8 +244,8 @@ def build_components(
             override_config=cfg.critic.model.override_config,
             **{**load_kwargs, "trust_remote_code": cfg.critic.model.trust_remote_code},
         )
-        if cfg.critic.model.enable_gradient_checkpointing:
-            critic.gradient_checkpointing_enable()
+        if cfg.critic.model.use_remove_padding:
+            use_varlen_attention(critic.backbone, device)
         critic.eval()
         if dist.is_distributed:
             from relm.distributed.fsdp import shard_model
@@ -248,10 +262,28 @@ def build_components(
             ),
         )
 
+    memory = choose_memory(
+        cfg,
+        actor,
+        critic,
+        has_generator_copy=generator is not actor,
+        device=device,
+        sharded=dist.is_distributed,
+    )
+    if memory.plan is not None:
+        logger.info("%s", memory.plan.describe())
+    if memory.actor_checkpointing:
+        actor.gradient_checkpointing_enable()
+    if critic is not None and memory.critic_checkpointing:
+        critic.gradient_checkpointing_enable()
+    residency = build_residency(
+        memory.plan, device, ref=ref, generator=generator if generator is not actor else None,
+        critic=critic, critic_optimizer=critic_optimizer,
+    )  # fmt: skip
     eos_ids = eos_token_ids_of(tokenizer, actor)
     engine = build_engine(
         arr.rollout,
-        rollout_model,
+        generator,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=eos_ids,
         device=device,
@@ -289,8 +321,24 @@ def build_components(
         sizes=sizes,
         generator=torch.Generator().manual_seed(cfg.seed),
         precision=precision,
+        fused=FusedLayers(actor, enabled=arr.actor.use_torch_compile and device.type == "cuda"),
+        memory=memory,
+        residency=residency,
         dist=dist,
     )
+
+
+def use_varlen_attention(model: nn.Module, device: torch.device) -> None:
+    """Packed forwards on a GPU cut attention at the rows' boundaries (flash varlen kernel) instead
+    of building a dense [S, S] mask; models whose attention is not sdpa (soft-capped ones run eager)
+    and CPU runs keep transformers' packed path."""
+    if device.type != "cuda" or not varlen_kernel_available():
+        return
+    if model.config._attn_implementation != "sdpa":
+        return
+    register_varlen_attention()
+    model.set_attn_implementation(VARLEN_ATTENTION)
+    logger.info("packed sequences attend through the flash variable-length kernel")
 
 
 def generator_model(

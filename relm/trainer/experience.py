@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from relm.data.records import PromptBatch, left_pad
+from relm.distributed.balance import same_group_count
+from relm.distributed.context import DistContext
 from relm.rollout.base import GenerationOutput
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs, response_values
+from relm.training.minibatch import forward_token_counts, microbatch_indices
+
+logger = logging.getLogger("relm")
 
 
 def build_experience(
@@ -49,10 +57,15 @@ def batched_logprobs(
     temperature: float,
     device: torch.device,
     remove_padding: bool = False,
+    max_tokens_per_forward: int | None = None,
+    dist: DistContext | None = None,
 ) -> torch.Tensor:
-    """[N, R] logprobs of the responses under `model`, in forward passes of `rows_per_forward` rows."""
-    chunks = []
-    for rows in torch.arange(len(batch)).split(rows_per_forward):
+    """[N, R] logprobs of the responses under `model`, in forward passes of `rows_per_forward` rows
+    (or of at most `max_tokens_per_forward` tokens). With `dist` (a sharded model, `batch` this rank's
+    rows) every rank makes as many passes, and an out-of-memory pass is not retried on one rank alone."""
+    out = torch.zeros(len(batch), batch.response_width)
+
+    def forward(rows: torch.Tensor) -> None:
         mb = batch.select(rows).to(device)
         logprobs, _ = response_logprobs(
             model,
@@ -63,8 +76,13 @@ def batched_logprobs(
             temperature=temperature,
             remove_padding=remove_padding,
         )
-        chunks.append(logprobs.float().cpu())
-    return torch.cat(chunks)
+        out[rows] = logprobs.float().cpu()
+
+    for rows in same_group_count(
+        _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding), dist
+    ):
+        run_halving_on_oom(rows, forward, "logprob forward", retry=dist is None or not dist.is_distributed)
+    return out
 
 
 @torch.no_grad()
@@ -75,10 +93,13 @@ def batched_values(
     rows_per_forward: int,
     device: torch.device,
     remove_padding: bool = False,
+    max_tokens_per_forward: int | None = None,
+    dist: DistContext | None = None,
 ) -> torch.Tensor:
-    """[N, R] critic values V(s_t) before each response token."""
-    chunks = []
-    for rows in torch.arange(len(batch)).split(rows_per_forward):
+    """[N, R] critic values V(s_t) before each response token (`dist` as in `batched_logprobs`)."""
+    out = torch.zeros(len(batch), batch.response_width)
+
+    def forward(rows: torch.Tensor) -> None:
         mb = batch.select(rows).to(device)
         values = response_values(
             value_model,
@@ -88,5 +109,46 @@ def batched_values(
             mb.response_width,
             remove_padding=remove_padding,
         )
-        chunks.append(values.float().cpu())
-    return torch.cat(chunks)
+        out[rows] = values.float().cpu()
+
+    for rows in same_group_count(
+        _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding), dist
+    ):
+        run_halving_on_oom(rows, forward, "value forward", retry=dist is None or not dist.is_distributed)
+    return out
+
+
+def run_halving_on_oom(
+    rows: torch.Tensor, forward: Callable[[torch.Tensor], None], what: str, retry: bool = True
+) -> None:
+    """`forward(rows)`, and on a GPU out-of-memory the same rows again as two halves (recursively).
+
+    The memory plan's budgets are estimates; a forward that does not fit is cheaper to split than a
+    run is to restart. Only a single row that does not fit is an error. `retry=False` (a sharded
+    model, whose passes are collectives every rank must make alike) raises at once.
+    """
+    try:
+        forward(rows)
+        return
+    except torch.OutOfMemoryError:
+        if len(rows) == 1 or not retry:
+            raise
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    half = len(rows) // 2
+    logger.warning(
+        "%s: out of GPU memory on %d rows; retrying as %d + %d", what, len(rows), half, len(rows) - half
+    )
+    run_halving_on_oom(rows[:half], forward, what)
+    run_halving_on_oom(rows[half:], forward, what)
+
+
+def _forward_groups(
+    batch: ExperienceBatch, rows_per_forward: int, max_tokens: int | None, remove_padding: bool
+) -> list[torch.Tensor]:
+    token_counts = forward_token_counts(batch.attention_mask, remove_padding)
+    return list(
+        microbatch_indices(
+            torch.arange(len(batch)), rows_per_forward, token_counts=token_counts, max_tokens=max_tokens
+        )
+    )

@@ -59,14 +59,15 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
     metrics: dict[str, float] = {}
     step_start = time.perf_counter()
 
-    with timed(metrics, "gen"):
+    with timed(metrics, "gen"), c.residency.phase("generate"):
         # Generation and scoring (and DAPO's resampling rounds) are one phase; scoring is cheap beside it.
         batch: ExperienceBatch = collect_experience(c, prompts, step, metrics)
         if c.cfg.actor_rollout_ref.rollout.free_cache_engine:
             c.engine.release_memory()
 
     # Forward and backward passes compute in bf16 on a GPU; weights and optimizer states stay fp32.
-    with c.precision.autocast():
+    # There the layers' norms, MLPs and rotary embeddings also run as compiled, fused kernels.
+    with c.precision.autocast(), c.fused.applied():
         annotate(c, batch, metrics)
         with timed(metrics, "adv"):
             estimate_advantages(c, batch, metrics)
@@ -96,8 +97,10 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
         temperature=arr.rollout.temperature or 1.0,
         device=c.device,
         remove_padding=arr.model.use_remove_padding,
+        max_tokens_per_forward=c.memory.actor_max_tokens,
+        dist=c.dist,
     )
-    with timed(metrics, "old_log_prob"):
+    with timed(metrics, "old_log_prob"), c.residency.phase("old_log_prob"):
         batch.old_logprobs = on_rank_rows(
             c.dist, batch, rows, lambda b: batched_logprobs(c.actor, b, **forward)
         )
@@ -107,17 +110,18 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
         metrics["rollout/logprob_diff_max"] = diff.max().item()
         metrics["rollout/logprob_diff_mean"] = diff.mean().item()
     if c.ref is not None:
-        with timed(metrics, "ref"):
+        with timed(metrics, "ref"), c.residency.phase("reference"):
             batch.ref_logprobs = on_rank_rows(
                 c.dist, batch, rows, lambda b: batched_logprobs(c.ref, b, **forward)
             )
     if c.critic is not None:
-        with timed(metrics, "values"):
+        with timed(metrics, "values"), c.residency.phase("values"):
             batch.values = on_rank_rows(
                 c.dist, batch, rows,
                 lambda b: batched_values(
                     c.critic, b, rows_per_forward=forward["rows_per_forward"], device=c.device,
                     remove_padding=c.cfg.critic.model.use_remove_padding,
+                    max_tokens_per_forward=c.memory.critic_max_tokens, dist=c.dist,
                 ),
             )  # fmt: skip
 
@@ -161,28 +165,30 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
     skipped = 0
     mine, ranks = local_rows(batch, rank_rows(c, batch)), c.dist.world_size
     if c.critic is not None:
-        with timed(metrics, "update_critic"):
+        with timed(metrics, "update_critic"), c.residency.phase("update_critic"):
             result = update_critic(
                 c.critic, c.critic_optimizer, c.critic_scheduler, mine, cfg.critic,
                 rows_per_minibatch=c.sizes.critic_rows_per_minibatch // ranks,
                 rows_per_microbatch=c.sizes.critic_rows_per_microbatch,
                 num_epochs=c.sizes.critic_epochs, device=c.device, generator=c.generator,
-                remove_padding=cfg.critic.model.use_remove_padding, dist=c.dist,
+                remove_padding=cfg.critic.model.use_remove_padding,
+                max_tokens_per_microbatch=c.memory.critic_max_tokens, dist=c.dist,
             )  # fmt: skip
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
     if step > cfg.trainer.critic_warmup:
-        with timed(metrics, "update_actor"):
+        with timed(metrics, "update_actor"), c.residency.phase("update_actor"):
             result = update_actor(
                 c.actor, c.actor_optimizer, c.actor_scheduler, mine, arr.actor,
                 rows_per_minibatch=c.sizes.actor_rows_per_minibatch // ranks,
                 rows_per_microbatch=c.sizes.actor_rows_per_microbatch,
                 temperature=arr.rollout.temperature or 1.0, device=c.device, generator=c.generator,
-                remove_padding=arr.model.use_remove_padding, dist=c.dist,
+                remove_padding=arr.model.use_remove_padding,
+                max_tokens_per_microbatch=c.memory.actor_max_tokens, dist=c.dist,
             )  # fmt: skip
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
-        with timed(metrics, "sync"):
+        with timed(metrics, "sync"), c.residency.phase("sync"):
             c.engine.sync_weights(c.actor.named_parameters())
     return skipped
 
@@ -241,9 +247,10 @@ def train(c: RunComponents) -> None:
     num_responses = c.cfg.data.train_batch_size * c.cfg.actor_rollout_ref.rollout.n
 
     def validate() -> dict[str, float]:
-        return run_validation(
-            c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size
-        )
+        with c.residency.phase("generate"):
+            return run_validation(
+                c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size
+            )
 
     def save(step: int) -> None:
         save_checkpoint(c, step, loop_state={"skip_guard": guard.state_dict()})

@@ -10,10 +10,16 @@ from torch import nn
 from relm.algorithms.kl import kl_estimate
 from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
 from relm.config.schema import ActorConfig
+from relm.distributed.balance import same_group_count
 from relm.distributed.context import DistContext
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs
-from relm.training.minibatch import MinibatchMetrics, microbatch_indices, minibatch_indices
+from relm.training.minibatch import (
+    MinibatchMetrics,
+    forward_token_counts,
+    microbatch_indices,
+    minibatch_indices,
+)
 from relm.training.optim import clip_and_step
 
 
@@ -38,12 +44,14 @@ def update_actor(
     device: torch.device,
     generator: torch.Generator | None = None,
     remove_padding: bool = False,
+    max_tokens_per_microbatch: int | None = None,
     dist: DistContext | None = None,
 ) -> UpdateResult:
     """`cfg.ppo_epochs` passes of policy-loss updates (plus entropy bonus and optional KL loss).
 
     Every micro-batch loss is normalised by its mini-batch's token/response counts (`AggScale`), so
-    the accumulated gradient equals the mini-batch gradient whatever the micro-batch size. With
+    the accumulated gradient equals the mini-batch gradient whatever the micro-batch size, including
+    micro-batches formed by token budget (`max_tokens_per_microbatch`, verl's `use_dynamic_bsz`). With
     `dist` (data parallel, `batch` holding this rank's rows) the counts are those of the global
     mini-batch, so the ranks' summed gradients equal one process's over the whole batch.
     """
@@ -53,15 +61,22 @@ def update_actor(
     model.train()
     stats = MinibatchMetrics("actor")
     skipped = 0
+    token_counts = forward_token_counts(batch.attention_mask, remove_padding)
     for _ in range(cfg.ppo_epochs):
         for mini in minibatch_indices(
             len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
         ):
             scale = AggScale.of(batch.response_mask[mini])
+            micros = list(
+                microbatch_indices(
+                    mini, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens_per_microbatch
+                )
+            )
             if dist is not None and dist.is_distributed:
                 # Normalise by the whole global mini-batch: each rank's loss is its share of the global one.
                 scale = AggScale(*dist.sum_floats([scale.num_tokens, scale.num_seqs]))
-            for micro in microbatch_indices(mini, rows_per_microbatch):
+                micros = same_group_count(micros, dist)  # every FSDP pass is a collective
+            for micro in micros:
                 mb = batch.select(micro).to(device)
                 logprobs, entropy = response_logprobs(
                     model,

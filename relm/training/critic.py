@@ -8,11 +8,17 @@ from torch import nn
 from relm.algorithms.losses import AggScale, compute_value_loss
 from relm.algorithms.masked import masked_mean
 from relm.config.schema import CriticConfig
+from relm.distributed.balance import same_group_count
 from relm.distributed.context import DistContext
 from relm.training.actor import UpdateResult
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_values
-from relm.training.minibatch import MinibatchMetrics, microbatch_indices, minibatch_indices
+from relm.training.minibatch import (
+    MinibatchMetrics,
+    forward_token_counts,
+    microbatch_indices,
+    minibatch_indices,
+)
 from relm.training.optim import clip_and_step
 
 
@@ -29,6 +35,7 @@ def update_critic(
     device: torch.device,
     generator: torch.Generator | None = None,
     remove_padding: bool = False,
+    max_tokens_per_microbatch: int | None = None,
     dist: DistContext | None = None,
 ) -> UpdateResult:
     """Clipped value-loss regression of V(s_t) onto the returns, `num_epochs` passes.
@@ -40,16 +47,23 @@ def update_critic(
     value_model.train()
     stats = MinibatchMetrics("critic")
     skipped = 0
+    token_counts = forward_token_counts(batch.attention_mask, remove_padding)
     agg_mode = cfg.loss_agg_mode or "token-mean"
     for _ in range(num_epochs):
         for mini in minibatch_indices(
             len(batch), rows_per_minibatch, shuffle=bool(cfg.shuffle), generator=generator
         ):
             scale = AggScale.of(batch.response_mask[mini])
+            micros = list(
+                microbatch_indices(
+                    mini, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens_per_microbatch
+                )
+            )
             if dist is not None and dist.is_distributed:
                 # Normalise by the whole global mini-batch: each rank's loss is its share of the global one.
                 scale = AggScale(*dist.sum_floats([scale.num_tokens, scale.num_seqs]))
-            for micro in microbatch_indices(mini, rows_per_microbatch):
+                micros = same_group_count(micros, dist)  # every FSDP pass is a collective
+            for micro in micros:
                 mb = batch.select(micro).to(device)
                 values = response_values(
                     value_model,

@@ -22,9 +22,57 @@ def minibatch_indices(
     return list(order.split(rows_per_minibatch))
 
 
-def microbatch_indices(minibatch: torch.Tensor, rows_per_microbatch: int) -> Iterator[torch.Tensor]:
-    """Split one mini-batch's rows into micro-batches for gradient accumulation."""
-    yield from minibatch.split(max(1, rows_per_microbatch))
+def microbatch_indices(
+    minibatch: torch.Tensor,
+    rows_per_microbatch: int,
+    *,
+    token_counts: torch.Tensor | None = None,
+    max_tokens: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Split one mini-batch's rows into micro-batches for gradient accumulation (or forward passes).
+
+    By rows (`rows_per_microbatch` each), or, with `max_tokens` (verl's `use_dynamic_bsz` with
+    `ppo_max_token_len_per_gpu`), into as few micro-batches as first-fit-decreasing packing finds whose
+    tokens stay within the budget: RL responses vary in length, so a fixed row count either wastes
+    memory on short batches or runs out of it on long ones. A row longer than the budget goes alone.
+    The loss is normalised per mini-batch (`AggScale`), so how rows are grouped does not change the
+    gradient beyond float rounding.
+
+    Args:
+        minibatch: [M] row indices into the step's batch.
+        token_counts: [num_rows of the step] tokens each row costs in a forward (indexed by row id).
+    """
+    if max_tokens is None:
+        yield from minibatch.split(max(1, rows_per_microbatch))
+        return
+    if token_counts is None:
+        raise ValueError("a token budget needs the rows' token counts")
+    yield from token_budget_bins(minibatch, token_counts[minibatch], max_tokens)
+
+
+def token_budget_bins(rows: torch.Tensor, costs: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
+    """First-fit decreasing: rows [M] with costs [M] into bins of at most `max_tokens` (rows ascending
+    within a bin, bins in order of their first row so runs are deterministic)."""
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for position in torch.argsort(costs, descending=True, stable=True).tolist():
+        cost = int(costs[position])
+        target = next((i for i, load in enumerate(loads) if load + cost <= max_tokens), None)
+        if target is None:
+            bins.append([position])
+            loads.append(cost)
+        else:
+            bins[target].append(position)
+            loads[target] += cost
+    ordered = sorted(sorted(members) for members in bins)
+    return [rows[torch.tensor(members, dtype=torch.long)] for members in ordered]
+
+
+def forward_token_counts(attention_mask: torch.Tensor, remove_padding: bool) -> torch.Tensor:
+    """[N] tokens each row costs in a forward: its real tokens when packed, the padded width otherwise."""
+    if remove_padding:
+        return attention_mask.sum(dim=-1)
+    return torch.full((attention_mask.shape[0],), attention_mask.shape[1], dtype=torch.long)
 
 
 class MinibatchMetrics:

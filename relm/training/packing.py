@@ -7,6 +7,9 @@ its response are contiguous in the `[prompt | response]` layout) into a single s
 transformers 5 reads the restarts from the position ids and builds a block-diagonal causal mask
 (`masking_utils.find_packed_sequence_indices`) for every attention implementation, so sequences do
 not attend to each other and the result equals the padded forward (tested per architecture).
+That mask is dense ([S, S]); models switched to `relm.training.varlen_attention` instead read the
+rows' boundaries from `cu_seq_lens_q` / `max_length_q`, which every packed forward here passes (other
+attention implementations ignore them).
 """
 
 from __future__ import annotations
@@ -32,6 +35,19 @@ class PackedLayout:
     """[K] the response tokens themselves."""
     scatter_index: torch.Tensor
     """[K] flat index (row * R + t) of each response token in the [N, R] output."""
+    cu_seq_lens: torch.Tensor
+    """[N + 1] int32 packed offset of each row's first token, then the total length S."""
+    max_length: int
+    """Tokens in the longest row."""
+
+    def attention_kwargs(self) -> dict[str, torch.Tensor | int]:
+        """The boundaries in the names transformers' attention functions receive them under."""
+        return {
+            "cu_seq_lens_q": self.cu_seq_lens,
+            "cu_seq_lens_k": self.cu_seq_lens,
+            "max_length_q": self.max_length,
+            "max_length_k": self.max_length,
+        }
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int) -> PackedLayout:
@@ -52,6 +68,8 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: 
         predict_index=starts[rows] + token_pos - 1,
         targets=input_ids[rows, response_cols[cols]],
         scatter_index=rows * response_width + cols,
+        cu_seq_lens=torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32),
+        max_length=int(lengths.max()),
     )
 
 
@@ -86,6 +104,7 @@ def packed_response_logprobs(
         attention_mask=None,
         use_cache=False,
         logits_to_keep=layout.predict_index,
+        **layout.attention_kwargs(),
     ).logits  # [1, K, V]
     scale = temperature if temperature > 0 else 1.0
     chunk = positions_per_chunk or max(1, _DEFAULT_CHUNK_VALUES // logits.shape[-1])
@@ -111,6 +130,9 @@ def packed_response_values(
     """`response_values` on the packed sequence: [N, R] fp32, zeros at padding."""
     layout = pack(input_ids, attention_mask, response_width)
     values = value_model(
-        input_ids=layout.input_ids, attention_mask=None, position_ids=layout.position_ids
+        input_ids=layout.input_ids,
+        attention_mask=None,
+        position_ids=layout.position_ids,
+        **layout.attention_kwargs(),
     )  # [1, S]
     return _unpack(values[0, layout.predict_index], layout, input_ids.shape[0], response_width)

@@ -10,7 +10,7 @@ import torch
 
 from relm.config.loader import load_config
 from relm.config.validate import validate_config
-from relm.distributed.balance import partition_rows
+from relm.distributed.balance import partition_rows, split_to_count
 from relm.distributed.context import DistContext, init_distributed
 from relm.distributed.launcher import needs_torchrun, torchrun_command
 from relm.distributed.rollout import DataParallelEngine, share_bounds
@@ -39,6 +39,16 @@ def test_each_chunk_is_split_on_its_own_so_mini_batches_keep_their_rows():
 def test_rows_that_cannot_be_split_evenly_are_refused():
     with pytest.raises(ValueError, match="cannot be split evenly over 4 ranks"):
         partition_rows(torch.ones(6), world_size=4, chunk_rows=6, balance=True)
+
+
+def test_a_rank_with_fewer_token_budget_micro_batches_halves_its_largest_until_it_has_as_many():
+    groups = [torch.tensor([0, 1, 2]), torch.tensor([3]), torch.tensor([4, 5])]
+    # 3 groups -> 4: [0, 1, 2] splits into [0] and [1, 2]; -> 5: the first largest, [1, 2], splits.
+    split = split_to_count(groups, 5)
+    assert [g.tolist() for g in split] == [[0], [1], [2], [3], [4, 5]]
+    assert [g.tolist() for g in split_to_count(groups, 3)] == [[0, 1, 2], [3], [4, 5]]
+    with pytest.raises(ValueError, match="6 rows cannot make 7 groups"):
+        split_to_count(groups, 7)
 
 
 def test_prompt_shares_are_contiguous_and_differ_by_at_most_one():

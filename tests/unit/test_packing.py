@@ -10,6 +10,7 @@ from relm.models.value_model import ValueModel
 from relm.models.zoo import ZOO
 from relm.training.forward import response_logprobs, response_values
 from relm.training.packing import pack
+from relm.training.varlen_attention import VARLEN_ATTENTION, register_varlen_attention
 
 TINY = sorted(name for name in ZOO if name.startswith("tiny/") and name != "tiny/starling")
 # tiny/starling is tiny/mistral under an unregistered architecture name; the registry test covers it.
@@ -38,6 +39,7 @@ def test_pack_layout_by_hand():
     assert layout.predict_index.tolist() == [1, 3, 4]
     assert layout.targets.tolist() == [9, 6, 4]
     assert layout.scatter_index.tolist() == [0, 2, 3]  # row * R + t
+    assert layout.cu_seq_lens.tolist() == [0, 3, 6] and layout.max_length == 3
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -55,9 +57,23 @@ def test_packed_logprobs_entropy_and_values_equal_padded(name: str):
         torch.nn.init.normal_(critic.value_head.weight, std=0.5)
         values_padded = response_values(critic, ids, mask, positions, r)
         values_packed = response_values(critic, ids, mask, positions, r, remove_padding=True)
-    for a, b in ((padded[0], packed[0]), (padded[1], packed[1]), (values_padded, values_packed)):
+        # the same packed forward with attention cut at the rows' boundaries instead of a dense mask
+        register_varlen_attention()
+        model.set_attn_implementation(VARLEN_ATTENTION)
+        varlen = response_logprobs(
+            model, ids, mask, positions, r, temperature=0.7, compute_entropy=True, remove_padding=True
+        )
+        values_varlen = response_values(critic, ids, mask, positions, r, remove_padding=True)
+        # and a padded forward through that implementation falls back to the mask
+        padded_varlen = response_logprobs(model, ids, mask, positions, r, temperature=0.7)
+    pairs = [(padded[0], packed[0]), (padded[1], packed[1]), (values_padded, values_packed)]
+    pairs += [(padded[0], varlen[0]), (padded[1], varlen[1]), (values_padded, values_varlen)]
+    for a, b in pairs:
         torch.testing.assert_close(b[response_mask], a[response_mask], rtol=1e-4, atol=1e-5)
         assert (b[~response_mask] == 0).all()
+    torch.testing.assert_close(
+        padded_varlen[0][response_mask], padded[0][response_mask], rtol=1e-4, atol=1e-5
+    )
 
 
 def test_packed_gradients_equal_padded():
@@ -66,9 +82,12 @@ def test_packed_gradients_equal_padded():
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     response_mask = mask[:, -r:].float()
     grads = []
-    for remove_padding in (False, True):
+    register_varlen_attention()
+    for remove_padding, attention in ((False, "sdpa"), (True, "sdpa"), (True, VARLEN_ATTENTION)):
+        model.set_attn_implementation(attention)
         model.zero_grad()
         logprobs, _ = response_logprobs(model, ids, mask, positions, r, remove_padding=remove_padding)
         (logprobs * response_mask).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(grads[2], grads[0], rtol=1e-4, atol=1e-6)

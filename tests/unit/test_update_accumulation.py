@@ -52,7 +52,7 @@ def sgd(model: torch.nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_s
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 
 
-def actor_step(micro: int, mode: str) -> dict[str, torch.Tensor]:
+def actor_step(micro: int, mode: str, max_tokens: int | None = None) -> dict[str, torch.Tensor]:
     model = tiny_lm()
     cfg = ActorConfig(
         loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.28, entropy_coeff=0.01,
@@ -61,6 +61,7 @@ def actor_step(micro: int, mode: str) -> dict[str, torch.Tensor]:
     update_actor(
         model, *sgd(model), batch_with_uneven_lengths(), cfg,
         rows_per_minibatch=4, rows_per_microbatch=micro, temperature=1.0, device=torch.device("cpu"),
+        remove_padding=max_tokens is not None, max_tokens_per_microbatch=max_tokens,
     )  # fmt: skip
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -73,6 +74,19 @@ def test_actor_step_is_the_same_for_1_2_and_4_micro_batches(mode: str):
         for name, value in whole.items():
             torch.testing.assert_close(split[name], value, rtol=1e-5, atol=1e-6, msg=f"{name} micro={micro}")
     assert any(not torch.equal(whole[k], v) for k, v in tiny_lm().state_dict().items())  # it did move
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_actor_step_is_the_same_with_token_budget_micro_batches(mode: str):
+    # rows cost 4, 7, 5 and 6 real tokens (3 prompt + 1, 4, 2, 3 response); budgets of 7, 11 and 100
+    # make 4, 2 and 1 micro-batches of different sizes, and the step must not change
+    whole = actor_step(4, mode)
+    for budget in (7, 11, 100):
+        split = actor_step(4, mode, max_tokens=budget)
+        for name, value in whole.items():
+            torch.testing.assert_close(
+                split[name], value, rtol=1e-5, atol=1e-6, msg=f"{name} budget={budget}"
+            )
 
 
 def critic_step(micro: int) -> dict[str, torch.Tensor]:

@@ -1,0 +1,151 @@
+"""`relm bench update`: the actor update alone, on packed sequences of mixed lengths, and its MFU.
+
+A full step (`relm bench step`) mixes generation, scoring and three kinds of forward passes; this
+isolates the part the training-side kernels decide: `update_actor` (the trainer's own function) over
+one batch of responses whose lengths are spread uniformly between a quarter of and the full response
+length, as RL batches are. The model is the run's training model: fp32 master weights with bf16
+autocast on a GPU, AdamW, the packed forward through the flash varlen kernel, fused norm/MLP/rotary
+pieces, micro-batches by token budget. MFU is counted as the trainer counts `perf/mfu/actor`
+(`relm.trainer.flops`): 6 x matmul params x tokens plus the attention term, over the update's wall
+time (optimizer steps included) and the GPU's dense bf16 peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from relm.errors import UserError, run_guarded
+from relm.logs import setup_logging
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="relm bench update", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="zoo:tiny/qwen2", help="model path, Hub id or zoo:NAME")
+    parser.add_argument("--rows", type=int, default=64, help="responses in the batch (one mini-batch)")
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument(
+        "--response-len", type=int, default=1024, help="longest response; shortest is a quarter"
+    )
+    parser.add_argument("--max-tokens", type=int, default=16384, help="ppo_max_token_len_per_gpu")
+    parser.add_argument("--repeats", type=int, default=3, help="measured updates (after one warm-up)")
+    parser.add_argument("--no-compile", action="store_true", help="actor.use_torch_compile=false")
+    parser.add_argument(
+        "--padded", action="store_true", help="use_remove_padding=false (rows x padded width)"
+    )
+    parser.add_argument("--grad-checkpointing", action="store_true")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--json", type=Path, default=None)
+    return parser.parse_args(argv)
+
+
+def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
+    """Random tokens with response lengths uniform in [response_len / 4, response_len]."""
+    from relm.training.batch import ExperienceBatch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(max(1, response_len // 4), response_len + 1, (rows,), generator=g)
+    response_mask = (torch.arange(response_len)[None, :] < lengths[:, None]).long()
+    return ExperienceBatch(
+        prompt_ids=torch.randint(0, vocab, (rows, prompt_len), generator=g),
+        prompt_mask=torch.ones(rows, prompt_len, dtype=torch.long),
+        response_ids=torch.randint(0, vocab, (rows, response_len), generator=g) * response_mask,
+        response_mask=response_mask,
+        group_ids=torch.arange(rows),
+        data_sources=["bench"] * rows,
+        ground_truths=[None] * rows,
+        extra_infos=[{}] * rows,
+        finish_reasons=["length"] * rows,
+        old_logprobs=-torch.rand(rows, response_len, generator=g),
+        advantages=torch.randn(rows, response_len, generator=g),
+    )
+
+
+def bench_update(argv: list[str]) -> int:
+    args = parse_args(argv)
+    from relm.config.schema import ActorConfig
+    from relm.models.fused_layers import FusedLayers
+    from relm.models.loading import load_causal_lm, resolve_model_dir
+    from relm.trainer.components import pick_device, use_varlen_attention
+    from relm.trainer.flops import peak_flops, training_flops
+    from relm.training.actor import update_actor
+    from relm.training.optim import build_optimizer
+    from relm.training.precision import pick_precision
+
+    if args.rows < 1 or args.response_len < 4 or args.prompt_len < 1:
+        raise UserError("--rows, --prompt-len must be >= 1 and --response-len >= 4")
+    device = pick_device(args.device, "--device")
+    precision = pick_precision("auto", device)
+    model = load_causal_lm(resolve_model_dir(args.model), dtype=precision.master, device=device)
+    if not args.padded:
+        use_varlen_attention(model, device)
+    if args.grad_checkpointing:
+        model.gradient_checkpointing_enable()
+    cfg = ActorConfig(
+        ppo_mini_batch_size=args.rows, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=args.max_tokens,
+        clip_ratio_low=0.2, clip_ratio_high=0.2,
+    )  # fmt: skip
+    optimizer, scheduler = build_optimizer(model, cfg.optim, 10 * (args.repeats + 1))
+    fused = FusedLayers(model, enabled=not args.no_compile and device.type == "cuda")
+    batch = synthetic_batch(
+        args.rows, args.prompt_len, args.response_len, model.config.get_text_config().vocab_size
+    )
+    seq_lens = batch.attention_mask.sum(-1).tolist()
+    times = []
+    for repeat in range(args.repeats + 1):
+        _sync(device)
+        start = time.perf_counter()
+        with precision.autocast(), fused.applied():
+            update_actor(
+                model, optimizer, scheduler, batch, cfg,
+                rows_per_minibatch=args.rows, rows_per_microbatch=args.rows, temperature=1.0, device=device,
+                remove_padding=not args.padded, max_tokens_per_microbatch=args.max_tokens,
+            )  # fmt: skip
+        _sync(device)
+        if repeat:
+            times.append(time.perf_counter() - start)
+    seconds = min(times)
+    peak = peak_flops(device)
+    result = {
+        "model": args.model,
+        "rows": args.rows,
+        "tokens": int(sum(seq_lens)),
+        "update_s": seconds,
+        "tokens_per_s": sum(seq_lens) / seconds,
+        "mfu": training_flops(model, seq_lens) / seconds / peak if peak else None,
+        "peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
+        "packed": not args.padded,
+        "compiled": fused.active,
+        "grad_checkpointing": args.grad_checkpointing,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
+    mfu = f"{result['mfu']:.1%}" if result["mfu"] is not None else "n/a (no known peak)"
+    print(
+        f"relm bench update: {args.model}, {args.rows} responses, {result['tokens']} tokens "
+        f"({args.prompt_len} prompt + {args.response_len // 4}..{args.response_len} response): "
+        f"{seconds:.3f} s, {result['tokens_per_s']:,.0f} tokens/s, MFU {mfu}"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    return run_guarded(lambda: bench_update(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
