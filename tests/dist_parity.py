@@ -301,14 +301,16 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     dist = init_distributed(pick_device(args.device), expected_world_size=world_size)
+    finished = False
     try:
         for algo in args.algos.split(","):
             if args.command == "run":
                 run_algo(args, algo, dist)
             else:
                 load_algo(args, algo, dist, args.load_from)
+        finished = True
     finally:
-        dist.close()
+        dist.close(finished=finished)
     return 0
 
 

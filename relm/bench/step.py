@@ -176,6 +176,7 @@ def bench_step(argv: list[str]) -> int:
     tokenizer = load_tokenizer(resolve_model_dir(args.model))
     dist = init_distributed(pick_device(args.device, "--device"), expected_world_size=args.world_size)
     results: dict[str, dict[str, float]] = {}
+    finished = False
     try:
         with tempfile.TemporaryDirectory(prefix="relm-bench-") as tmp:  # one per rank, same prompts
             train_file = Path(tmp) / "prompts.parquet"
@@ -185,8 +186,9 @@ def bench_step(argv: list[str]) -> int:
             if args.peer:
                 checkpointing = bool(results["grpo"]["memory/gradient_checkpointing"])
                 results["trl"] = run_peer(args, train_file, Path(tmp) / "trl", checkpointing)
+        finished = True
     finally:
-        dist.close()
+        dist.close(finished=finished)
     if not dist.is_main:
         return 0
     print_table(args, results)

@@ -92,12 +92,24 @@ class DistContext:
         dist.all_reduce(tensor, op=reduce_op, group=self.mesh.get_group())
         return tensor.cpu().tolist()
 
-    def close(self) -> None:
-        """Tear the process group down (the end of a distributed run)."""
+    def close(self, *, finished: bool = True) -> None:
+        """Tear the process group down at the end of a run; the run's models must be dropped by then.
+
+        Sharded models hold collective handles of the process group; freed after it (at interpreter
+        exit) they abort the process now and then ("terminate called without an active exception",
+        seen with gloo in 1 of 3 runs), so the garbage they form (FSDP's hooks make cycles) is
+        collected first. After a run that `finished`, every rank then waits for the others; after a
+        failure there is no waiting (the other ranks may be gone).
+        """
         if self.is_distributed:
+            import gc
+
             import torch.distributed as dist
 
             if dist.is_initialized():
+                gc.collect()
+                if finished:
+                    dist.barrier(group=self.mesh.get_group())
                 dist.destroy_process_group()
 
 

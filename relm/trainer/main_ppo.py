@@ -43,6 +43,7 @@ def train_command(argv: list[str]) -> int:
     if needs_torchrun(cfg) and not in_torchrun():
         return launch(cfg, argv, device)
     dist = init_distributed(device, expected_world_size=world_size_of(cfg))
+    finished = False
     try:
         if dist.is_main:
             print(CONFIG_OK_MESSAGE, flush=True)
@@ -51,8 +52,9 @@ def train_command(argv: list[str]) -> int:
         from relm.trainer.ppo import train
 
         train(build_components(cfg, model_dir, compute_score=compute_score, dist=dist))
+        finished = True
     finally:
-        dist.close()
+        dist.close(finished=finished)
     return 0
 
 
