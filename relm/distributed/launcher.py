@@ -43,12 +43,25 @@ def world_size_of(cfg: RelmConfig) -> int:
     return cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
 
 
-def needs_torchrun(cfg: RelmConfig) -> bool:
-    """More than one process, or FSDP2's CPU offload (which needs a process group even on one GPU)."""
-    offload = (
+def offloads(cfg: RelmConfig) -> bool:
+    """FSDP2's CPU offload asked for the actor (and reference) or the critic."""
+    return (
         cfg.actor_rollout_ref.actor.fsdp_config.offload_policy or cfg.critic.model.fsdp_config.offload_policy
     )
-    return world_size_of(cfg) > 1 or offload
+
+
+def needs_torchrun(cfg: RelmConfig, device: torch.device) -> bool:
+    """More than one process, or FSDP2's CPU offload (which needs a process group even on one GPU).
+
+    Raises:
+        UserError: offload asked for a run that computes on the CPU already.
+    """
+    if offloads(cfg) and device.type != "cuda":
+        raise UserError(
+            "`fsdp_config.offload_policy=true` moves a GPU run's shards to the CPU; this run computes on "
+            f"{device.type}: set it to false"
+        )
+    return world_size_of(cfg) > 1 or offloads(cfg)
 
 
 def torchrun_command(

@@ -40,7 +40,7 @@ def train_command(argv: list[str]) -> int:
     compute_score = resolve_compute_score(reward.path, reward.name)
     check_logger_packages(cfg.trainer.logger)
     device = pick_device(cfg.trainer.device)  # `cuda` on a machine without one fails here, not after loading
-    if needs_torchrun(cfg) and not in_torchrun():
+    if needs_torchrun(cfg, device) and not in_torchrun():
         return launch(cfg, argv, device)
     dist = init_distributed(device, expected_world_size=world_size_of(cfg))
     finished = False

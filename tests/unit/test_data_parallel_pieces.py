@@ -88,9 +88,12 @@ def test_torchrun_command_for_one_node_and_for_several():
 
 
 def test_torchrun_is_needed_for_several_processes_or_offload():
-    assert not needs_torchrun(load_config([]))
-    assert needs_torchrun(load_config(["trainer.n_gpus_per_node=2"]))
-    assert needs_torchrun(load_config(["actor_rollout_ref.actor.fsdp_config.offload_policy=true"]))
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not needs_torchrun(load_config([]), cpu)
+    assert needs_torchrun(load_config(["trainer.n_gpus_per_node=2"]), cpu)
+    assert needs_torchrun(load_config(["actor_rollout_ref.actor.fsdp_config.offload_policy=true"]), cuda)
+    with pytest.raises(UserError, match=r"^`fsdp_config.offload_policy=true` moves a GPU run's shards"):
+        needs_torchrun(load_config(["critic.model.fsdp_config.offload_policy=true"]), cpu)
 
 
 def test_outside_torchrun_the_context_is_the_single_process_one(monkeypatch: pytest.MonkeyPatch):
