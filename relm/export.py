@@ -8,6 +8,9 @@ exactly as trained (same tensors, same dtype, hence the same logits).
 With `--critic`, OUT_DIR gets two folders: `actor/` and `critic/` (the critic's transformer backbone,
 loadable with `AutoModel`, plus `value_head.safetensors`: a Linear(hidden, 1) applied to its last hidden
 state; relm's `load_value_model` reads both).
+
+A checkpoint of a data-parallel run holds sharded DCP saves instead of safetensors (see
+`relm.distributed.checkpoint`); the export gathers them into the same plain HF folders, in one process.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from relm.distributed.checkpoint import SCHEDULER_FILE, export_sharded, is_sharded
 from relm.errors import UserError, run_guarded
 from relm.trainer.checkpoint import LATEST_FILE, OPTIMIZER_FILE, STATE_FILE, find_resume_checkpoint
 from relm.trainer.durable import fsync_dir, fsync_tree
@@ -48,7 +52,7 @@ def _weights(folder: Path) -> list[Path]:
 
 def _require_model(checkpoint: Path, name: str) -> Path:
     folder = checkpoint / name
-    if not (folder / "config.json").is_file() or not _weights(folder):
+    if not (folder / "config.json").is_file() or not (_weights(folder) or is_sharded(folder)):
         raise UserError(
             f"checkpoint `{checkpoint}` has no complete {name} (config.json and *.safetensors); "
             f"it may have been removed by trainer.max_{name}_ckpt_to_keep: export a newer step"
@@ -59,7 +63,7 @@ def _require_model(checkpoint: Path, name: str) -> Path:
 def _copy_files(source: Path, dest: Path, keep: Callable[[Path], bool]) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for file in sorted(source.iterdir()):
-        if file.is_file() and file.name != OPTIMIZER_FILE and keep(file):
+        if file.is_file() and file.name not in (OPTIMIZER_FILE, SCHEDULER_FILE) and keep(file):
             shutil.copy2(file, dest / file.name)
 
 
@@ -97,11 +101,16 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, *, critic: bool = False) 
     staging = out_dir.parent / f".{out_dir.name}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     actor_dest = staging / "actor" if critic else staging
+    if is_sharded(actor):
+        export_sharded(actor, actor_dest, value_model=False)
     _copy_files(actor, actor_dest, keep=lambda _: True)
     _write_generation_config(actor_dest)
     written = [out_dir / "actor" if critic else out_dir]
     if critic_src is not None:
-        _copy_files(critic_src, staging / "critic", keep=lambda _: True)
+        if is_sharded(critic_src):
+            export_sharded(critic_src, staging / "critic", value_model=True)
+        else:
+            _copy_files(critic_src, staging / "critic", keep=lambda _: True)
         # The critic reads the same token ids as the actor: ship the tokenizer with it.
         _copy_files(actor, staging / "critic", keep=_is_tokenizer_file)
         written.append(out_dir / "critic")

@@ -4,12 +4,17 @@ Every step runs the real trainer (`relm.trainer.ppo.ppo_step`) on prompts of exa
 tokens with eos ignored, so each response is `--response-len` tokens and runs are comparable across
 engines, machines and versions. The first step is a warm-up and is not counted. `--peer trl` then
 times TRL's GRPOTrainer on the same GRPO steps (`relm.bench.peer_trl`) and prints the ratio.
+
+Under torchrun (`python -m torch.distributed.run --nproc_per_node N -m relm.cli bench step ...`) it
+runs data-parallel over the N processes with the same global batch (`--prompts` x `--rollout-n`), so
+the step times of 1 and N GPUs compare directly; rank 0 prints and writes the results.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -19,6 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from relm.distributed.context import DistContext
 from relm.errors import UserError, run_guarded
 from relm.logs import setup_logging
 
@@ -47,7 +53,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", default="zoo:tiny/qwen2", help="model path, Hub id or zoo:NAME")
     parser.add_argument("--algo", default="grpo,ppo", help="comma-separated: grpo, ppo")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step (data.train_batch_size)")
-    parser.add_argument("--n", type=int, default=4, help="responses per prompt (rollout.n)")
+    parser.add_argument(
+        "--n",
+        "--rollout-n",
+        dest="n",
+        type=int,
+        default=4,
+        help="responses per prompt (rollout.n); under torchrun write --rollout-n, which its parser leaves alone",
+    )
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--response-len", type=int, default=32)
     parser.add_argument("--steps", type=int, default=2, help="measured steps (after one warm-up step)")
@@ -104,6 +117,7 @@ def bench_config(args: argparse.Namespace, algo: str, train_file: Path, run_dir:
         f"trainer.device={args.device}",
         f"trainer.default_local_dir={run_dir}",
         "trainer.logger=[]",
+        f"trainer.n_gpus_per_node={getattr(args, 'world_size', 1)}",
         *ALGOS[algo],
         *args.overrides,
     ]
@@ -112,21 +126,24 @@ def bench_config(args: argparse.Namespace, algo: str, train_file: Path, run_dir:
     return cfg
 
 
-def run_algo(args: argparse.Namespace, algo: str, train_file: Path, run_dir: Path) -> dict[str, float]:
+def run_algo(
+    args: argparse.Namespace, algo: str, train_file: Path, run_dir: Path, dist: DistContext | None = None
+) -> dict[str, float]:
     """Warm-up step, then `args.steps` measured steps; returns each reported metric's mean."""
     from relm.models.loading import resolve_model_dir
     from relm.trainer.components import build_components
     from relm.trainer.ppo import ppo_step
 
     cfg = bench_config(args, algo, train_file, run_dir)
-    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path), dist=dist)
     measured: list[dict[str, float]] = []
     for step in range(1, args.steps + 2):
         metrics = ppo_step(c, c.loader.next_batch(), step)
-        print(
-            f"  {algo} step {step}{' (warm-up)' if step == 1 else ''}: {metrics['timing_s/step']:.2f} s",
-            flush=True,
-        )
+        if c.dist.is_main:
+            print(
+                f"  {algo} step {step}{' (warm-up)' if step == 1 else ''}: {metrics['timing_s/step']:.2f} s",
+                flush=True,
+            )
         if step > 1:
             measured.append(metrics)
     result = {key: statistics.mean(m[key] for m in measured) for key in REPORTED if key in measured[0]}
@@ -148,19 +165,32 @@ def bench_step(argv: list[str]) -> int:
         if "grpo" not in algos:
             raise UserError("--peer trl compares GRPO steps: include grpo in --algo")
         peer = {"name": "trl", "version": require_trl()}  # before relm's steps: fail in a second, not minutes
+    from relm.distributed.context import in_torchrun, init_distributed
     from relm.models.loading import resolve_model_dir
     from relm.models.tokenizer import load_tokenizer
+    from relm.trainer.components import pick_device
 
+    args.world_size = int(os.environ["WORLD_SIZE"]) if in_torchrun() else 1
+    if args.peer and args.world_size > 1:
+        raise UserError("--peer trl times one process: run it without torchrun")
     tokenizer = load_tokenizer(resolve_model_dir(args.model))
+    dist = init_distributed(pick_device(args.device, "--device"), expected_world_size=args.world_size)
     results: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory(prefix="relm-bench-") as tmp:
-        train_file = Path(tmp) / "prompts.parquet"
-        write_prompts(train_file, tokenizer, args.prompts, args.prompt_len)
-        for algo in algos:
-            results[algo] = run_algo(args, algo, train_file, Path(tmp) / algo)
-        if args.peer:
-            checkpointing = bool(results["grpo"]["memory/gradient_checkpointing"])
-            results["trl"] = run_peer(args, train_file, Path(tmp) / "trl", checkpointing)
+    finished = False
+    try:
+        with tempfile.TemporaryDirectory(prefix="relm-bench-") as tmp:  # one per rank, same prompts
+            train_file = Path(tmp) / "prompts.parquet"
+            write_prompts(train_file, tokenizer, args.prompts, args.prompt_len)
+            for algo in algos:
+                results[algo] = run_algo(args, algo, train_file, Path(tmp) / algo, dist)
+            if args.peer:
+                checkpointing = bool(results["grpo"]["memory/gradient_checkpointing"])
+                results["trl"] = run_peer(args, train_file, Path(tmp) / "trl", checkpointing)
+        finished = True
+    finally:
+        dist.close(finished=finished)
+    if not dist.is_main:
+        return 0
     print_table(args, results)
     if args.peer:
         relm, trl = results["grpo"], results["trl"]
@@ -196,7 +226,8 @@ def run_peer(
 def print_table(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> None:
     print(
         f"\nrelm bench step: {args.model}, {args.prompts} prompts x n={args.n}, "
-        f"{args.prompt_len}+{args.response_len} tokens, mean of {args.steps} step(s) after warm-up"
+        f"{args.prompt_len}+{args.response_len} tokens, mean of {args.steps} step(s) after warm-up, "
+        f"{getattr(args, 'world_size', 1)} process(es)"
     )
     keys = [k for k in REPORTED if any(k in r for r in results.values())]
     print(f"{'metric':32s}" + "".join(f"{algo:>14s}" for algo in results))

@@ -109,6 +109,14 @@ class OptimConfig:
 
 
 @dataclass
+class FSDPConfig:
+    """FSDP2 settings of a sharded model (`*.fsdp_config.*`); they act only in a torchrun run."""
+
+    offload_policy: bool = False
+    """FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step live on the CPU."""
+
+
+@dataclass
 class PolicyLossConfig:
     """Which surrogate the actor minimises (`actor.policy_loss.*`)."""
 
@@ -166,6 +174,8 @@ class ActorConfig:
     """Policy loss selection."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Actor optimizer."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding of actor and reference (data-parallel runs)."""
 
 
 @dataclass
@@ -283,6 +293,8 @@ class CriticModelConfig:
     """Allow model code shipped inside the model folder."""
     external_lib: str | None = None
     """A module imported before loading."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding of the critic (data-parallel runs)."""
 
 
 @dataclass
@@ -440,9 +452,9 @@ class TrainerConfig:
     critic_warmup: int = 0
     """Steps that update only the critic before the actor starts."""
     n_gpus_per_node: int = 1
-    """GPUs per node."""
+    """Processes (GPUs) per node; more than one runs under torchrun, which `relm train` starts itself."""
     nnodes: int = 1
-    """Nodes."""
+    """Nodes; more than one prints the torchrun command to run on each."""
     device: str = "auto"
     """`auto` (cuda when available), `cuda` or `cpu`."""
     balance_batch: bool = True

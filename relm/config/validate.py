@@ -284,6 +284,11 @@ def _check_batches(cfg: RelmConfig) -> None:
                 f"`{name}.ppo_mini_batch_size={mini}` must divide `data.train_batch_size={train}` "
                 f"(both count prompts, as in verl)"
             )
+        if (mini * n) % ranks:
+            raise UserError(
+                f"`{name}.ppo_mini_batch_size={mini}` x `rollout.n={n}` = {mini * n} responses do not split "
+                f"evenly over {ranks} GPUs; make the product a multiple of {ranks}"
+            )
         if micro is not None and not section.use_dynamic_bsz and (mini * n) % (micro * ranks):
             raise UserError(
                 f"`{name}.ppo_micro_batch_size_per_gpu={micro}` x {ranks} GPUs must divide the "

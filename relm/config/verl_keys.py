@@ -17,7 +17,7 @@ from __future__ import annotations
 _RAY = "relm runs without Ray (processes start with torchrun)"
 _FSDP = "relm chooses FSDP2 wrapping, resharding and sharding size itself"
 _OFFLOAD = "CPU offload is not implemented yet"
-_SP = "sequence parallelism (Ulysses) is not implemented"
+_SP = "sequence parallelism (Ulysses) is not implemented yet"
 _PROFILER = "verl's profiler hooks are not implemented; wrap `relm train` in a profiler instead"
 _HDFS = "relm writes only to the local run folder"
 _VLLM = "an sglang or vLLM setting that relm's engines have no counterpart for"
@@ -77,7 +77,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.actor.fsdp_config.*": _FSDP,
     "actor_rollout_ref.actor.fsdp_config.param_offload": _OFFLOAD,
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": _OFFLOAD,
-    "actor_rollout_ref.actor.fsdp_config.offload_policy": _OFFLOAD,
     "actor_rollout_ref.actor.use_fused_kernels": _KERNELS,
     "actor_rollout_ref.actor.profiler.*": _PROFILER,
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": _ENTROPY_MEM,
@@ -129,7 +128,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "critic.model.fsdp_config.*": _FSDP,
     "critic.model.fsdp_config.param_offload": _OFFLOAD,
     "critic.model.fsdp_config.optimizer_offload": _OFFLOAD,
-    "critic.model.fsdp_config.offload_policy": _OFFLOAD,
     "critic.model.lora_rank": _LORA,
     "critic.model.lora_alpha": _LORA,
     "critic.model.target_modules": _LORA,

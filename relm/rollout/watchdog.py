@@ -197,7 +197,10 @@ class WatchedEngine:
 
 @contextlib.contextmanager
 def engine_stage(engine: Any, stage: str) -> Iterator[None]:
-    """Name what `engine` generates for inside the block (shown when it stalls); any engine accepted."""
+    """Name what `engine` generates for inside the block (shown when it stalls); any engine accepted,
+    including a wrapper that holds the watched engine as `.engine` (the data-parallel engine)."""
+    while not isinstance(engine, WatchedEngine) and getattr(engine, "engine", None) is not None:
+        engine = engine.engine
     if not isinstance(engine, WatchedEngine):
         yield
         return

@@ -14,6 +14,11 @@ The rename is the commit point. Every file and folder is fsynced before it, so a
 cut) mid-save leaves at worst a `.global_step_N.tmp` folder that is never read and is removed at the
 next start; `latest_checkpointed_iteration.txt` is replaced (atomically too) only after the rename, so
 it always names a complete checkpoint.
+
+A data-parallel run (torchrun) writes `actor/` and `critic/` as sharded DCP saves instead (layout in
+`relm.distributed.checkpoint`): every rank writes its shards into the same staging folder, rank 0
+writes the rest and commits. Either format resumes at any world size, and `relm export` turns either
+into a plain HF folder.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,18 +90,41 @@ def save_checkpoint(c: RunComponents, step: int, loop_state: dict[str, Any] | No
     """Save actor, critic, their optimizers and schedulers, data position, KL, RNG and `loop_state`.
 
     `loop_state` holds the loop's own counters (e.g. the skip guard's), restored by `load_checkpoint`.
+    Data-parallel, every rank calls it (a collective); the run folder must be shared by all nodes.
     """
     final = c.run_dir / f"global_step_{step}"
     staging = c.run_dir / f".global_step_{step}.tmp"
-    logger.info("saving checkpoint %s", final)
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    c.actor.save_pretrained(staging / "actor")
-    c.tokenizer.save_pretrained(staging / "actor")
-    _save_optimizer(staging / "actor", c.actor_optimizer, c.actor_scheduler)
-    if c.critic is not None:
-        c.critic.save_pretrained(staging / "critic")
-        _save_optimizer(staging / "critic", c.critic_optimizer, c.critic_scheduler)
+    if c.dist.is_main:
+        logger.info("saving checkpoint %s", final)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    c.dist.barrier()
+    if c.dist.is_distributed:
+        from relm.distributed.checkpoint import save_sharded
+
+        save_sharded(c.actor, c.actor_optimizer, c.actor_scheduler, staging / "actor", c.dist)
+        if c.critic is not None:
+            save_sharded(c.critic, c.critic_optimizer, c.critic_scheduler, staging / "critic", c.dist)
+        c.dist.barrier()  # every shard is written before rank 0 commits
+        if c.dist.is_main:
+            c.tokenizer.save_pretrained(staging / "actor")
+    else:
+        c.actor.save_pretrained(staging / "actor")
+        c.tokenizer.save_pretrained(staging / "actor")
+        _save_optimizer(staging / "actor", c.actor_optimizer, c.actor_scheduler)
+        if c.critic is not None:
+            c.critic.save_pretrained(staging / "critic")
+            _save_optimizer(staging / "critic", c.critic_optimizer, c.critic_scheduler)
+    if c.dist.is_main:
+        _commit(c, step, staging, final, loop_state)
+    c.dist.barrier()
+    return final
+
+
+def _commit(
+    c: RunComponents, step: int, staging: Path, final: Path, loop_state: dict[str, Any] | None
+) -> None:
+    """Write the trainer state, flush everything, rename the staging folder into place, name it latest."""
     state = {
         "step": step,
         "has_critic": c.critic is not None,
@@ -118,7 +147,6 @@ def save_checkpoint(c: RunComponents, step: int, loop_state: dict[str, Any] | No
         os.replace(staging, final)
     fsync_dir(c.run_dir)
     write_atomic_text(c.run_dir / LATEST_FILE, str(step))
-    return final
 
 
 def find_resume_checkpoint(run_dir: Path, resume_mode: str, resume_from_path: str | None) -> Path | None:
@@ -151,8 +179,22 @@ def find_resume_checkpoint(run_dir: Path, resume_mode: str, resume_from_path: st
     return path
 
 
-def _load_module_weights(module: torch.nn.Module, folder: Path, what: str) -> None:
-    """Load every *.safetensors tensor in `folder` into `module` by name, refusing a mismatch."""
+def _storage(tensor: torch.Tensor) -> int:
+    """Address of a tensor's data; an FSDP2 DTensor's is its local shard's."""
+    to_local = getattr(tensor, "to_local", None)
+    return (to_local() if to_local is not None else tensor).data_ptr()
+
+
+def _load_module_weights(
+    module: torch.nn.Module,
+    folder: Path,
+    what: str,
+    load: Callable[[dict[str, torch.Tensor]], None] | None = None,
+) -> None:
+    """Load every *.safetensors tensor in `folder` into `module` by name, refusing a mismatch.
+
+    `load` replaces `module.load_state_dict` (a sharded module takes whole tensors another way).
+    """
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(folder.glob("*.safetensors")):
         if file.name != "value_head.safetensors":
@@ -168,25 +210,43 @@ def _load_module_weights(module: torch.nn.Module, folder: Path, what: str) -> No
         )
     missing = set(own) - set(tensors)
     # Tied weights (lm_head = embed_tokens) are saved once; they share storage with a loaded tensor.
-    loaded_ptrs = {own[k].data_ptr() for k in tensors if k in own}
-    tied = {name for name in missing if own[name].data_ptr() in loaded_ptrs}
+    loaded_ptrs = {_storage(own[k]) for k in tensors if k in own}
+    tied = {name for name in missing if _storage(own[name]) in loaded_ptrs}
     if missing - tied:
         raise UserError(
             f"checkpoint `{folder}` lacks {what} weights such as `{sorted(missing - tied)[0]}`: it was saved for "
             "another model; set trainer.resume_mode=disable or point model.path at that model"
         )
-    module.load_state_dict(tensors, strict=False)
+    if load is None:
+        module.load_state_dict(tensors, strict=False)
+    else:
+        load(tensors)
 
 
-def _load_optimizer(folder: Path, state: dict[str, Any], prefix: str, optimizer: Any, scheduler: Any) -> None:
-    """From `folder/optimizer.pt`, or from trainer_state.pt for checkpoints written before it existed."""
+def _load_optimizer(
+    folder: Path,
+    state: dict[str, Any],
+    prefix: str,
+    optimizer: Any,
+    scheduler: Any,
+    sharded_model: torch.nn.Module | None = None,
+) -> None:
+    """From `folder/optimizer.pt`, or from trainer_state.pt for checkpoints written before it existed.
+
+    `sharded_model`: the optimizer's FSDP model, whose shards take the saved whole states.
+    """
     if (folder / OPTIMIZER_FILE).is_file():
         saved = torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
+        optim_state, scheduler_state = saved["optimizer"], saved["scheduler"]
     else:
-        optimizer.load_state_dict(state[f"{prefix}_optimizer"])
-        scheduler.load_state_dict(state[f"{prefix}_scheduler"])
+        optim_state, scheduler_state = state[f"{prefix}_optimizer"], state[f"{prefix}_scheduler"]
+    if sharded_model is None:
+        optimizer.load_state_dict(optim_state)
+    else:
+        from relm.distributed.checkpoint import load_full_optimizer_into_sharded
+
+        load_full_optimizer_into_sharded(sharded_model, optimizer, optim_state)
+    scheduler.load_state_dict(scheduler_state)
 
 
 def _require_folder(path: Path, what: str) -> Path:
@@ -197,6 +257,43 @@ def _require_folder(path: Path, what: str) -> Path:
             "resume from a newer global_step_N folder"
         )
     return folder
+
+
+def _load_model_and_optimizer(c: RunComponents, folder: Path, state: dict[str, Any], what: str) -> None:
+    """One model's weights, optimizer and schedule, from either format into a sharded or plain model."""
+    model = c.actor if what == "actor" else c.critic
+    optimizer = c.actor_optimizer if what == "actor" else c.critic_optimizer
+    scheduler = c.actor_scheduler if what == "actor" else c.critic_scheduler
+    from relm.distributed.checkpoint import is_sharded
+
+    if is_sharded(folder):
+        from relm.distributed.checkpoint import load_sharded
+
+        load_sharded(model, optimizer, scheduler, folder, what)
+        return
+    sharded = model if c.dist.is_distributed else None
+    if what == "actor":
+        load = None
+        if sharded is not None:
+            from relm.distributed.checkpoint import load_full_into_sharded
+
+            load = lambda tensors: load_full_into_sharded(model, tensors)  # noqa: E731
+        _load_module_weights(model, folder, what, load)
+    elif sharded is None:
+        _load_module_weights(model.backbone, folder, what)
+        model.value_head.load_state_dict(load_file(str(folder / "value_head.safetensors")))
+    else:
+        from relm.distributed.checkpoint import load_full_into_sharded
+
+        head = load_file(str(folder / "value_head.safetensors"))
+
+        def load_critic(tensors: dict[str, torch.Tensor]) -> None:
+            whole = {f"backbone.{k}": v for k, v in tensors.items()}
+            whole.update({f"value_head.{k}": v for k, v in head.items()})
+            load_full_into_sharded(model, whole)
+
+        _load_module_weights(model.backbone, folder, what, load_critic)
+    _load_optimizer(folder, state, what, optimizer, scheduler, sharded)
 
 
 @dataclass
@@ -218,15 +315,11 @@ def load_checkpoint(c: RunComponents, path: Path) -> Restored:
             f"`{path / STATE_FILE}` cannot be read ({type(exc).__name__}); resume from another step"
         ) from exc
     actor_dir = _require_folder(path, "actor")
-    _load_module_weights(c.actor, actor_dir, "actor")
-    _load_optimizer(actor_dir, state, "actor", c.actor_optimizer, c.actor_scheduler)
+    _load_model_and_optimizer(c, actor_dir, state, "actor")
     if c.critic is not None:
         if not state.get("has_critic", "critic_optimizer" in state):
             raise UserError(f"checkpoint `{path}` has no critic; it was saved by a critic-free run")
-        critic_dir = _require_folder(path, "critic")
-        _load_module_weights(c.critic.backbone, critic_dir, "critic")
-        c.critic.value_head.load_state_dict(load_file(str(critic_dir / "value_head.safetensors")))
-        _load_optimizer(critic_dir, state, "critic", c.critic_optimizer, c.critic_scheduler)
+        _load_model_and_optimizer(c, _require_folder(path, "critic"), state, "critic")
     c.loader.load_state_dict(state["loader"])
     c.kl_ctrl.load_state_dict(state["kl_ctrl"])
     torch.set_rng_state(state["torch_rng"])

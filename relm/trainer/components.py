@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -21,6 +21,7 @@ from relm.config.schema import RelmConfig, RolloutConfig
 from relm.data.dataset import PromptDataset
 from relm.data.demo_task import write_demo_parquet
 from relm.data.loader import PromptLoader
+from relm.distributed.context import DistContext
 from relm.errors import UserError
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype
@@ -90,6 +91,8 @@ class RunComponents:
     """Which models wait on the CPU outside their phases (none unless the plan parks them)."""
     actor_optimizer_offload: OffloadedOptimizerStates | None = None
     """Set when the plan keeps the actor's AdamW moments in CPU memory (its `step` is chunked)."""
+    dist: DistContext = field(default_factory=DistContext)
+    """This process's place in a data-parallel run (the single-process context by default)."""
 
 
 def pick_device(name: str, key: str = "trainer.device") -> torch.device:
@@ -153,18 +156,27 @@ def needs_reference(cfg: RelmConfig) -> bool:
 
 
 def build_components(
-    cfg: RelmConfig, model_dir: str, *, compute_score: ComputeScore | None = None
+    cfg: RelmConfig,
+    model_dir: str,
+    *,
+    compute_score: ComputeScore | None = None,
+    dist: DistContext | None = None,
 ) -> RunComponents:
     """Load tokenizer, actor (+ reference, critic), engine, data and reward for `cfg`.
 
     `model_dir` is the resolved local folder of `actor_rollout_ref.model.path`; `compute_score` the
-    already-loaded reward function (loaded from `custom_reward_function` when not given).
+    already-loaded reward function (loaded from `custom_reward_function` when not given); `dist` the
+    context of a torchrun process (`relm.distributed.context.init_distributed`): with it the models are
+    sharded with FSDP2 and the engine generates this rank's share of each batch.
     """
     from relm.training.optim import build_optimizer
 
     arr = cfg.actor_rollout_ref
-    device = pick_device(cfg.trainer.device)
+    dist = dist or DistContext()
+    device = dist.device if dist.is_distributed else pick_device(cfg.trainer.device)
     precision = pick_precision(arr.model.dtype, device)
+    if dist.is_distributed:
+        precision = replace(precision, use_autocast=False)  # FSDP's MixedPrecisionPolicy casts instead
     dtype = precision.master
     torch.manual_seed(cfg.seed)
 
@@ -201,6 +213,24 @@ def build_components(
     if arr.model.use_remove_padding:
         use_varlen_attention(actor, device)
     actor.eval()
+    ref = None
+    if needs_reference(cfg):
+        # A frozen copy of the starting policy: identical weights without a second read from disk.
+        ref = copy.deepcopy(actor).to(precision.compute).requires_grad_(False).eval()
+    # Taken before sharding: the engine generates with whole weights (a copy when data-parallel).
+    # vLLM keeps its own copy of the weights (in rollout.dtype), so no HF copy is made for it.
+    generator = (
+        actor
+        if arr.rollout.name == "vllm"
+        else generator_model(actor, arr.rollout, device, precision, separate=dist.is_distributed)
+    )
+    if dist.is_distributed:
+        from relm.distributed.fsdp import shard_model
+
+        offload = arr.actor.fsdp_config.offload_policy
+        actor = shard_model(actor, dist, precision, offload=offload)
+        if ref is not None:
+            ref = shard_model(ref, dist, replace(precision, master=precision.compute), offload=offload)
     actor_optimizer, actor_scheduler = build_optimizer(
         actor,
         arr.actor.optim,
@@ -208,11 +238,6 @@ def build_components(
             sizes.total_training_steps, rows_per_step, sizes.actor_rows_per_minibatch, arr.actor.ppo_epochs
         ),
     )
-
-    ref = None
-    if needs_reference(cfg):
-        # A frozen copy of the starting policy: identical weights without a second read from disk.
-        ref = copy.deepcopy(actor).to(precision.compute).requires_grad_(False).eval()
 
     critic = critic_optimizer = critic_scheduler = None
     if cfg.algorithm.adv_estimator in ESTIMATORS_WITH_CRITIC:
@@ -230,6 +255,10 @@ def build_components(
         if cfg.critic.model.use_remove_padding:
             use_varlen_attention(critic.backbone, device)
         critic.eval()
+        if dist.is_distributed:
+            from relm.distributed.fsdp import shard_model
+
+            critic = shard_model(critic, dist, precision, offload=cfg.critic.model.fsdp_config.offload_policy)
         critic_optimizer, critic_scheduler = build_optimizer(
             critic,
             cfg.critic.optim,
@@ -241,11 +270,14 @@ def build_components(
             ),
         )
 
-    # vLLM keeps its own copy of the weights (in rollout.dtype), so no HF copy is made for it.
-    generator = (
-        actor if arr.rollout.name == "vllm" else generator_model(actor, arr.rollout, device, precision)
+    memory = choose_memory(
+        cfg,
+        actor,
+        critic,
+        has_generator_copy=generator is not actor,
+        device=device,
+        sharded=dist.is_distributed,
     )
-    memory = choose_memory(cfg, actor, critic, has_generator_copy=generator is not actor, device=device)
     if memory.plan is not None:
         logger.info("%s", memory.plan.describe())
     if memory.actor_checkpointing:
@@ -269,13 +301,25 @@ def build_components(
             pad_token_id=tokenizer.pad_token_id,
             eos_token_ids=eos_ids,
             device=device,
-            seed=cfg.seed,
+            seed=cfg.seed + dist.rank,  # ranks generate different prompts: independent streams
             precision=precision,
             max_model_len=arr.rollout.max_model_len
             or cfg.data.max_prompt_length + cfg.data.max_response_length,
         ),
         arr.rollout.timeout_s,
     )
+    if dist.is_distributed:
+        from relm.distributed.rollout import DataParallelEngine
+
+        # The native and HF engines hold the whole model on every rank, so every rank is its own
+        # generation group; an engine that shards the model (vLLM) would pass its tensor-parallel size.
+        if arr.rollout.tensor_model_parallel_size > 1:
+            logger.warning(
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=%d has no effect with the %s engine: "
+                "each rank generates with the whole model",
+                arr.rollout.tensor_model_parallel_size, arr.rollout.name,
+            )  # fmt: skip
+        engine = DataParallelEngine(engine, dist, tp_size=1)
     kl = cfg.algorithm.kl_ctrl
     return RunComponents(
         cfg=cfg,
@@ -300,6 +344,7 @@ def build_components(
         memory=memory,
         residency=residency,
         actor_optimizer_offload=optimizer_offload,
+        dist=dist,
     )
 
 
@@ -322,12 +367,19 @@ def generation_dtype(rollout: RolloutConfig, device: torch.device, precision: Pr
 
 
 def generator_model(
-    actor: nn.Module, rollout: RolloutConfig, device: torch.device, precision: Precision
+    actor: nn.Module,
+    rollout: RolloutConfig,
+    device: torch.device,
+    precision: Precision,
+    *,
+    separate: bool = False,
 ) -> nn.Module:
     """The module the engine generates with: the actor itself where dtypes agree (CPU), else a copy in
-    `rollout.dtype` (bf16 on GPU) that `sync_weights` refreshes in place after every update."""
+    `rollout.dtype` (bf16 on GPU) that `sync_weights` refreshes in place after every update.
+
+    `separate` always copies: a sharded actor cannot generate, its engine needs whole weights."""
     gen_dtype = generation_dtype(rollout, device, precision)
-    if gen_dtype == precision.master:
+    if gen_dtype == precision.master and not separate:
         return actor
     logger.info(
         "generating with a %s copy of the actor (training keeps %s master weights)",

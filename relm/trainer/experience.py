@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from relm.data.records import PromptBatch, left_pad
+from relm.distributed.balance import same_group_count
+from relm.distributed.context import DistContext
 from relm.rollout.base import GenerationOutput
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs, response_values
@@ -56,9 +58,11 @@ def batched_logprobs(
     device: torch.device,
     remove_padding: bool = False,
     max_tokens_per_forward: int | None = None,
+    dist: DistContext | None = None,
 ) -> torch.Tensor:
     """[N, R] logprobs of the responses under `model`, in forward passes of `rows_per_forward` rows
-    (or of at most `max_tokens_per_forward` tokens)."""
+    (or of at most `max_tokens_per_forward` tokens). With `dist` (a sharded model, `batch` this rank's
+    rows) every rank makes as many passes, and an out-of-memory pass is not retried on one rank alone."""
     out = torch.zeros(len(batch), batch.response_width)
 
     def forward(rows: torch.Tensor) -> None:
@@ -74,8 +78,10 @@ def batched_logprobs(
         )
         out[rows] = logprobs.float().cpu()
 
-    for rows in _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding):
-        run_halving_on_oom(rows, forward, "logprob forward")
+    for rows in same_group_count(
+        _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding), dist
+    ):
+        run_halving_on_oom(rows, forward, "logprob forward", retry=dist is None or not dist.is_distributed)
     return out
 
 
@@ -88,8 +94,9 @@ def batched_values(
     device: torch.device,
     remove_padding: bool = False,
     max_tokens_per_forward: int | None = None,
+    dist: DistContext | None = None,
 ) -> torch.Tensor:
-    """[N, R] critic values V(s_t) before each response token."""
+    """[N, R] critic values V(s_t) before each response token (`dist` as in `batched_logprobs`)."""
     out = torch.zeros(len(batch), batch.response_width)
 
     def forward(rows: torch.Tensor) -> None:
@@ -104,22 +111,27 @@ def batched_values(
         )
         out[rows] = values.float().cpu()
 
-    for rows in _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding):
-        run_halving_on_oom(rows, forward, "value forward")
+    for rows in same_group_count(
+        _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding), dist
+    ):
+        run_halving_on_oom(rows, forward, "value forward", retry=dist is None or not dist.is_distributed)
     return out
 
 
-def run_halving_on_oom(rows: torch.Tensor, forward: Callable[[torch.Tensor], None], what: str) -> None:
+def run_halving_on_oom(
+    rows: torch.Tensor, forward: Callable[[torch.Tensor], None], what: str, retry: bool = True
+) -> None:
     """`forward(rows)`, and on a GPU out-of-memory the same rows again as two halves (recursively).
 
     The memory plan's budgets are estimates; a forward that does not fit is cheaper to split than a
-    run is to restart. Only a single row that does not fit is an error.
+    run is to restart. Only a single row that does not fit is an error. `retry=False` (a sharded
+    model, whose passes are collectives every rank must make alike) raises at once.
     """
     try:
         forward(rows)
         return
     except torch.OutOfMemoryError:
-        if len(rows) == 1:
+        if len(rows) == 1 or not retry:
             raise
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -7,6 +7,8 @@ import sys
 
 from relm.config.loader import load_config
 from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
+from relm.distributed.context import in_torchrun, init_distributed
+from relm.distributed.launcher import launch, needs_torchrun, world_size_of
 from relm.errors import run_guarded
 from relm.logs import setup_logging
 from relm.models.loading import load_config as load_model_config
@@ -19,7 +21,11 @@ logger = logging.getLogger("relm")
 
 
 def train_command(argv: list[str]) -> int:
-    """Validate everything cheap first, say so, then build the run and train."""
+    """Validate everything cheap first, say so, then build the run and train.
+
+    A run of several processes that is not yet inside torchrun starts it here (one node) or prints its
+    command (several nodes), after the checks, so a mistake is reported once rather than by every rank.
+    """
     cfg = load_config(argv)
     model = cfg.actor_rollout_ref.model
     # Cheap checks of the model (its config only: architecture, positions) and of the reward file
@@ -33,13 +39,22 @@ def train_command(argv: list[str]) -> int:
     reward = cfg.custom_reward_function
     compute_score = resolve_compute_score(reward.path, reward.name)
     check_logger_packages(cfg.trainer.logger)
-    pick_device(cfg.trainer.device)  # `cuda` on a machine without one fails here, not after loading
-    print(CONFIG_OK_MESSAGE, flush=True)
+    device = pick_device(cfg.trainer.device)  # `cuda` on a machine without one fails here, not after loading
+    if needs_torchrun(cfg, device) and not in_torchrun():
+        return launch(cfg, argv, device)
+    dist = init_distributed(device, expected_world_size=world_size_of(cfg))
+    finished = False
+    try:
+        if dist.is_main:
+            print(CONFIG_OK_MESSAGE, flush=True)
 
-    from relm.trainer.components import build_components
-    from relm.trainer.ppo import train
+        from relm.trainer.components import build_components
+        from relm.trainer.ppo import train
 
-    train(build_components(cfg, model_dir, compute_score=compute_score))
+        train(build_components(cfg, model_dir, compute_score=compute_score, dist=dist))
+        finished = True
+    finally:
+        dist.close(finished=finished)
     return 0
 
 

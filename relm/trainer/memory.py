@@ -43,6 +43,7 @@ def choose_memory(
     *,
     has_generator_copy: bool,
     device: torch.device,
+    sharded: bool = False,
 ) -> MemoryChoices:
     """The plan on a single GPU (raising `UserError` when the run cannot fit), else the user's settings.
 
@@ -62,7 +63,7 @@ def choose_memory(
         else None,
         critic_max_tokens=(critic_cfg.ppo_max_token_len_per_gpu or 32768) if critic_dynamic else None,
     )
-    if device.type != "cuda" or cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes > 1:
+    if device.type != "cuda" or sharded or cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes > 1:
         return choices
     request = PlanRequest(
         actor=ModelShape.of(actor),

@@ -31,6 +31,7 @@ from relm.trainer.checkpoint import (
 )
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
+from relm.trainer.data_parallel import local_rows, on_rank_rows, rank_rows, reduce_update_metrics
 from relm.trainer.experience import batched_logprobs, batched_values
 from relm.trainer.flops import peak_flops, training_flops
 from relm.trainer.guards import DegenerateBatchReporter, SkipGuard
@@ -90,14 +91,19 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
 
 
 def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> None:
-    """Old logprobs (actor), reference logprobs and values, each in forward passes of a few rows."""
+    """Old logprobs (actor), reference logprobs and values, each in forward passes of a few rows.
+
+    Data-parallel, each rank computes them for its own rows and every rank gets them for all rows.
+    """
     arr = c.cfg.actor_rollout_ref
+    rows = rank_rows(c, batch)
     forward = dict(
         rows_per_forward=c.sizes.rows_per_logprob_forward,
         temperature=arr.rollout.temperature or 1.0,
         device=c.device,
         remove_padding=arr.model.use_remove_padding,
         max_tokens_per_forward=c.memory.actor_max_tokens,
+        dist=c.dist,
     )
     if c.cfg.algorithm.rollout_correction.bypass_mode:
         # verl's bypass mode: the engine's logprobs stand for the old policy's; no actor forward, so no
@@ -105,7 +111,9 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
         batch.old_logprobs = batch.rollout_logprobs.clone()
     else:
         with timed(metrics, "old_log_prob"), c.residency.phase("old_log_prob"):
-            batch.old_logprobs = batched_logprobs(c.actor, batch, **forward)
+            batch.old_logprobs = on_rank_rows(
+                c.dist, batch, rows, lambda b: batched_logprobs(c.actor, b, **forward)
+            )
         # The gap between the engine's and the trainer's logprobs of the same tokens (docs/rollout.md).
         diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
         if diff.numel():
@@ -113,17 +121,19 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
             metrics["rollout/logprob_diff_mean"] = diff.mean().item()
     if c.ref is not None:
         with timed(metrics, "ref"), c.residency.phase("reference"):
-            batch.ref_logprobs = batched_logprobs(c.ref, batch, **forward)
+            batch.ref_logprobs = on_rank_rows(
+                c.dist, batch, rows, lambda b: batched_logprobs(c.ref, b, **forward)
+            )
     if c.critic is not None:
         with timed(metrics, "values"), c.residency.phase("values"):
-            batch.values = batched_values(
-                c.critic,
-                batch,
-                rows_per_forward=forward["rows_per_forward"],
-                device=c.device,
-                remove_padding=c.cfg.critic.model.use_remove_padding,
-                max_tokens_per_forward=c.memory.critic_max_tokens,
-            )
+            batch.values = on_rank_rows(
+                c.dist, batch, rows,
+                lambda b: batched_values(
+                    c.critic, b, rows_per_forward=forward["rows_per_forward"], device=c.device,
+                    remove_padding=c.cfg.critic.model.use_remove_padding,
+                    max_tokens_per_forward=c.memory.critic_max_tokens, dist=c.dist,
+                ),
+            )  # fmt: skip
 
 
 def estimate_advantages(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> None:
@@ -155,34 +165,38 @@ def estimate_advantages(c: RunComponents, batch: ExperienceBatch, metrics: dict[
 def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: dict[str, float]) -> int:
     """Critic update, then (after `trainer.critic_warmup` steps) actor update and weight sync.
 
+    Data-parallel, each rank updates with its own rows (`rank_rows`), a 1/world share of every
+    mini-batch, and the sharded models sum the ranks' gradients.
+
     Returns:
         How many optimizer steps were skipped for a non-finite gradient norm.
     """
     cfg, arr = c.cfg, c.cfg.actor_rollout_ref
     skipped = 0
+    mine, ranks = local_rows(batch, rank_rows(c, batch)), c.dist.world_size
     if c.critic is not None:
         with timed(metrics, "update_critic"), c.residency.phase("update_critic"):
             result = update_critic(
-                c.critic, c.critic_optimizer, c.critic_scheduler, batch, cfg.critic,
-                rows_per_minibatch=c.sizes.critic_rows_per_minibatch,
+                c.critic, c.critic_optimizer, c.critic_scheduler, mine, cfg.critic,
+                rows_per_minibatch=c.sizes.critic_rows_per_minibatch // ranks,
                 rows_per_microbatch=c.sizes.critic_rows_per_microbatch,
                 num_epochs=c.sizes.critic_epochs, device=c.device, generator=c.generator,
                 remove_padding=cfg.critic.model.use_remove_padding,
-                max_tokens_per_microbatch=c.memory.critic_max_tokens,
+                max_tokens_per_microbatch=c.memory.critic_max_tokens, dist=c.dist,
             )  # fmt: skip
-        metrics.update(mean_of_lists(result.metrics))
+        metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
     if step > cfg.trainer.critic_warmup:
         with timed(metrics, "update_actor"), c.residency.phase("update_actor"):
             result = update_actor(
-                c.actor, c.actor_optimizer, c.actor_scheduler, batch, arr.actor,
-                rows_per_minibatch=c.sizes.actor_rows_per_minibatch,
+                c.actor, c.actor_optimizer, c.actor_scheduler, mine, arr.actor,
+                rows_per_minibatch=c.sizes.actor_rows_per_minibatch // ranks,
                 rows_per_microbatch=c.sizes.actor_rows_per_microbatch,
                 temperature=arr.rollout.temperature or 1.0, device=c.device, generator=c.generator,
                 remove_padding=arr.model.use_remove_padding,
-                max_tokens_per_microbatch=c.memory.actor_max_tokens,
+                max_tokens_per_microbatch=c.memory.actor_max_tokens, dist=c.dist,
             )  # fmt: skip
-        metrics.update(mean_of_lists(result.metrics))
+        metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
         with timed(metrics, "sync"), c.residency.phase("sync"):
             c.engine.sync_weights(c.actor.named_parameters())
@@ -203,7 +217,8 @@ def perf_metrics(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, fl
     if peak is not None and "timing_s/update_actor" in metrics:
         seq_lens = batch.attention_mask.sum(-1).tolist()
         flops = training_flops(c.actor, seq_lens, c.cfg.actor_rollout_ref.actor.ppo_epochs)
-        perf["perf/mfu/actor"] = flops / metrics["timing_s/update_actor"] / peak
+        # FLOPs of the whole batch, done by every rank together.
+        perf["perf/mfu/actor"] = flops / metrics["timing_s/update_actor"] / (peak * c.dist.world_size)
     return perf
 
 
@@ -213,9 +228,14 @@ def train(c: RunComponents) -> None:
     SIGTERM or SIGINT stops the run after the step in progress, with a checkpoint of that step and
     exit code 0 (a second signal aborts at once; see `trainer/signals.py`). More than
     `trainer.max_skipped_steps` steps in a row with skipped updates raise `TrainingDiverged`.
+
+    Data-parallel, every rank runs this loop on the same prompts (see `relm.trainer.data_parallel`);
+    only rank 0 writes logs and plots, and a stop signal seen by any rank stops all after the same step.
     """
     total, trainer_cfg = c.sizes.total_training_steps, c.cfg.trainer
-    remove_stale_staging(c.run_dir)
+    if c.dist.is_main:
+        remove_stale_staging(c.run_dir)
+    c.dist.barrier()
     start, guard = 0, SkipGuard(trainer_cfg.max_skipped_steps)
     checkpoint = find_resume_checkpoint(c.run_dir, trainer_cfg.resume_mode, trainer_cfg.resume_from_path)
     if checkpoint is not None:
@@ -229,7 +249,7 @@ def train(c: RunComponents) -> None:
     loggers = make_loggers(
         trainer_cfg.logger, c.run_dir, total, resume_step=start if checkpoint else None,
         project=trainer_cfg.project_name, experiment=trainer_cfg.experiment_name, config=asdict(c.cfg),
-    )  # fmt: skip
+    ) if c.dist.is_main else []  # fmt: skip
     save_freq = trainer_cfg.save_freq
     val_dataset = make_val_dataset(c.cfg, c.tokenizer)
     val_params = build_val_params(
@@ -246,26 +266,29 @@ def train(c: RunComponents) -> None:
 
     def save(step: int) -> None:
         save_checkpoint(c, step, loop_state={"skip_guard": guard.state_dict()})
-        prune_checkpoints(
-            c.run_dir, step,
-            max_actor=trainer_cfg.max_actor_ckpt_to_keep, max_critic=trainer_cfg.max_critic_ckpt_to_keep,
-        )  # fmt: skip
+        if c.dist.is_main:
+            prune_checkpoints(
+                c.run_dir, step,
+                max_actor=trainer_cfg.max_actor_ckpt_to_keep, max_critic=trainer_cfg.max_critic_ckpt_to_keep,
+            )  # fmt: skip
 
     last_step = last_saved = start
     try:
         with stop_on_signals() as stop:
             if val_dataset is not None and trainer_cfg.val_before_train and start == 0:
+                val_metrics = validate(0)  # on every rank: generation is shared out over the ranks
                 for sink in loggers:
-                    sink.log(0, validate(0))
+                    sink.log(0, val_metrics)
             for step in range(start + 1, total + 1):
-                if stop.requested:
+                if c.dist.any_true(stop.requested):
                     break
                 metrics = ppo_step(c, c.loader.next_batch(), step)
                 metrics["training/epoch"] = float(c.loader.epoch)
                 diverged = guard.update(step, metrics)
                 if val_dataset is not None and is_validation_step(step, total, trainer_cfg.test_freq):
                     metrics.update(validate(step))
-                degenerate.check(step, metrics, num_responses)
+                if c.dist.is_main:
+                    degenerate.check(step, metrics, num_responses)
                 for sink in loggers:
                     sink.log(step, metrics)
                 if diverged is not None:
@@ -274,20 +297,24 @@ def train(c: RunComponents) -> None:
                 if save_freq > 0 and (step % save_freq == 0 or step == total):
                     save(step)
                     last_saved = step
-            if stop.requested and last_step > last_saved:
+            if c.dist.any_true(stop.requested) and last_step > last_saved:
                 save(last_step)  # whatever save_freq says: the steps since the last save must not be lost
     except Exception:  # not KeyboardInterrupt: a second signal leaves at once, without the plot
-        _write_curves(c.run_dir)  # the curves up to a divergence or a failure are what the user looks at next
+        if c.dist.is_main:
+            _write_curves(
+                c.run_dir
+            )  # the curves up to a divergence or a failure are what the user looks at next
         raise
     finally:
         for sink in loggers:
             sink.close()
-    _write_curves(c.run_dir)
+    if c.dist.is_main:
+        _write_curves(c.run_dir)
     if last_step < total:
         saved = f"checkpoint in {c.run_dir / f'global_step_{last_step}'}" if last_step else "no step to save"
         logger.info(
             "stopped by %s after step %d of %d (%s); run the same command again to resume",
-            stop.signal_name, last_step, total, saved,
+            stop.signal_name or "a signal to another rank", last_step, total, saved,
         )  # fmt: skip
         return
     logger.info("training finished after %d steps; metrics in %s", total, c.run_dir / "metrics.jsonl")

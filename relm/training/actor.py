@@ -10,6 +10,8 @@ from torch import nn
 from relm.algorithms.kl import kl_estimate
 from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
 from relm.config.schema import ActorConfig
+from relm.distributed.balance import same_group_count
+from relm.distributed.context import DistContext
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs
 from relm.training.minibatch import (
@@ -43,12 +45,15 @@ def update_actor(
     generator: torch.Generator | None = None,
     remove_padding: bool = False,
     max_tokens_per_microbatch: int | None = None,
+    dist: DistContext | None = None,
 ) -> UpdateResult:
     """`cfg.ppo_epochs` passes of policy-loss updates (plus entropy bonus and optional KL loss).
 
     Every micro-batch loss is normalised by its mini-batch's token/response counts (`AggScale`), so
     the accumulated gradient equals the mini-batch gradient whatever the micro-batch size, including
-    micro-batches formed by token budget (`max_tokens_per_microbatch`, verl's `use_dynamic_bsz`).
+    micro-batches formed by token budget (`max_tokens_per_microbatch`, verl's `use_dynamic_bsz`). With
+    `dist` (data parallel, `batch` holding this rank's rows) the counts are those of the global
+    mini-batch, so the ranks' summed gradients equal one process's over the whole batch.
     """
     assert batch.old_logprobs is not None and batch.advantages is not None
     if cfg.use_kl_loss:
@@ -62,9 +67,16 @@ def update_actor(
             len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
         ):
             scale = AggScale.of(batch.response_mask[mini])
-            for micro in microbatch_indices(
-                mini, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens_per_microbatch
-            ):
+            micros = list(
+                microbatch_indices(
+                    mini, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens_per_microbatch
+                )
+            )
+            if dist is not None and dist.is_distributed:
+                # Normalise by the whole global mini-batch: each rank's loss is its share of the global one.
+                scale = AggScale(*dist.sum_floats([scale.num_tokens, scale.num_seqs]))
+                micros = same_group_count(micros, dist)  # every FSDP pass is a collective
+            for micro in micros:
                 mb = batch.select(micro).to(device)
                 logprobs, entropy = response_logprobs(
                     model,
@@ -97,6 +109,9 @@ def update_actor(
                     kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, scale)
                     loss = loss + cfg.kl_loss_coef * kl_loss
                     micro_metrics.update(kl_loss=kl_loss.detach(), kl_coef=cfg.kl_loss_coef)
+                if dist is not None and dist.is_distributed:
+                    # FSDP averages the ranks' gradients; the global gradient is their sum.
+                    loss = loss * dist.world_size
                 loss.backward()
                 stats.add(micro_metrics)
             grad_norm, stepped = clip_and_step(model, optimizer, scheduler, cfg.grad_clip)

@@ -8,6 +8,8 @@ from torch import nn
 from relm.algorithms.losses import AggScale, compute_value_loss
 from relm.algorithms.masked import masked_mean
 from relm.config.schema import CriticConfig
+from relm.distributed.balance import same_group_count
+from relm.distributed.context import DistContext
 from relm.training.actor import UpdateResult
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_values
@@ -34,10 +36,12 @@ def update_critic(
     generator: torch.Generator | None = None,
     remove_padding: bool = False,
     max_tokens_per_microbatch: int | None = None,
+    dist: DistContext | None = None,
 ) -> UpdateResult:
     """Clipped value-loss regression of V(s_t) onto the returns, `num_epochs` passes.
 
-    Micro-batch losses are normalised by the mini-batch's counts, as in `update_actor`.
+    Micro-batch losses are normalised by the mini-batch's counts (global ones with `dist`), as in
+    `update_actor`.
     """
     assert batch.values is not None and batch.returns is not None
     value_model.train()
@@ -50,9 +54,16 @@ def update_critic(
             len(batch), rows_per_minibatch, shuffle=bool(cfg.shuffle), generator=generator
         ):
             scale = AggScale.of(batch.response_mask[mini])
-            for micro in microbatch_indices(
-                mini, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens_per_microbatch
-            ):
+            micros = list(
+                microbatch_indices(
+                    mini, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens_per_microbatch
+                )
+            )
+            if dist is not None and dist.is_distributed:
+                # Normalise by the whole global mini-batch: each rank's loss is its share of the global one.
+                scale = AggScale(*dist.sum_floats([scale.num_tokens, scale.num_seqs]))
+                micros = same_group_count(micros, dist)  # every FSDP pass is a collective
+            for micro in micros:
                 mb = batch.select(micro).to(device)
                 values = response_values(
                     value_model,
@@ -71,7 +82,11 @@ def update_critic(
                     loss_agg_mode=agg_mode,
                     agg_scale=scale,
                 )
-                vf_loss.backward()
+                if dist is not None and dist.is_distributed:
+                    # FSDP averages the ranks' gradients; the global gradient is their sum.
+                    (vf_loss * dist.world_size).backward()
+                else:
+                    vf_loss.backward()
                 vpred = masked_mean(values.detach(), mb.response_mask)
                 stats.add({"vf_loss": vf_loss.detach(), "vpred_mean": vpred, **vf_metrics})
             grad_norm, stepped = clip_and_step(value_model, optimizer, scheduler, cfg.grad_clip)

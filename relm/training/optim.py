@@ -73,6 +73,8 @@ def clip_and_step(
     """
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: the norm over every rank's shards, replicated
+        grad_norm = grad_norm.full_tensor()
     stepped = bool(torch.isfinite(grad_norm))
     if stepped:
         optimizer.step()

@@ -25,10 +25,12 @@ class Precision:
     compute: torch.dtype
     """Matrix products in forward and backward (autocast when it differs from `master`)."""
     device_type: str
+    use_autocast: bool = True
+    """False where FSDP2's `MixedPrecisionPolicy` casts the sharded models itself (`relm.distributed`)."""
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The context the trainer's forward and backward passes run in."""
-        if self.compute == self.master:
+        if self.compute == self.master or not self.use_autocast:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.compute)
 

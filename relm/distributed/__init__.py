@@ -1,0 +1,13 @@
+"""Data-parallel training on PyTorch's own runtime: torchrun processes, FSDP2 sharding, DCP checkpoints.
+
+- `context`: the process group and device mesh of a run (`DistContext`), built once, passed explicitly.
+- `launcher`: `relm train` starting torchrun itself (one node) or printing the command (several).
+- `fsdp`: `fully_shard` of actor, reference and critic; full weights for the rollout engine.
+- `rollout`: `DataParallelEngine`, each rank generating for its share of the prompts.
+- `balance`: which rows of a step each rank trains on, balanced by token count.
+- `steps`: the trainer's per-step glue (forwards on this rank's rows, metric reduction).
+- `checkpoint`: sharded checkpoints (torch.distributed.checkpoint) and their export to an HF folder.
+
+Nothing here runs in a single-process run: there `DistContext()` is the single-process context whose
+collectives return their input, and the trainer takes exactly the code path it had before.
+"""

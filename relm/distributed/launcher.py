@@ -1,0 +1,155 @@
+"""`relm train` with more than one process: start torchrun for one node, print its command for several.
+
+relm has no process launcher of its own: every data-parallel run is torchrun's (`python -m
+torch.distributed.run`), one process per GPU, and `relm.distributed.context` picks the process group
+up from the variables torchrun sets. This module only saves typing:
+
+- one node (`trainer.nnodes=1`): `relm train trainer.n_gpus_per_node=N ...` re-runs itself under
+  `torchrun --standalone --nproc_per_node N` and waits. SIGINT/SIGTERM go straight to the workers, as
+  in a single-process run: each finishes its step, the ranks agree to stop after the same one, save,
+  and exit 0, so torchrun ends cleanly too. (torchrun itself, signalled, would pass the signal on but
+  then report the run as failed and kill workers still saving after 30 s.)
+- several nodes: relm cannot start processes on other machines, so it prints the one torchrun command
+  (c10d rendezvous at this machine) to run on every node, and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from types import FrameType
+
+import torch
+
+from relm.config.schema import RelmConfig
+from relm.errors import UserError
+
+logger = logging.getLogger("relm")
+
+RENDEZVOUS_PORT = 29400
+"""torchrun's own default port for the c10d rendezvous."""
+EXTRA_ARGS_ENV = "RELM_TORCHRUN_ARGS"
+"""More torchrun options for `relm train` to pass, e.g. "--log-dir logs --redirects 3 --tee 3"."""
+
+
+def world_size_of(cfg: RelmConfig) -> int:
+    """Processes of the run: `trainer.n_gpus_per_node * trainer.nnodes`."""
+    return cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+
+
+def offloads(cfg: RelmConfig) -> bool:
+    """FSDP2's CPU offload asked for the actor (and reference) or the critic."""
+    return (
+        cfg.actor_rollout_ref.actor.fsdp_config.offload_policy or cfg.critic.model.fsdp_config.offload_policy
+    )
+
+
+def needs_torchrun(cfg: RelmConfig, device: torch.device) -> bool:
+    """More than one process, or FSDP2's CPU offload (which needs a process group even on one GPU).
+
+    Raises:
+        UserError: offload asked for a run that computes on the CPU already.
+    """
+    if offloads(cfg) and device.type != "cuda":
+        raise UserError(
+            "`fsdp_config.offload_policy=true` moves a GPU run's shards to the CPU; this run computes on "
+            f"{device.type}: set it to false"
+        )
+    return world_size_of(cfg) > 1 or offloads(cfg)
+
+
+def torchrun_command(
+    argv: list[str], *, nproc_per_node: int, nnodes: int = 1, rendezvous: str | None = None, run_id: str = ""
+) -> list[str]:
+    """The torchrun command line that runs `relm train argv` in `nproc_per_node` processes per node.
+
+    One node uses `--standalone` (a local rendezvous on a free port); several use the c10d rendezvous
+    at `rendezvous` (host:port), the same command on every node. Options in `RELM_TORCHRUN_ARGS` come
+    last, before the program.
+    """
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_per_node}"]
+    if nnodes == 1:
+        command.append("--standalone")
+    else:
+        command += [
+            f"--nnodes={nnodes}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={rendezvous}",
+            f"--rdzv_id={run_id or 'relm'}",
+        ]
+    command += shlex.split(os.environ.get(EXTRA_ARGS_ENV, ""))
+    return [*command, "-m", "relm.trainer.main_ppo", *argv]
+
+
+def launch(cfg: RelmConfig, argv: list[str], device: torch.device) -> int:
+    """Run `relm train argv` under torchrun on this node and return its exit code (see module docstring).
+
+    Raises:
+        UserError: more GPUs per node than this machine shows, or several nodes (the command to run
+            on each is printed first).
+    """
+    trainer = cfg.trainer
+    visible = torch.cuda.device_count() if device.type == "cuda" else None
+    if visible is not None and trainer.n_gpus_per_node > visible:
+        raise UserError(
+            f"`trainer.n_gpus_per_node={trainer.n_gpus_per_node}` but this machine shows {visible} GPU(s); "
+            f"set it to {visible} or fewer (or trainer.device=cpu for CPU processes)"
+        )
+    if trainer.nnodes > 1:
+        command = torchrun_command(
+            argv,
+            nproc_per_node=trainer.n_gpus_per_node,
+            nnodes=trainer.nnodes,
+            rendezvous=f"{socket.gethostname()}:{RENDEZVOUS_PORT}",
+            run_id=trainer.experiment_name,
+        )
+        print(
+            f"relm: a {trainer.nnodes}-node run is started by torchrun on every node; run this same command "
+            f"on each of the {trainer.nnodes} nodes (this machine included), from the same folder:\n\n"
+            f"  {shlex.join(command)}\n",
+            flush=True,
+        )
+        raise UserError(
+            f"`trainer.nnodes={trainer.nnodes}`: relm starts processes on this machine only; run the "
+            "torchrun command printed above on every node"
+        )
+    command = torchrun_command(argv, nproc_per_node=trainer.n_gpus_per_node)
+    logger.info("starting %d processes: %s", trainer.n_gpus_per_node, shlex.join(command))
+    # Its own session, so a Ctrl-C in the terminal reaches only us; we pass it on to the workers.
+    process = subprocess.Popen(command, start_new_session=True)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        workers = child_pids(process.pid)
+        for pid in workers or [process.pid]:  # no worker yet: torchrun tears the start-up down
+            with contextlib.suppress(ProcessLookupError):  # it ended in between
+                os.kill(pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def child_pids(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (torchrun's workers), from /proc; empty where it is absent."""
+    children = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                # pid (comm) state ppid ...: comm may hold spaces, so split after its closing parenthesis.
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            children.append(int(entry))
+    return children

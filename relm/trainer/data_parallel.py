@@ -1,0 +1,85 @@
+"""The PPO step's data-parallel glue: which rows this rank computes on, and putting results back together.
+
+Every rank holds the step's whole `ExperienceBatch` (the rollout engine gathers it, see
+`relm.distributed.rollout`). Forward passes (old/reference logprobs, values) and updates run on this
+rank's rows only (`rank_rows`); forward results are gathered back into the whole batch, so advantage
+estimation runs on the global batch on every rank and needs no distributed statistics: GRPO groups,
+GAE's batch-wide whitening and the KL controller see exactly what one process would. In a
+single-process run each function here is the identity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from relm.distributed.balance import partition_rows
+from relm.distributed.context import DistContext
+from relm.training.batch import ExperienceBatch
+from relm.training.minibatch import ADDITIVE_METRICS
+
+if TYPE_CHECKING:
+    from relm.trainer.components import RunComponents
+
+
+def rank_rows(c: RunComponents, batch: ExperienceBatch) -> torch.Tensor | None:
+    """This rank's rows of the step (see `relm.distributed.balance`), or None in a single-process run.
+
+    Chunks are the largest row count that divides both the actor's and the critic's mini-batches, so
+    each rank's local mini-batches are its parts of the global ones for both models.
+    """
+    if not c.dist.is_distributed:
+        return None
+    chunk = c.sizes.actor_rows_per_minibatch
+    if c.critic is not None:
+        chunk = math.gcd(chunk, c.sizes.critic_rows_per_minibatch)
+    parts = partition_rows(
+        batch.attention_mask.sum(-1),
+        world_size=c.dist.world_size,
+        chunk_rows=min(chunk, len(batch)),
+        balance=c.cfg.trainer.balance_batch,
+    )
+    return parts[c.dist.rank]
+
+
+def on_rank_rows(
+    dist: DistContext,
+    batch: ExperienceBatch,
+    rows: torch.Tensor | None,
+    compute: Callable[[ExperienceBatch], torch.Tensor],
+) -> torch.Tensor:
+    """`compute` over this rank's `rows`, gathered into the whole batch's [N, ...] result on every rank."""
+    if rows is None:
+        return compute(batch)
+    local = compute(batch.select(rows)).cpu()
+    merged = torch.empty((len(batch), *local.shape[1:]), dtype=local.dtype)
+    for part_rows, part in dist.gather_objects((rows, local)):
+        merged[part_rows] = part
+    return merged
+
+
+def local_rows(batch: ExperienceBatch, rows: torch.Tensor | None) -> ExperienceBatch:
+    """The rows this rank updates with (the whole batch in a single-process run)."""
+    return batch if rows is None else batch.select(rows)
+
+
+def reduce_update_metrics(metrics: dict[str, list[float]], dist: DistContext) -> dict[str, list[float]]:
+    """One value per mini-batch for the whole run, from each rank's per-mini-batch values.
+
+    Losses (`ADDITIVE_METRICS`) are each rank's share of the global mini-batch loss, so they are summed;
+    ratios and fractions are averaged over ranks; grad norm and lr are the same on every rank.
+    """
+    if not dist.is_distributed:
+        return metrics
+    names = sorted(metrics)  # the same order on every rank
+    summed = iter(dist.sum_floats([v for name in names for v in metrics[name]]))
+    reduced: dict[str, list[float]] = {}
+    for name in names:
+        values = [next(summed) for _ in metrics[name]]
+        if name.split("/", 1)[-1] not in ADDITIVE_METRICS:
+            values = [v / dist.world_size for v in values]
+        reduced[name] = values
+    return reduced
