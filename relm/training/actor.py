@@ -8,16 +8,15 @@ import torch
 from torch import nn
 
 from relm.algorithms.kl import kl_estimate
-from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
+from relm.algorithms.losses import agg_loss, compute_policy_loss
 from relm.config.schema import ActorConfig
-from relm.distributed.balance import same_group_count
+from relm.distributed.balance import minibatch_split
 from relm.distributed.context import DistContext
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs
 from relm.training.minibatch import (
     MinibatchMetrics,
     forward_token_counts,
-    microbatch_indices,
     minibatch_indices,
 )
 from relm.training.optim import clip_and_step
@@ -66,16 +65,10 @@ def update_actor(
         for mini in minibatch_indices(
             len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
         ):
-            scale = AggScale.of(batch.response_mask[mini])
-            micros = list(
-                microbatch_indices(
-                    mini, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens_per_microbatch
-                )
-            )
-            if dist is not None and dist.is_distributed:
-                # Normalise by the whole global mini-batch: each rank's loss is its share of the global one.
-                scale = AggScale(*dist.sum_floats([scale.num_tokens, scale.num_seqs]))
-                micros = same_group_count(micros, dist)  # every FSDP pass is a collective
+            scale, micros = minibatch_split(
+                batch.response_mask, mini, rows_per_microbatch,
+                token_counts=token_counts, max_tokens=max_tokens_per_microbatch, dist=dist,
+            )  # fmt: skip
             for micro in micros:
                 mb = batch.select(micro).to(device)
                 logprobs, entropy = response_logprobs(

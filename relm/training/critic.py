@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from relm.algorithms.losses import AggScale, compute_value_loss
+from relm.algorithms.losses import compute_value_loss
 from relm.algorithms.masked import masked_mean
 from relm.config.schema import CriticConfig
-from relm.distributed.balance import same_group_count
+from relm.distributed.balance import minibatch_split
 from relm.distributed.context import DistContext
 from relm.training.actor import UpdateResult
 from relm.training.batch import ExperienceBatch
@@ -16,7 +16,6 @@ from relm.training.forward import response_values
 from relm.training.minibatch import (
     MinibatchMetrics,
     forward_token_counts,
-    microbatch_indices,
     minibatch_indices,
 )
 from relm.training.optim import clip_and_step
@@ -53,16 +52,10 @@ def update_critic(
         for mini in minibatch_indices(
             len(batch), rows_per_minibatch, shuffle=bool(cfg.shuffle), generator=generator
         ):
-            scale = AggScale.of(batch.response_mask[mini])
-            micros = list(
-                microbatch_indices(
-                    mini, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens_per_microbatch
-                )
-            )
-            if dist is not None and dist.is_distributed:
-                # Normalise by the whole global mini-batch: each rank's loss is its share of the global one.
-                scale = AggScale(*dist.sum_floats([scale.num_tokens, scale.num_seqs]))
-                micros = same_group_count(micros, dist)  # every FSDP pass is a collective
+            scale, micros = minibatch_split(
+                batch.response_mask, mini, rows_per_microbatch,
+                token_counts=token_counts, max_tokens=max_tokens_per_microbatch, dist=dist,
+            )  # fmt: skip
             for micro in micros:
                 mb = batch.select(micro).to(device)
                 values = response_values(
