@@ -16,7 +16,10 @@ from __future__ import annotations
 
 _RAY = "relm runs without Ray (processes start with torchrun)"
 _FSDP = "relm chooses FSDP2 wrapping, resharding and sharding size itself"
-_OFFLOAD = "CPU offload is not implemented yet"
+_OFFLOAD = (
+    "on one GPU the memory plan decides what waits in CPU memory; when sharded, `fsdp_config.offload_policy`"
+)
+_ACTIVATION_OFFLOAD = "activation offload is not implemented; the memory plan turns on gradient checkpointing"
 _SP = "sequence parallelism (Ulysses) is not implemented yet"
 _PROFILER = "verl's profiler hooks are not implemented; wrap `relm train` in a profiler instead"
 _HDFS = "relm writes only to the local run folder"
@@ -61,7 +64,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     # actor_rollout_ref
     "actor_rollout_ref.nccl_timeout": "relm uses PyTorch's default process-group timeout",
     "actor_rollout_ref.model.use_shm": _SHM,
-    "actor_rollout_ref.model.enable_activation_offload": _OFFLOAD,
+    "actor_rollout_ref.model.enable_activation_offload": _ACTIVATION_OFFLOAD,
     "actor_rollout_ref.model.lora_rank": _LORA,
     "actor_rollout_ref.model.lora_alpha": _LORA,
     "actor_rollout_ref.model.target_modules": _LORA,
@@ -124,7 +127,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "critic.enable": "relm uses a critic exactly when `algorithm.adv_estimator=gae`",
     "critic.optim.num_cycles": "relm's cosine schedule decays once (half a cycle)",
     "critic.model.use_shm": _SHM,
-    "critic.model.enable_activation_offload": _OFFLOAD,
+    "critic.model.enable_activation_offload": _ACTIVATION_OFFLOAD,
     "critic.model.fsdp_config.*": _FSDP,
     "critic.model.fsdp_config.param_offload": _OFFLOAD,
     "critic.model.fsdp_config.optimizer_offload": _OFFLOAD,

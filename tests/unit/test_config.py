@@ -212,7 +212,8 @@ def test_ignored_verl_keys_warn_once_each_and_change_nothing(caplog: pytest.LogC
     assert cfg == load_config([REAL])
     assert [record.getMessage() for record in caplog.records] == [
         f"`{MODEL}.lora_rank`: verl key not used by relm (LoRA is not supported yet)",
-        f"`{ACT}.fsdp_config.param_offload`: verl key not used by relm (CPU offload is not implemented yet)",
+        f"`{ACT}.fsdp_config.param_offload`: verl key not used by relm (on one GPU the memory plan decides what "
+        "waits in CPU memory; when sharded, `fsdp_config.offload_policy`)",
         f"`{RO}.multi_turn.max_turns`, `{RO}.multi_turn.format`: verl keys not used by relm "
         "(multi-turn and tool rollouts are not implemented)",
         "`ray_init.num_cpus`: verl key not used by relm "
