@@ -63,10 +63,8 @@ def batched_logprobs(
     """[N, R] logprobs of the responses under `model`, in forward passes of `rows_per_forward` rows
     (or of at most `max_tokens_per_forward` tokens). With `dist` (a sharded model, `batch` this rank's
     rows) every rank makes as many passes, and an out-of-memory pass is not retried on one rank alone."""
-    out = torch.zeros(len(batch), batch.response_width)
 
-    def forward(rows: torch.Tensor) -> None:
-        mb = batch.select(rows).to(device)
+    def logprobs_of(mb: ExperienceBatch) -> torch.Tensor:
         logprobs, _ = response_logprobs(
             model,
             mb.input_ids,
@@ -76,13 +74,12 @@ def batched_logprobs(
             temperature=temperature,
             remove_padding=remove_padding,
         )
-        out[rows] = logprobs.float().cpu()
+        return logprobs
 
-    for rows in same_group_count(
-        _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding), dist
-    ):
-        run_halving_on_oom(rows, forward, "logprob forward", retry=dist is None or not dist.is_distributed)
-    return out
+    return _in_forward_passes(
+        batch, logprobs_of, "logprob forward", rows_per_forward=rows_per_forward, device=device,
+        max_tokens=max_tokens_per_forward, remove_padding=remove_padding, dist=dist,
+    )  # fmt: skip
 
 
 @torch.no_grad()
@@ -97,11 +94,9 @@ def batched_values(
     dist: DistContext | None = None,
 ) -> torch.Tensor:
     """[N, R] critic values V(s_t) before each response token (`dist` as in `batched_logprobs`)."""
-    out = torch.zeros(len(batch), batch.response_width)
 
-    def forward(rows: torch.Tensor) -> None:
-        mb = batch.select(rows).to(device)
-        values = response_values(
+    def values_of(mb: ExperienceBatch) -> torch.Tensor:
+        return response_values(
             value_model,
             mb.input_ids,
             mb.attention_mask,
@@ -109,12 +104,35 @@ def batched_values(
             mb.response_width,
             remove_padding=remove_padding,
         )
-        out[rows] = values.float().cpu()
 
-    for rows in same_group_count(
-        _forward_groups(batch, rows_per_forward, max_tokens_per_forward, remove_padding), dist
-    ):
-        run_halving_on_oom(rows, forward, "value forward", retry=dist is None or not dist.is_distributed)
+    return _in_forward_passes(
+        batch, values_of, "value forward", rows_per_forward=rows_per_forward, device=device,
+        max_tokens=max_tokens_per_forward, remove_padding=remove_padding, dist=dist,
+    )  # fmt: skip
+
+
+def _in_forward_passes(
+    batch: ExperienceBatch,
+    compute: Callable[[ExperienceBatch], torch.Tensor],
+    what: str,
+    *,
+    rows_per_forward: int,
+    device: torch.device,
+    max_tokens: int | None,
+    remove_padding: bool,
+    dist: DistContext | None,
+) -> torch.Tensor:
+    """[N, R] fp32 on the CPU: `compute` ([n, R] of a sub-batch on `device`) over groups of rows cut by
+    row count or token budget, each retried in halves on out-of-memory (not when sharded: every rank
+    must make the same passes)."""
+    out = torch.zeros(len(batch), batch.response_width)
+
+    def forward(rows: torch.Tensor) -> None:
+        out[rows] = compute(batch.select(rows).to(device)).float().cpu()
+
+    groups = _forward_groups(batch, rows_per_forward, max_tokens, remove_padding)
+    for rows in same_group_count(groups, dist):
+        run_halving_on_oom(rows, forward, what, retry=dist is None or not dist.is_distributed)
     return out
 
 

@@ -55,12 +55,7 @@ class ParkedModel:
         if self.parked:
             return
         for tensor in self._tensors():
-            host = self._host.get(id(tensor))
-            if host is None:
-                host = torch.empty(
-                    tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=torch.cuda.is_available()
-                )
-                self._host[id(tensor)] = host
+            host = _host_buffer(self._host, id(tensor), tensor)
             host.copy_(tensor.data, non_blocking=True)
             tensor.data = host
         if self.device.type == "cuda":
@@ -189,12 +184,17 @@ class OffloadedOptimizerStates:
             if to_device:
                 state[key] = value.to(self.device, non_blocking=True)
                 continue
-            host = self._host.get((id(param), key))
-            if host is None:
-                host = torch.empty(
-                    value.shape, dtype=value.dtype, device="cpu", pin_memory=torch.cuda.is_available()
-                )
-                self._host[(id(param), key)] = host
+            host = _host_buffer(self._host, (id(param), key), value)
             if value.data_ptr() != host.data_ptr():
                 host.copy_(value, non_blocking=True)
                 state[key] = host
+
+
+def _host_buffer(buffers: dict, key: object, like: torch.Tensor) -> torch.Tensor:
+    """The CPU buffer kept under `key` for tensors like `like`, made on first use; pinned where CUDA is
+    available, so copies to and from the GPU can run asynchronously."""
+    host = buffers.get(key)
+    if host is None:
+        host = torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=torch.cuda.is_available())
+        buffers[key] = host
+    return host
