@@ -78,6 +78,10 @@ def clip_and_step(
     stepped = bool(torch.isfinite(grad_norm))
     if stepped:
         optimizer.step()
+        # Autocast caches its bf16 casts of the weights until the outermost autocast context exits,
+        # with no check that a weight changed; the trainer's step runs in one context, so without
+        # this every later mini-batch (and epoch) would compute with the weights of the first.
+        torch.clear_autocast_cache()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     return grad_norm.detach(), stepped

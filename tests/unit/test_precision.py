@@ -36,3 +36,26 @@ def test_fp32_master_with_bf16_autocast_moves_every_weight():
 def test_bf16_storage_rounds_most_small_updates_away():
     pure = Precision(master=torch.bfloat16, compute=torch.bfloat16, device_type="cpu")
     assert one_adamw_step(torch.bfloat16, pure) < 0.2
+
+
+def test_a_step_inside_one_autocast_context_is_seen_by_the_next_forward():
+    """The trainer runs a whole step (several mini-batches) in one autocast context; autocast caches
+    its casts of the weights, so `clip_and_step` must drop them or the next mini-batch computes with
+    the weights from before the update."""
+    from relm.training.optim import clip_and_step
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 16)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    x = torch.randn(4, 16)
+    mixed = Precision(master=torch.float32, compute=torch.bfloat16, device_type="cpu")
+    with mixed.autocast():
+        before = layer(x)
+        before.float().sum().backward()
+        clip_and_step(layer, optimizer, scheduler, max_norm=1e9)
+        after = layer(x)
+    with mixed.autocast():
+        fresh = layer(x)
+    assert not torch.equal(after, before)
+    assert torch.equal(after, fresh)
