@@ -39,6 +39,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--padded", action="store_true", help="use_remove_padding=false (rows x padded width)"
     )
     parser.add_argument("--grad-checkpointing", action="store_true")
+    parser.add_argument(
+        "--entropy-coeff",
+        type=float,
+        default=0.0,
+        help="actor.entropy_coeff (0, the default, keeps the entropy metric out of backward)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one more update: GPU time by kernel family, top kernels",
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--json", type=Path, default=None)
     return parser.parse_args(argv)
@@ -88,7 +99,7 @@ def bench_update(argv: list[str]) -> int:
         model.gradient_checkpointing_enable()
     cfg = ActorConfig(
         ppo_mini_batch_size=args.rows, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=args.max_tokens,
-        clip_ratio_low=0.2, clip_ratio_high=0.2,
+        clip_ratio_low=0.2, clip_ratio_high=0.2, entropy_coeff=args.entropy_coeff,
     )  # fmt: skip
     optimizer, scheduler = build_optimizer(model, cfg.optim, 10 * (args.repeats + 1))
     fused = FusedLayers(model, enabled=not args.no_compile and device.type == "cuda")
@@ -96,8 +107,8 @@ def bench_update(argv: list[str]) -> int:
         args.rows, args.prompt_len, args.response_len, model.config.get_text_config().vocab_size
     )
     seq_lens = batch.attention_mask.sum(-1).tolist()
-    times = []
-    for repeat in range(args.repeats + 1):
+
+    def one_update() -> float:
         _sync(device)
         start = time.perf_counter()
         with precision.autocast(), fused.applied():
@@ -107,9 +118,11 @@ def bench_update(argv: list[str]) -> int:
                 remove_padding=not args.padded, max_tokens_per_microbatch=args.max_tokens,
             )  # fmt: skip
         _sync(device)
-        if repeat:
-            times.append(time.perf_counter() - start)
-    seconds = min(times)
+        return time.perf_counter() - start
+
+    one_update()  # warm-up: compilation, allocator, optimizer states
+    seconds = min(one_update() for _ in range(args.repeats))
+    profile = profile_update(one_update, device) if args.profile else None
     peak = peak_flops(device)
     result = {
         "model": args.model,
@@ -123,6 +136,9 @@ def bench_update(argv: list[str]) -> int:
         "compiled": fused.active,
         "grad_checkpointing": args.grad_checkpointing,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "entropy_coeff": args.entropy_coeff,
+        "max_tokens": args.max_tokens,
+        "profile": profile,
         "torch": torch.__version__,
     }
     mfu = f"{result['mfu']:.1%}" if result["mfu"] is not None else "n/a (no known peak)"
@@ -131,10 +147,54 @@ def bench_update(argv: list[str]) -> int:
         f"({args.prompt_len} prompt + {args.response_len // 4}..{args.response_len} response): "
         f"{seconds:.3f} s, {result['tokens_per_s']:,.0f} tokens/s, MFU {mfu}"
     )
+    if profile:
+        print(format_profile(profile))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+KERNEL_FAMILIES = (
+    ("matrix products", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "splitk")),
+    ("attention", ("flash", "fmha", "attention", "cudnn")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("compiled (triton)", ("triton",)),
+    ("copies", ("memcpy", "memset", "copy_kernel")),
+    ("collectives", ("nccl",)),
+)
+"""Kernel families by name fragment (lower case), first match wins; the rest is "other"."""
+
+
+def profile_update(one_update, device: torch.device) -> dict:
+    """GPU time of one more update by kernel family and its 15 costliest kernels (ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        wall = one_update()
+    kernels: dict[str, float] = {}
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0) or 0
+        if device_us > 0:
+            kernels[event.key] = kernels.get(event.key, 0.0) + device_us / 1000
+    families: dict[str, float] = {}
+    for name, ms in kernels.items():
+        lowered = name.lower()
+        family = next((f for f, frags in KERNEL_FAMILIES if any(x in lowered for x in frags)), "other")
+        families[family] = families.get(family, 0.0) + ms
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
+    return {"wall_ms": wall * 1000, "families_ms": families, "top_kernels_ms": top}
+
+
+def format_profile(profile: dict) -> str:
+    gpu = sum(profile["families_ms"].values())
+    lines = [f"profile: wall {profile['wall_ms']:.0f} ms, GPU busy {gpu:.0f} ms"]
+    for family, ms in sorted(profile["families_ms"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {family:18s} {ms:8.1f} ms")
+    lines.append("  costliest kernels:")
+    lines += [f"    {ms:8.1f} ms  {name[:110]}" for name, ms in profile["top_kernels_ms"]]
+    return "\n".join(lines)
 
 
 def _sync(device: torch.device) -> None:

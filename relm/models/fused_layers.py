@@ -28,11 +28,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import _StopRecomputationError
 
 logger = logging.getLogger("relm")
 
 _CLASS_SUFFIXES = ("RMSNorm", "MLP")
 _FUNCTIONS = ("apply_rotary_pos_emb",)
+_TRAINER_FUNCTIONS = ("_token_logprobs", "_token_entropy")
 
 
 class FusedLayers:
@@ -97,7 +99,11 @@ class FusedLayers:
                 return original(*args, **kwargs)
             try:
                 return compiled(*args, **kwargs)
-            except torch.OutOfMemoryError:
+            except (torch.OutOfMemoryError, _StopRecomputationError):
+                # The second is how activation checkpointing ends a recomputation once it has what
+                # backward needs (early stop): control flow, not a compiler failure. Catching it and
+                # rerunning the original left checkpointing in a broken state ("target_frame.early_stop
+                # is set"), which is how training-side compilation failed under checkpointing.
                 raise
             except Exception as exc:  # noqa: BLE001 - any compiler failure: run the model's own code
                 self.disable(exc)
@@ -144,6 +150,11 @@ def _find_targets(model: nn.Module) -> list[tuple[Any, str]]:
         if modeling is None:
             continue
         targets.extend((modeling, name) for name in _FUNCTIONS if callable(getattr(modeling, name, None)))
+    # The trainer's fp32 log-softmax/entropy over vocabulary chunks: eager, each of its lines is a
+    # pass over [positions, vocab] fp32 values (152k columns for Qwen); compiled, about one.
+    from relm.training import forward
+
+    targets.extend((forward, name) for name in _TRAINER_FUNCTIONS)
     return targets
 
 

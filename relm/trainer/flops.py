@@ -3,10 +3,15 @@
 MFU = (6 * N * tokens + 12 * sum(seq_len^2) * num_layers * num_heads * head_dim) * epochs
       / update time / peak dense bf16 FLOP/s,
 
-where N is the number of parameters that take part in matrix products per token (every parameter
-except the input embedding lookup; the output projection counts even when tied to it). The first
-term is the weights' forward (2 FLOPs per multiply-add) and backward (twice the forward); the second
-is attention's QK^T and PV products, forward and backward, which grow with the square of the length.
+where N counts the parameters as verl's counter does (`verl/utils/flops_counter.py`): the blocks'
+weights plus vocab x hidden twice, once for the input embedding and once for the output head, tied
+or not. The embedding is a lookup, not a product, so this credits 2 x vocab x hidden x tokens FLOPs
+that no kernel performs (about 13% of the total at the Qwen2.5-1.5B shape); relm counts it anyway so
+that its MFU and verl's are the same number for the same run. `matmul_params` is the count without
+that credit. The first term is the weights' forward (2 FLOPs per multiply-add) and backward (twice
+the forward); the second is attention's QK^T and PV products, forward and backward, which grow with
+the square of the length (verl's 12; it counts the full square although causal attention computes
+about half of it).
 """
 
 from __future__ import annotations
@@ -45,11 +50,17 @@ def matmul_params(model: nn.Module) -> int:
     return count
 
 
+def verl_params(model: nn.Module) -> int:
+    """N as verl counts it: `matmul_params` plus the input embedding (vocab x hidden)."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return matmul_params(model) + (embed.weight.numel() if embed is not None else 0)
+
+
 def training_flops(model: nn.Module, seq_lens: list[int], num_epochs: int = 1) -> float:
-    """FLOPs of forward + backward over sequences of `seq_lens` tokens, `num_epochs` times."""
+    """FLOPs of forward + backward over sequences of `seq_lens` tokens, `num_epochs` times (verl's count)."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     num_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-    dense = 6 * matmul_params(model) * sum(seq_lens)
+    dense = 6 * verl_params(model) * sum(seq_lens)
     attention = 12 * sum(s * s for s in seq_lens) * config.num_hidden_layers * num_heads * head_dim
     return float(dense + attention) * num_epochs

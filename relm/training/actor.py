@@ -79,6 +79,8 @@ def update_actor(
                     mb.response_width,
                     temperature=temperature,
                     compute_entropy=True,
+                    # entropy_coeff 0 (the default): the entropy is only a metric, kept out of backward
+                    entropy_grad=cfg.entropy_coeff != 0,
                     remove_padding=remove_padding,
                 )
                 mask = mb.response_mask

@@ -28,6 +28,7 @@ def response_logprobs(
     *,
     temperature: float = 1.0,
     compute_entropy: bool = False,
+    entropy_grad: bool = True,
     vocab_chunk: int | None = None,
     remove_padding: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -50,6 +51,9 @@ def response_logprobs(
         temperature: the rollout temperature, so the ratio compares the distribution sampled from;
             values <= 0 (greedy) mean 1.
         compute_entropy: also return the entropy of the temperature-scaled distribution.
+        entropy_grad: let gradients flow through the entropy (an entropy bonus in the loss). Without
+            it (`entropy_coeff=0`, only the metric) the entropy is computed outside autograd: no
+            backward through a second pass over the vocabulary, and no recomputation of it.
         vocab_chunk: token positions whose full-vocabulary fp32 rows are held at once; None sizes
             chunks to about 2^26 fp32 values.
 
@@ -66,8 +70,8 @@ def response_logprobs(
         from relm.training.packing import packed_response_logprobs
 
         return packed_response_logprobs(
-            model, input_ids, attention_mask, response_width,
-            temperature=temperature, compute_entropy=compute_entropy, positions_per_chunk=vocab_chunk,
+            model, input_ids, attention_mask, response_width, temperature=temperature,
+            compute_entropy=compute_entropy, entropy_grad=entropy_grad, positions_per_chunk=vocab_chunk,
         )  # fmt: skip
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     if _accepts_logits_to_keep(model):
@@ -89,33 +93,71 @@ def response_logprobs(
         logprob_cols, entropy_cols = [], []
         for c0 in range(0, response_width, cols_per_block):
             block = (slice(r0, r0 + rows_per_block), slice(c0, min(c0 + cols_per_block, response_width)))
-            args = (logits[block], targets[block], scale, compute_entropy)
-            if use_checkpoint:
-                # Saves only the (model-dtype) logits view; the fp32 softmax is recomputed in backward.
-                logprob, entropy = checkpoint(_token_logprobs, *args, use_reentrant=False)
-            else:
-                logprob, entropy = _token_logprobs(*args)
+            logprob, entropy = vocab_chunk_stats(
+                logits[block], targets[block], scale, compute_entropy, entropy_grad, use_checkpoint
+            )
             logprob_cols.append(logprob)
             entropy_cols.append(entropy)
         logprob_rows.append(torch.cat(logprob_cols, dim=1))
-        entropy_rows.append(torch.cat(entropy_cols, dim=1))
+        if compute_entropy:
+            entropy_rows.append(torch.cat(entropy_cols, dim=1))
     logprobs = torch.cat(logprob_rows)  # [N, R]
     return logprobs, (torch.cat(entropy_rows) if compute_entropy else None)
+
+
+def vocab_chunk_stats(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    scale: float,
+    compute_entropy: bool,
+    entropy_grad: bool,
+    use_checkpoint: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of `targets` (and entropy) of one chunk of logits [..., c, V] -> [..., c] fp32 each.
+
+    With `use_checkpoint` only the model-dtype logits view is saved; the fp32 softmax is recomputed
+    in backward. An entropy without gradient is computed apart, under no_grad, so the backward
+    neither recomputes nor differentiates it.
+    """
+    with_entropy = compute_entropy and entropy_grad
+    if use_checkpoint:
+        logprob, entropy = checkpoint(
+            _token_logprobs, logits, targets, scale, with_entropy, use_reentrant=False
+        )
+    else:
+        logprob, entropy = _token_logprobs(logits, targets, scale, with_entropy)
+    if compute_entropy and not entropy_grad:
+        with torch.no_grad():
+            entropy = _token_entropy(logits, scale)
+    return logprob, (entropy if compute_entropy else None)
 
 
 def _token_logprobs(
     logits: torch.Tensor, targets: torch.Tensor, scale: float, compute_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[n, c, V] logits, [n, c] targets -> ([n, c] logprob, [n, c] entropy or zeros when not asked)."""
+    """[n, c, V] logits, [n, c] targets -> ([n, c] logprob, [n, c] entropy or zeros when not asked).
+
+    `relm.models.fused_layers` swaps in a compiled copy of this and `_token_entropy` on CUDA: eager,
+    each line is a pass over [n, c, V] fp32 values; compiled, the chunk is read about once.
+    """
     scaled = logits.float() / scale  # [n, c, V]
     log_norm = torch.logsumexp(scaled, dim=-1)  # [n, c]
     logprob = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm  # [n, c]
     if not compute_entropy:
         return logprob, torch.zeros_like(logprob)
+    return logprob, _entropy_of(scaled, log_norm)
+
+
+def _token_entropy(logits: torch.Tensor, scale: float) -> torch.Tensor:
+    """[n, c, V] logits -> [n, c] entropy of softmax(logits / scale)."""
+    scaled = logits.float() / scale
+    return _entropy_of(scaled, torch.logsumexp(scaled, dim=-1))
+
+
+def _entropy_of(scaled: torch.Tensor, log_norm: torch.Tensor) -> torch.Tensor:
     # H = -sum p log p = log Z - sum p * z, which needs no second [n, c, V] log-prob tensor.
     probs = torch.softmax(scaled, dim=-1)  # [n, c, V]
-    entropy = log_norm - (probs * scaled).sum(dim=-1)  # [n, c]
-    return logprob, entropy
+    return log_norm - (probs * scaled).sum(dim=-1)  # [n, c]
 
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:

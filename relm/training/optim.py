@@ -42,7 +42,12 @@ def build_optimizer(
     scheduler is stepped by.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    # One fused kernel per parameter group instead of foreach's dozen passes over every fp32 tensor
+    # (about 50 ms a step at 1.5B on an H200); plain CUDA tensors only (FSDP2's shards are DTensors).
+    fused = bool(params) and all(p.is_cuda and not hasattr(p, "to_local") for p in params)
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=fused or None
+    )
     warmup = num_warmup_steps(cfg, total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,

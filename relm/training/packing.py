@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -87,6 +86,7 @@ def packed_response_logprobs(
     *,
     temperature: float = 1.0,
     compute_entropy: bool = False,
+    entropy_grad: bool = True,
     positions_per_chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs` computed on the packed sequence; same outputs ([N, R], zeros at padding).
@@ -94,7 +94,7 @@ def packed_response_logprobs(
     Only the K positions that predict a response token go through the output head
     (`logits_to_keep` as an index tensor), and their fp32 log-softmax runs in checkpointed chunks.
     """
-    from relm.training.forward import _DEFAULT_CHUNK_VALUES, _token_logprobs
+    from relm.training.forward import _DEFAULT_CHUNK_VALUES, vocab_chunk_stats
 
     num_rows = input_ids.shape[0]
     layout = pack(input_ids, attention_mask, response_width)
@@ -111,14 +111,13 @@ def packed_response_logprobs(
     use_checkpoint = torch.is_grad_enabled() and logits.requires_grad
     logprob_parts, entropy_parts = [], []
     for k0 in range(0, logits.shape[1], chunk):
-        args = (logits[:, k0 : k0 + chunk], layout.targets[None, k0 : k0 + chunk], scale, compute_entropy)
-        logprob, entropy = (
-            checkpoint(_token_logprobs, *args, use_reentrant=False)
-            if use_checkpoint
-            else _token_logprobs(*args)
-        )
+        logprob, entropy = vocab_chunk_stats(
+            logits[:, k0 : k0 + chunk], layout.targets[None, k0 : k0 + chunk], scale,
+            compute_entropy, entropy_grad, use_checkpoint,
+        )  # fmt: skip
         logprob_parts.append(logprob[0])
-        entropy_parts.append(entropy[0])
+        if entropy is not None:
+            entropy_parts.append(entropy[0])
     logprobs = _unpack(torch.cat(logprob_parts), layout, num_rows, response_width)
     entropy = _unpack(torch.cat(entropy_parts), layout, num_rows, response_width) if compute_entropy else None
     return logprobs, entropy

@@ -101,6 +101,25 @@ def test_chunked_gradients_equal_hand_computation(model):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_entropy_as_a_metric_only_stays_out_of_backward(model, remove_padding):
+    """`entropy_grad=False` (entropy_coeff 0): same values, an entropy without a graph, and the
+    logprob gradients equal the hand computation's."""
+    ids, mask, positions = experience(PROMPTS, RESPONSES)
+    weights = mask[:, -R:].float()
+    lp, ent = response_logprobs(
+        model, ids, mask, positions, R, temperature=0.7, compute_entropy=True, entropy_grad=False,
+        vocab_chunk=3, remove_padding=remove_padding,
+    )  # fmt: skip
+    assert not ent.requires_grad
+    want_lp, want_ent = by_hand(model, ids, mask, positions, 0.7)
+    torch.testing.assert_close(ent * weights, want_ent.detach() * weights, atol=1e-5, rtol=1e-5)
+    got = torch.autograd.grad((lp * weights).sum(), list(model.parameters()))
+    want = torch.autograd.grad((want_lp * weights).sum(), list(model.parameters()))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
 class WithoutLogitsToKeep(nn.Module):
     """A causal LM whose forward has no `logits_to_keep`, like some remote-code models."""
 
