@@ -110,11 +110,14 @@ def packed_response_logprobs(
     chunk = positions_per_chunk or max(1, _DEFAULT_CHUNK_VALUES // logits.shape[-1])
     use_checkpoint = torch.is_grad_enabled() and logits.requires_grad
     logprob_parts, entropy_parts = [], []
-    for k0 in range(0, logits.shape[1], chunk):
+    # `split`, not slicing: see `relm.training.forward.response_logprobs` (one gradient concatenation
+    # instead of a zero-filled full-size gradient per chunk).
+    for chunk_logits, chunk_targets in zip(
+        logits.split(chunk, dim=1), layout.targets.split(chunk), strict=True
+    ):
         logprob, entropy = vocab_chunk_stats(
-            logits[:, k0 : k0 + chunk], layout.targets[None, k0 : k0 + chunk], scale,
-            compute_entropy, entropy_grad, use_checkpoint,
-        )  # fmt: skip
+            chunk_logits, chunk_targets[None], scale, compute_entropy, entropy_grad, use_checkpoint
+        )
         logprob_parts.append(logprob[0])
         if entropy is not None:
             entropy_parts.append(entropy[0])
