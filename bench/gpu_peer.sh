@@ -47,7 +47,7 @@ if [ "$MODE" = "quick" ] || [ "$MODE" = "all" ]; then
   peer peer_quick 240 --model zoo:Qwen/Qwen2.5-0.5B-Instruct --prompts 8 --n 4 --prompt-len 64 --response-len 64
 fi
 if [ "$MODE" = "3b" ] || [ "$MODE" = "all" ]; then
-  peer peer_3b 560 --model zoo:Qwen/Qwen2.5-3B-Instruct --prompts 64 --n 8 --prompt-len 512 --response-len 512
+  peer peer_3b "${PEER_LIMIT:-560}" --model zoo:Qwen/Qwen2.5-3B-Instruct --prompts 64 --n 8 --prompt-len 512 --response-len 512
 fi
 
 summary
