@@ -156,8 +156,8 @@ def bench_update(argv: list[str]) -> int:
 
 
 KERNEL_FAMILIES = (
+    ("attention", ("flash", "fmha", "attention", "cudnn")),  # before products: flash names say "cutlass"
     ("matrix products", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "splitk", "sm90_")),
-    ("attention", ("flash", "fmha", "attention", "cudnn")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
     ("compiled (triton)", ("triton",)),
     ("copies", ("memcpy", "memset", "copy_kernel")),
