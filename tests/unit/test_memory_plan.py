@@ -270,3 +270,16 @@ def test_cpu_runs_follow_the_users_settings_without_a_plan():
         ).models
         == {}
     )
+
+
+def test_moment_dtype_keys_are_checked_before_anything_loads():
+    from relm.config.loader import load_config
+    from relm.errors import UserError
+    from relm.trainer.memory import choose_memory
+
+    cfg = load_config(["critic.optim.moments_dtype=float16"])
+    with pytest.raises(UserError, match="`critic.optim.moments_dtype=float16`: choose float32 or bfloat16"):
+        choose_memory(cfg, "unused", device=torch.device("cpu"))
+    cfg = load_config(["actor_rollout_ref.actor.optim.moments_dtype=bfloat16"])
+    with pytest.raises(UserError, match="applies to single-process runs"):
+        choose_memory(cfg, "unused", device=torch.device("cpu"), sharded=True)
