@@ -301,6 +301,7 @@ def _update(
     from relm.models.zoo import default_cache_dir
     from relm.trainer.components import build_components
     from relm.trainer.ppo import ppo_step
+    from relm.training.compact_adamw import CompactAdamW
 
     train_file, _ = write_demo_parquet(default_cache_dir() / "demo")
     with tempfile.TemporaryDirectory(prefix="relm-compat-") as run_dir:
@@ -319,8 +320,11 @@ def _update(
             worst, _ = components.engine.check_agreement()
             metrics["weight_sync_logprob_diff_max"] = worst
             components.engine.close()
-        if changed < 0.5:
-            dtype = next(components.actor.parameters()).dtype
+        dtype = next(components.actor.parameters()).dtype
+        # bf16 weights that CompactAdamW rounds stochastically move in expectation: at lr 1e-6 about 1% of
+        # them take a whole bf16 step, so only a step that moved none was lost.
+        stochastic = dtype == torch.bfloat16 and isinstance(components.actor_optimizer, CompactAdamW)
+        if changed < 0.5 and not (stochastic and changed > 0):
             raise CheckFailed(
                 f"the update changed {changed:.0%} of the actor's weights (median over tensors) at lr "
                 f"{cfg.actor_rollout_ref.actor.optim.lr:g} on {str(dtype).removeprefix('torch.')} weights: "

@@ -83,7 +83,9 @@ class ModelConfig:
     external_lib: str | None = None
     """A module imported before loading, for architectures registered outside transformers."""
     dtype: str = "auto"
-    """Weight dtype for training: `auto` (bf16 on GPU, fp32 on CPU), `float32`, `bfloat16`, `float16`."""
+    """Dtype of the trained weights (actor and critic): `auto` is fp32 master weights computing in bf16 on a
+    GPU, or bf16 weights when the memory plan finds fp32 ones do not fit, and fp32 on CPU; `float32`,
+    `bfloat16` (AdamW updates stochastically rounded in single-process runs) or `float16` fix it."""
 
 
 @dataclass
@@ -106,6 +108,9 @@ class OptimConfig:
     """AdamW betas."""
     total_training_steps: int = -1
     """Filled in by the trainer from the data and epochs; a set value wins."""
+    moments_dtype: str | None = None
+    """relm: storage of AdamW's two moments, `float32` or `bfloat16` (the step computes in fp32 either way);
+    unset lets the memory plan decide on one GPU (fp32 unless it does not fit) and is fp32 elsewhere."""
 
 
 @dataclass

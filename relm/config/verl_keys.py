@@ -19,6 +19,10 @@ _FSDP = "relm chooses FSDP2 wrapping, resharding and sharding size itself"
 _OFFLOAD = (
     "on one GPU the memory plan decides what waits in CPU memory; when sharded, `fsdp_config.offload_policy`"
 )
+_MODEL_DTYPE = (
+    "relm's trained weights follow `actor_rollout_ref.model.dtype` (auto: fp32 master weights, or bf16 when the "
+    "memory plan finds fp32 ones do not fit one GPU)"
+)
 _ACTIVATION_OFFLOAD = "activation offload is not implemented; the memory plan turns on gradient checkpointing"
 _SP = "sequence parallelism (Ulysses) is not implemented yet"
 _PROFILER = "verl's profiler hooks are not implemented; wrap `relm train` in a profiler instead"
@@ -80,6 +84,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.actor.fsdp_config.*": _FSDP,
     "actor_rollout_ref.actor.fsdp_config.param_offload": _OFFLOAD,
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": _OFFLOAD,
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": _MODEL_DTYPE,
     "actor_rollout_ref.actor.use_fused_kernels": _KERNELS,
     "actor_rollout_ref.actor.profiler.*": _PROFILER,
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": _ENTROPY_MEM,
@@ -131,6 +136,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "critic.model.fsdp_config.*": _FSDP,
     "critic.model.fsdp_config.param_offload": _OFFLOAD,
     "critic.model.fsdp_config.optimizer_offload": _OFFLOAD,
+    "critic.model.fsdp_config.model_dtype": _MODEL_DTYPE,
     "critic.model.lora_rank": _LORA,
     "critic.model.lora_alpha": _LORA,
     "critic.model.target_modules": _LORA,

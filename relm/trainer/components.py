@@ -36,7 +36,7 @@ from relm.rollout.native_engine import NativeRolloutEngine
 from relm.rollout.watchdog import WatchedEngine
 from relm.trainer.memory import MemoryChoices, build_residency, choose_memory
 from relm.training.offload import OffloadedOptimizerStates, Residency
-from relm.training.precision import Precision, pick_precision
+from relm.training.precision import Precision
 from relm.training.varlen_attention import (
     VARLEN_ATTENTION,
     register_varlen_attention,
@@ -91,6 +91,8 @@ class RunComponents:
     """Which models wait on the CPU outside their phases (none unless the plan parks them)."""
     actor_optimizer_offload: OffloadedOptimizerStates | None = None
     """Set when the plan keeps the actor's AdamW moments in CPU memory (its `step` is chunked)."""
+    critic_optimizer_offload: OffloadedOptimizerStates | None = None
+    """The same for the critic's."""
     dist: DistContext = field(default_factory=DistContext)
     """This process's place in a data-parallel run (the single-process context by default)."""
 
@@ -174,7 +176,9 @@ def build_components(
     arr = cfg.actor_rollout_ref
     dist = dist or DistContext()
     device = dist.device if dist.is_distributed else pick_device(cfg.trainer.device)
-    precision = pick_precision(arr.model.dtype, device)
+    # Planned before loading: the plan's last rung loads the trained models in bf16.
+    memory = choose_memory(cfg, model_dir, device=device, sharded=dist.is_distributed)
+    precision = memory.precision
     if dist.is_distributed:
         precision = replace(precision, use_autocast=False)  # FSDP's MixedPrecisionPolicy casts instead
     dtype = precision.master
@@ -231,12 +235,20 @@ def build_components(
         actor = shard_model(actor, dist, precision, offload=offload)
         if ref is not None:
             ref = shard_model(ref, dist, replace(precision, master=precision.compute), offload=offload)
+    # CompactAdamW where a moment or weight is bf16 (one process); torch's AdamW otherwise.
+    compact = not dist.is_distributed and precision.master in (torch.float32, torch.bfloat16)
+    compact_weights = precision.master == torch.bfloat16
+    actor_moments = memory.actor_moments_dtype
     actor_optimizer, actor_scheduler = build_optimizer(
         actor,
         arr.actor.optim,
         _optimizer_steps(
             sizes.total_training_steps, rows_per_step, sizes.actor_rows_per_minibatch, arr.actor.ppo_epochs
         ),
+        moments_dtype=actor_moments
+        if compact and (compact_weights or actor_moments != torch.float32)
+        else None,
+        seed=cfg.seed,
     )
 
     critic = critic_optimizer = critic_scheduler = None
@@ -259,6 +271,7 @@ def build_components(
             from relm.distributed.fsdp import shard_model
 
             critic = shard_model(critic, dist, precision, offload=cfg.critic.model.fsdp_config.offload_policy)
+        critic_moments = memory.critic_moments_dtype
         critic_optimizer, critic_scheduler = build_optimizer(
             critic,
             cfg.critic.optim,
@@ -268,25 +281,21 @@ def build_components(
                 sizes.critic_rows_per_minibatch,
                 sizes.critic_epochs,
             ),
+            moments_dtype=critic_moments
+            if compact and (compact_weights or critic_moments != torch.float32)
+            else None,
+            seed=cfg.seed + 1,
         )
 
-    memory = choose_memory(
-        cfg,
-        actor,
-        critic,
-        has_generator_copy=generator is not actor,
-        device=device,
-        sharded=dist.is_distributed,
-    )
-    if memory.plan is not None:
-        logger.info("%s", memory.plan.describe())
     if memory.actor_checkpointing:
         actor.gradient_checkpointing_enable()
     if critic is not None and memory.critic_checkpointing:
         critic.gradient_checkpointing_enable()
-    optimizer_offload = None
+    optimizer_offload = critic_optimizer_offload = None
     if memory.plan is not None and memory.plan.offload_optimizer:
         optimizer_offload = OffloadedOptimizerStates(actor_optimizer, device)
+    if memory.plan is not None and memory.plan.offload_critic_optimizer and critic_optimizer is not None:
+        critic_optimizer_offload = OffloadedOptimizerStates(critic_optimizer, device)
     residency = build_residency(
         memory.plan, device, ref=ref, generator=generator if generator is not actor else None,
         critic=critic, critic_optimizer=critic_optimizer,
@@ -344,6 +353,7 @@ def build_components(
         memory=memory,
         residency=residency,
         actor_optimizer_offload=optimizer_offload,
+        critic_optimizer_offload=critic_optimizer_offload,
         dist=dist,
     )
 

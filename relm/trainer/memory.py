@@ -1,10 +1,12 @@
-"""The memory plan of a run: computed from the built models before the first step, applied, printed.
+"""The memory plan of a run: computed from the models' configs before any weight is loaded, applied, printed.
 
-The arithmetic is `relm.training.memory_plan`; this module reads the run's side of it (shapes,
-lengths, the GPU's and the host's memory, the user's explicit settings) and turns the decisions into
-gradient checkpointing, micro-batch token budgets and the phases' `Residency`. It plans a single
-CUDA process only: on CPU nothing is planned (checkpointing stays off unless asked for, it only
-costs time there), and sharded runs size themselves through FSDP2 (`fsdp_config.offload_policy`).
+The arithmetic is `relm.training.memory_plan`; this module reads the run's side of it (shapes from
+the configs, lengths, the GPU's and the host's memory, the user's explicit settings) and turns the
+decisions into the dtype the models load in, the optimizers' moment dtype, gradient checkpointing,
+micro-batch token budgets and the phases' `Residency`. The plan comes first because its last rung
+(bf16 weights) decides how the models are loaded. It plans a single CUDA process only: on CPU nothing
+is planned (checkpointing stays off unless asked for, it only costs time there), and sharded runs
+size themselves through FSDP2 (`fsdp_config.offload_policy`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,19 @@ from torch import nn
 
 from relm.config.schema import RelmConfig
 from relm.errors import UserError
-from relm.training.memory_plan import MemoryPlan, ModelShape, PlanDoesNotFit, PlanRequest, plan_memory
+from relm.models.loading import load_config, pick_dtype, resolve_model_dir
+from relm.training.memory_plan import MemoryPlan, PlanDoesNotFit, PlanRequest, plan_memory
+from relm.training.model_shape import ModelShape
 from relm.training.offload import ParkedModel, Residency
+from relm.training.precision import Precision, pick_precision
 
 logger = logging.getLogger("relm")
+MOMENTS_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 
 @dataclass
@@ -33,28 +44,55 @@ class MemoryChoices:
     actor_max_tokens: int | None
     """Token budget of actor/reference micro-batches; None cuts them by rows."""
     critic_max_tokens: int | None
+    precision: Precision
+    """Dtype of the trained weights and of their matrix products (bf16 for both at the plan's last rung)."""
+    actor_moments_dtype: torch.dtype = torch.float32
+    critic_moments_dtype: torch.dtype = torch.float32
     plan: MemoryPlan | None = None
 
 
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """(GPU bytes, host bytes) a plan is made for; None where nothing is planned (CPU).
+
+    Tests replace it to plan a CPU run as if it had a GPU of a given size.
+    """
+    if device.type != "cuda":
+        return None
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return torch.cuda.get_device_properties(device).total_memory, host
+
+
 def choose_memory(
-    cfg: RelmConfig,
-    actor: nn.Module,
-    critic: nn.Module | None,
-    *,
-    has_generator_copy: bool,
-    device: torch.device,
-    sharded: bool = False,
+    cfg: RelmConfig, model_dir: str, *, device: torch.device, sharded: bool = False
 ) -> MemoryChoices:
     """The plan on a single GPU (raising `UserError` when the run cannot fit), else the user's settings.
 
+    Args:
+        cfg: the validated config.
+        model_dir: the resolved folder of `actor_rollout_ref.model.path` (its config gives the shapes).
+        device: where the run trains.
+        sharded: a torchrun run (FSDP2 sizes it; nothing is planned).
+
     Raises:
-        UserError: the planner finds no arrangement that fits; the message names what does not.
+        UserError: the planner finds no arrangement that fits (the message names what does not), or
+            a moment dtype is set where relm cannot honour it.
     """
     arr = cfg.actor_rollout_ref
     actor_cfg, critic_cfg = arr.actor, cfg.critic
     critic_dynamic = (
         actor_cfg.use_dynamic_bsz if critic_cfg.use_dynamic_bsz is None else critic_cfg.use_dynamic_bsz
     )
+    user_moments = {
+        "actor": _moments_dtype(actor_cfg.optim.moments_dtype, "actor_rollout_ref.actor.optim.moments_dtype"),
+        "critic": _moments_dtype(critic_cfg.optim.moments_dtype, "critic.optim.moments_dtype"),
+    }
+    precision = pick_precision(arr.model.dtype, device)
+    explicit = [f"{key}={value}" for key, value in _explicit_precision(cfg).items()]
+    if any(user_moments.values()) and (sharded or precision.master not in (torch.float32, torch.bfloat16)):
+        raise UserError(
+            f"`{explicit[-1]}` applies to single-process runs with float32 or bfloat16 weights; "
+            "remove it (sharded runs and float16 weights step with torch's AdamW)"
+        )
     choices = MemoryChoices(
         actor_checkpointing=bool(arr.model.enable_gradient_checkpointing),
         critic_checkpointing=bool(critic_cfg.model.enable_gradient_checkpointing),
@@ -62,28 +100,29 @@ def choose_memory(
         if actor_cfg.use_dynamic_bsz
         else None,
         critic_max_tokens=(critic_cfg.ppo_max_token_len_per_gpu or 32768) if critic_dynamic else None,
+        precision=precision,
+        actor_moments_dtype=user_moments["actor"] or torch.float32,
+        critic_moments_dtype=user_moments["critic"] or torch.float32,
     )
-    if device.type != "cuda" or sharded or cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes > 1:
+    memory = (
+        None if sharded or cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes > 1 else device_memory(device)
+    )
+    if memory is None:
         return choices
-    request = PlanRequest(
-        actor=ModelShape.of(actor),
-        critic=ModelShape.of(critic) if critic is not None else None,
-        has_reference=cfg.algorithm.use_kl_in_reward or actor_cfg.use_kl_loss,
-        has_generator_copy=has_generator_copy,
-        max_sequence_length=cfg.data.max_prompt_length + cfg.data.max_response_length,
-        gpu_bytes=torch.cuda.get_device_properties(device).total_memory,
-        host_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-        user_checkpointing=arr.model.enable_gradient_checkpointing,
-        user_critic_checkpointing=critic_cfg.model.enable_gradient_checkpointing,
-        user_max_tokens=actor_cfg.ppo_max_token_len_per_gpu,
-    )
+    request = _plan_request(cfg, model_dir, device, precision, memory, user_moments)
     try:
         plan = plan_memory(request)
     except PlanDoesNotFit as exc:
+        settings = f" with {', '.join(explicit)}" if explicit else ""
         raise UserError(
-            f"`{arr.model.path}` does not fit one GPU for this run: {exc}; use more GPUs "
+            f"`{arr.model.path}` does not fit one GPU for this run{settings}: {exc}; use more GPUs "
             "(trainer.n_gpus_per_node) or shorter data.max_prompt_length / data.max_response_length"
         ) from None
+    logger.info("%s", plan.describe())
+    if plan.given_up:
+        logger.warning("memory plan: to fit one GPU, %s", "; ".join(plan.given_up))
+    if plan.rung.weights != precision.master:  # the last rung: bf16 weights, computed in bf16
+        precision = Precision(master=plan.rung.weights, compute=plan.rung.weights, device_type=device.type)
     # Micro-batches by the plan's token budget unless the user fixed their row count.
     by_tokens = actor_cfg.use_dynamic_bsz or actor_cfg.ppo_micro_batch_size_per_gpu is None
     critic_by_tokens = critic_dynamic or critic_cfg.ppo_micro_batch_size_per_gpu is None
@@ -94,8 +133,75 @@ def choose_memory(
         critic_max_tokens=(critic_cfg.ppo_max_token_len_per_gpu or plan.max_tokens_per_microbatch)
         if critic_by_tokens
         else None,
+        precision=precision,
+        actor_moments_dtype=plan.rung.actor_moments,
+        critic_moments_dtype=plan.rung.critic_moments,
         plan=plan,
     )
+
+
+def _plan_request(
+    cfg: RelmConfig,
+    model_dir: str,
+    device: torch.device,
+    precision: Precision,
+    memory: tuple[int, int],
+    user_moments: dict[str, torch.dtype | None],
+) -> PlanRequest:
+    """The run's side of the arithmetic, with the shapes read from the configs (no weights exist yet)."""
+    from relm.algorithms.advantages import ESTIMATORS_WITH_CRITIC
+
+    arr, critic_cfg = cfg.actor_rollout_ref, cfg.critic
+    _, config, _ = load_config(
+        model_dir, override_config=arr.model.override_config, trust_remote_code=arr.model.trust_remote_code
+    )
+    actor = ModelShape.from_config(config, trust_remote_code=arr.model.trust_remote_code)
+    critic = None
+    if cfg.algorithm.adv_estimator in ESTIMATORS_WITH_CRITIC:
+        critic_dir = resolve_model_dir(critic_cfg.model.path) if critic_cfg.model.path else model_dir
+        trust = critic_cfg.model.trust_remote_code
+        _, critic_config, _ = load_config(
+            critic_dir, override_config=critic_cfg.model.override_config, trust_remote_code=trust
+        )
+        critic = ModelShape.from_config(critic_config, value_model=True, trust_remote_code=trust)
+    # The engine copies the actor into rollout.dtype on a GPU (CPU runs generate in the training
+    # dtype); vLLM keeps its own weights outside this arithmetic.
+    copies = arr.rollout.name != "vllm" and device.type == "cuda"
+    gpu_bytes, host_bytes = memory
+    return PlanRequest(
+        actor=actor,
+        critic=critic,
+        has_reference=cfg.algorithm.use_kl_in_reward or arr.actor.use_kl_loss,
+        max_sequence_length=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        gpu_bytes=gpu_bytes,
+        host_bytes=host_bytes,
+        generation_dtype=pick_dtype(arr.rollout.dtype, device) if copies else None,
+        weights_dtype=None if arr.model.dtype == "auto" else precision.master,
+        autocast=precision.compute != precision.master,
+        actor_moments_dtype=user_moments["actor"],
+        critic_moments_dtype=user_moments["critic"],
+        user_checkpointing=arr.model.enable_gradient_checkpointing,
+        user_critic_checkpointing=critic_cfg.model.enable_gradient_checkpointing,
+        user_max_tokens=arr.actor.ppo_max_token_len_per_gpu,
+    )
+
+
+def _moments_dtype(value: str | None, key: str) -> torch.dtype | None:
+    if value is None:
+        return None
+    if value not in MOMENTS_DTYPES:
+        raise UserError(f"`{key}={value}`: choose float32 or bfloat16 (null lets the memory plan decide)")
+    return MOMENTS_DTYPES[value]
+
+
+def _explicit_precision(cfg: RelmConfig) -> dict[str, str]:
+    """The precision keys the user set, as they wrote them (for error messages)."""
+    settings = {
+        "actor_rollout_ref.model.dtype": cfg.actor_rollout_ref.model.dtype,
+        "actor_rollout_ref.actor.optim.moments_dtype": cfg.actor_rollout_ref.actor.optim.moments_dtype,
+        "critic.optim.moments_dtype": cfg.critic.optim.moments_dtype,
+    }
+    return {key: value for key, value in settings.items() if value not in (None, "auto")}
 
 
 def build_residency(
@@ -107,7 +213,11 @@ def build_residency(
     critic: nn.Module | None,
     critic_optimizer: torch.optim.Optimizer | None,
 ) -> Residency:
-    """The models the plan parks outside their phases (none without a plan)."""
+    """The models the plan parks outside their phases (none without a plan).
+
+    `critic_optimizer` travels with a parked critic unless its moments are offloaded already (they wait
+    in CPU memory anyway, and would otherwise be copied into a second host buffer).
+    """
     models: dict[str, ParkedModel] = {}
     if plan is not None:
         if plan.park_reference and ref is not None:
@@ -115,5 +225,6 @@ def build_residency(
         if plan.park_generator and generator is not None:
             models["generator"] = ParkedModel(generator, device)
         if plan.park_critic and critic is not None:
-            models["critic"] = ParkedModel(critic, device, critic_optimizer)
+            optimizer = None if plan.offload_critic_optimizer else critic_optimizer
+            models["critic"] = ParkedModel(critic, device, optimizer)
     return Residency(models)

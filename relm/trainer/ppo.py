@@ -241,8 +241,9 @@ def train(c: RunComponents) -> None:
     if checkpoint is not None:
         logger.info("loading checkpoint %s", checkpoint)
         restored = load_checkpoint(c, checkpoint)
-        if c.actor_optimizer_offload is not None:
-            c.actor_optimizer_offload.to_host()  # loading put the moments on the GPU
+        for offload in (c.actor_optimizer_offload, c.critic_optimizer_offload):
+            if offload is not None:
+                offload.to_host()  # loading put the moments on the GPU
         start = restored.step
         guard.load_state_dict(restored.loop_state.get("skip_guard", {}))
         logger.info("resumed from %s: continuing at step %d of %d", checkpoint, start + 1, total)

@@ -1,25 +1,48 @@
-"""How a run fits on one GPU: gradient checkpointing, micro-batch token budgets, and what waits on the CPU.
+"""How a run fits on one GPU: precision, what waits in CPU memory, checkpointing, micro-batch budgets.
 
 Users of other RL frameworks hand-tune memory per model: lower the engine's share for a 3B model,
-shorten prompts for a 7B. The arithmetic behind those choices is simple enough to do once, before
-the first step, from what the run holds:
+shorten prompts for a 7B, switch optimizers for a 9B. The arithmetic behind those choices is simple
+enough to do once, before any weight is loaded, from the shapes of the models (P actor parameters,
+C critic parameters) and the run's lengths. Bytes a parameter:
 
-- trainable models (actor, critic): fp32 master weights, fp32 gradients and two fp32 AdamW states,
-  16 bytes a parameter, plus the bf16 copies of the weights autocast caches while it computes (2 more),
-  resident on the GPU through their update;
-- frozen copies (reference model, the engine's bf16 generator copy): 2 bytes a parameter;
+- a trained model (actor, critic) holds weights and gradients of the weights' dtype (w = 4 for fp32
+  master weights, 2 for bf16), the bf16 copies autocast caches of fp32 weights while it computes
+  (2, none for bf16 weights), and two AdamW moments (8 in fp32, 4 in bf16);
+- frozen copies hold 2: the reference model, and the engine's bf16 generator copy, which exists only
+  beside fp32 master weights (bf16 weights are generated on directly);
 - activations of one micro-batch, per token: without gradient checkpointing every layer keeps its
-  intermediate tensors; with it only each layer's input stays and one layer is recomputed at a time;
-- the output head's logits for the micro-batch's response positions (bf16, and their gradient).
+  intermediate tensors; with it only each layer's input stays and one layer is recomputed at a time,
+  plus the output head's bf16 logits and their gradient, and 2 GiB of log-softmax scratch.
 
-The plan keeps everything on the GPU when it fits; otherwise it parks, in this order, the reference
-model, the engine's generator copy and the critic (with its optimizer states) in CPU memory outside
-the phases that use them (`relm.training.offload`), and if that is not enough it also keeps the
-actor's AdamW moments in CPU memory, stepping them on the GPU a chunk at a time (a 7B actor on one
-H200: its update otherwise holds 18 x 7.6e9 bytes = 127 GiB before any activation). With the remaining memory it prefers no
-gradient checkpointing (about a third less compute) when a micro-batch of at least two full sequences
-fits without it. A setting the user made explicitly (`enable_gradient_checkpointing`,
-`ppo_max_token_len_per_gpu`) is kept; the plan only reports what it estimates for it.
+Each update is its own phase, and the plan checks both. During the actor's update the GPU holds the
+actor's (2w + 2 or 2w) P, its moments (or one 2 GiB chunk of them when they wait in CPU memory and
+step chunk by chunk), the frozen copies, and the idle critic's weights and moments. During the
+critic's update the actor holds only its weights (its gradients are freed, its autocast copies
+dropped at the phase change) and its moments if resident, beside the critic's full update. Whatever
+waits in CPU memory is pinned (it cannot be swapped, and pinned copies run at full PCIe speed) and
+stays allocated between trips: offloaded moments, parked models (a parked critic with its moments),
+and their sum must stay within `HOST_SHARE` of the machine's memory.
+
+The plan walks rungs of precision, cheapest loss first, and within each rung arrangements of rising
+transfer cost: park the reference, then the generator copy, then the critic (each moved once a step),
+then keep the actor's moments in CPU memory, then the critic's too (moved every optimizer step):
+
+1. fp32 master weights and fp32 moments (nothing given up);
+2. fp32 master weights, bf16 moments (`relm.training.compact_adamw`: fp32 step, bf16 storage);
+3. bf16 weights with stochastically rounded updates and bf16 moments, no generator copy.
+
+The first arrangement that leaves room for a comfortable actor micro-batch (one sequence plus 8,192
+tokens with checkpointing) wins, else the first that holds one sequence; the first rung with either
+is the plan. Worked on one H200 (torch reports 150,754,820,096 B: 128.1e9 usable; 126 GiB host,
+94.7e9 pinnable), 512-token sequences: a Qwen2.5-7B GRPO actor (P = 7.62e9) keeps rung 1 with its
+moments offloaded (108.8e9 on the GPU, 60.9e9 pinned); 7B PPO needs rung 2; Gemma-2-9b GRPO keeps
+rung 1 by parking the reference (one sequence fits, a comfortable batch does not); Gemma-2-9b PPO
+needs rung 3 (tests/unit/test_memory_plan.py has the sums).
+
+With the memory left the plan prefers no gradient checkpointing (about a third less compute) when a
+micro-batch of at least two full sequences fits without it. A setting the user made explicitly
+(`model.dtype`, `optim.moments_dtype`, `enable_gradient_checkpointing`, `ppo_max_token_len_per_gpu`)
+is kept; the plan only reports what it estimates for it.
 
 The per-token activation constants are calibrated on an H200 (Qwen2.5-1.5B shape, 16,384 packed
 tokens, fp32 master weights under bf16 autocast: 86 GB peak without checkpointing) and rounded up;
@@ -30,52 +53,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torch import nn
+import torch
+
+from relm.training.model_shape import ModelShape
+
+__all__ = ["MemoryPlan", "ModelShape", "PlanDoesNotFit", "PlanRequest", "Rung", "plan_memory"]
 
 GIB = 1 << 30
 USABLE_SHARE = 0.85
 """Share of the GPU a plan fills: the rest is the CUDA context, allocator fragmentation and kernels'
 workspaces."""
 HOST_SHARE = 0.7
-"""Share of host memory parked models may take (pinned pages cannot be swapped)."""
+"""Share of host memory that pinned buffers may take: the process, the data and the OS need the rest,
+and pinned pages cannot be swapped."""
 LOGIT_SCRATCH_BYTES = 2 * GIB
 """fp32 vocabulary chunks of the chunked log-softmax and its recomputation in backward."""
 OPTIMIZER_CHUNK_BYTES = 2 * GIB
-"""AdamW moments brought to the GPU at once when they are offloaded (`OffloadedOptimizerStates`)."""
+"""AdamW moments brought to the GPU at once when they are offloaded (`OffloadedOptimizerStates`). The
+compact step's fp32 scratch (`compact_adamw.SLICE_ELEMENTS`, ~1 GiB) comes after the backward pass,
+in the room the micro-batch's activations and the log-softmax scratch had."""
 MIN_TOKENS_WITHOUT_CHECKPOINTING = 8192
 MAX_TOKENS_PER_MICROBATCH = 65536
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the arithmetic needs of a model."""
-
-    num_params: int
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    vocab_size: int
-
-    @classmethod
-    def of(cls, model: nn.Module) -> ModelShape:
-        backbone = getattr(model, "backbone", model)  # a value model wraps its causal LM
-        config = backbone.config.get_text_config()
-        hidden = config.hidden_size
-        return cls(
-            num_params=sum(p.numel() for p in model.parameters()),
-            num_layers=config.num_hidden_layers,
-            hidden_size=hidden,
-            intermediate_size=getattr(config, "intermediate_size", None) or 4 * hidden,
-            vocab_size=config.vocab_size,
-        )
-
-    def activation_bytes_per_token(self, checkpointing: bool) -> int:
-        """Bytes one token's activations keep through a forward+backward (bf16 compute)."""
-        one_layer = 2 * (12 * self.hidden_size + 6 * self.intermediate_size)
-        if checkpointing:
-            # each layer's fp32 residual input, plus one layer's full set while it is recomputed
-            return self.num_layers * 4 * self.hidden_size + one_layer
-        return self.num_layers * one_layer
+FP32, BF16 = torch.float32, torch.bfloat16
 
 
 @dataclass(frozen=True)
@@ -85,16 +84,35 @@ class PlanRequest:
     actor: ModelShape
     critic: ModelShape | None
     has_reference: bool
-    has_generator_copy: bool
-    """The engine generates with its own bf16 copy (a GPU run with fp32 master weights)."""
     max_sequence_length: int
     """Prompt plus response tokens of the longest row."""
     gpu_bytes: int
     host_bytes: int
-    """Physical memory of the machine: parked models live there (pinned)."""
+    """Physical memory of the machine: parked models and offloaded moments live there (pinned)."""
+    generation_dtype: torch.dtype | None = BF16
+    """dtype the engine generates in with its own copy of the actor when the trained weights are in
+    another; None where it never copies (it generates in the training dtype, or vLLM keeps its own)."""
+    weights_dtype: torch.dtype | None = None
+    """The trained weights as the user fixed them (`model.dtype`); None: planned (fp32 master weights
+    under bf16 autocast first, bf16 weights last)."""
+    autocast: bool = True
+    """fp32 weights compute in bf16 under autocast (`model.dtype=auto` on a GPU); else in fp32."""
+    actor_moments_dtype: torch.dtype | None = None
+    """The user's `actor.optim.moments_dtype`; None: planned."""
+    critic_moments_dtype: torch.dtype | None = None
+    """The user's `critic.optim.moments_dtype`; None: planned."""
     user_checkpointing: bool | None = None
     user_critic_checkpointing: bool | None = None
     user_max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One precision the run can train at."""
+
+    weights: torch.dtype
+    actor_moments: torch.dtype
+    critic_moments: torch.dtype
 
 
 @dataclass
@@ -104,14 +122,27 @@ class MemoryPlan:
     gradient_checkpointing: bool
     critic_gradient_checkpointing: bool
     max_tokens_per_microbatch: int
+    rung: Rung = Rung(FP32, FP32, FP32)
     park_reference: bool = False
     park_generator: bool = False
     park_critic: bool = False
     offload_optimizer: bool = False
     """The actor's AdamW moments live in CPU memory and step on the GPU a chunk at a time."""
+    offload_critic_optimizer: bool = False
+    """The same for the critic's moments."""
+    generator_copy: bool = False
+    """The engine generates with its own copy of the actor (fp32 master weights)."""
     update_peak_bytes: int = 0
     budget_bytes: int = 0
+    host_bytes: int = 0
+    """Pinned CPU memory the plan takes: offloaded moments and parked models."""
+    host_budget_bytes: int = 0
+    given_up: list[str] = field(default_factory=list)
+    """The precision the plan lowered to fit (empty when nothing was given up or the user chose it)."""
     notes: list[str] = field(default_factory=list)
+    fp32_bytes: dict[str, int] = field(default_factory=dict)
+    """What fp32 would have needed, for the lines that say what was given up: `actor moments`,
+    `critic moments` (8 bytes a parameter) and `weights` (fp32 master weights and gradients, 8)."""
 
     def describe(self) -> str:
         """The lines printed before the first step."""
@@ -126,94 +157,109 @@ class MemoryPlan:
         ]
         lines = [
             f"memory plan: actor update peak ~{self.update_peak_bytes / GIB:.1f} GiB of "
-            f"{self.budget_bytes / GIB:.1f} GiB usable",
+            f"{self.budget_bytes / GIB:.1f} GiB usable; ~{self.host_bytes / GIB:.1f} GiB of "
+            f"{self.host_budget_bytes / GIB:.1f} GiB pinnable host memory",
             f"  micro-batches of at most {self.max_tokens_per_microbatch} tokens; gradient checkpointing "
             f"{'on' if self.gradient_checkpointing else 'off'} (actor), "
             f"{'on' if self.critic_gradient_checkpointing else 'off'} (critic)",
             f"  waiting on the CPU outside their phases: {', '.join(parked) if parked else 'nothing'}",
-            f"  actor's AdamW moments: {'in CPU memory, stepped in chunks' if self.offload_optimizer else 'on the GPU'}",
+            f"  {self._weights_line()}",
+            f"  actor's AdamW moments: {self._moments_line('actor')}",
         ]
+        if "critic moments" in self.fp32_bytes:
+            lines.append(f"  critic's AdamW moments: {self._moments_line('critic')}")
         return "\n".join(lines + [f"  {note}" for note in self.notes])
+
+    def _weights_line(self) -> str:
+        if self.rung.weights == FP32:
+            copy = "; the engine generates with a bf16 copy" if self.generator_copy else ""
+            return f"trained weights: fp32 master weights{copy}"
+        if self.rung.weights == BF16:
+            return (
+                "trained weights: bf16, AdamW updates stochastically rounded, generated on directly "
+                f"(fp32 master weights and gradients would need ~{self.fp32_bytes['weights'] / GIB:.0f} GiB)"
+            )
+        return f"trained weights: {str(self.rung.weights).removeprefix('torch.')}"
+
+    def _moments_line(self, model: str) -> str:
+        dtype = self.rung.actor_moments if model == "actor" else self.rung.critic_moments
+        offloaded = self.offload_optimizer if model == "actor" else self.offload_critic_optimizer
+        where = "in CPU memory, stepped in chunks" if offloaded else "on the GPU"
+        line = f"{str(dtype).removeprefix('torch.').replace('bfloat16', 'bf16').replace('float32', 'fp32')}, {where}"
+        if dtype != FP32:
+            line += f" (fp32 moments would need ~{self.fp32_bytes[f'{model} moments'] / GIB:.0f} GiB)"
+        return line
 
 
 class PlanDoesNotFit(ValueError):
-    """Even with everything parked and checkpointing on, one sequence does not fit; the message says why."""
+    """No precision and arrangement holds one sequence (or the host cannot pin what must wait there)."""
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Bytes one arrangement at one rung holds: per phase on the GPU, and pinned on the host."""
+
+    actor_phase: int
+    critic_phase: int | None
+    host: int
+    parked: frozenset[str]
+    offloaded: frozenset[str]
 
 
 def plan_memory(request: PlanRequest) -> MemoryPlan:
-    """Decide parking, checkpointing and the micro-batch token budget for one GPU.
+    """Decide precision, parking, moment offload, checkpointing and the micro-batch token budget.
 
     Raises:
-        PlanDoesNotFit: the actor's own update cannot hold one sequence.
+        PlanDoesNotFit: nothing holds one sequence; the message names what does not fit.
     """
     budget = int(request.gpu_bytes * USABLE_SHARE)
+    host_budget = int(request.host_bytes * HOST_SHARE)
     actor, critic = request.actor, request.critic
     smallest_need = _per_token(actor, True) * request.max_sequence_length + LOGIT_SCRATCH_BYTES
-    # Cheapest arrangement first: parking a frozen copy costs one transfer each way per step,
-    # offloading the actor's AdamW moments two transfers of 8 bytes a parameter per optimizer step.
-    # The first that leaves room for a comfortable micro-batch wins, else the first that holds one sequence.
     comfortable = smallest_need + _per_token(actor, True) * MIN_TOKENS_WITHOUT_CHECKPOINTING
-    arrangements = [
-        (offload, parked)
-        for offload in (False, True)
-        for parked in (
-            (),
-            ("reference",),
-            ("reference", "generator copy"),
-            ("reference", "generator copy", "critic"),
-        )
-    ]
+    critic_need = _per_token(critic, True) * request.max_sequence_length if critic else 0
 
-    def static_of(arrangement: tuple[bool, tuple[str, ...]]) -> int:
-        return _resident(_residents(request, arrangement[0]), set(arrangement[1]))
+    def fits(layout: _Layout, need: int) -> bool:
+        critic_fits = layout.critic_phase is None or layout.critic_phase + critic_need <= budget
+        return layout.actor_phase + need <= budget and critic_fits and layout.host <= host_budget
 
-    chosen = next((a for a in arrangements if static_of(a) + comfortable <= budget), None)
-    chosen = chosen or next(
-        (a for a in arrangements if static_of(a) + smallest_need <= budget), arrangements[-1]
-    )
-    offload_optimizer, parked = (
-        chosen[0],
-        {name for name in chosen[1] if _residents(request, chosen[0])[name]},
-    )
-    resident = _residents(request, offload_optimizer)
-    static = _resident(resident, parked)
-    host_bytes = sum(resident[name] for name in parked) + (8 * actor.num_params if offload_optimizer else 0)
-    if host_bytes > HOST_SHARE * request.host_bytes:
-        waiting = sorted(parked) + (["actor's AdamW moments"] if offload_optimizer else [])
-        raise PlanDoesNotFit(
-            f"keeping the {', '.join(waiting)} on the CPU needs ~{host_bytes / GIB:.0f} GiB of host "
-            f"memory, over {HOST_SHARE:.0%} of this machine's {request.host_bytes / GIB:.0f} GiB"
-        )
-    if static + smallest_need > budget:
-        raise PlanDoesNotFit(
-            f"the actor's update needs ~{(static + smallest_need) / GIB:.0f} GiB for one sequence of "
-            f"{request.max_sequence_length} tokens with everything else on the CPU, over "
-            f"{budget / GIB:.0f} GiB usable"
-        )
-    free = budget - static - LOGIT_SCRATCH_BYTES
+    rungs = _rungs(request)
+    chosen = None
+    for rung in rungs:
+        layouts = [_layout(request, rung, *arrangement) for arrangement in _arrangements(request, rung)]
+        chosen = next((x for x in layouts if fits(x, comfortable)), None)
+        chosen = chosen or next((x for x in layouts if fits(x, smallest_need)), None)
+        if chosen is not None:
+            break
+    if chosen is None:
+        raise PlanDoesNotFit(_why_not(layouts[-1], budget, host_budget, smallest_need, critic_need, request))
+
+    free = budget - chosen.actor_phase - LOGIT_SCRATCH_BYTES
     checkpointing, max_tokens = _budget(actor, free, request.max_sequence_length, request.user_checkpointing)
     plan = MemoryPlan(
         gradient_checkpointing=checkpointing,
         critic_gradient_checkpointing=checkpointing,
         max_tokens_per_microbatch=max_tokens,
-        park_reference="reference" in parked,
-        park_generator="generator copy" in parked,
-        park_critic="critic" in parked,
-        offload_optimizer=offload_optimizer,
+        rung=rung,
+        park_reference="reference" in chosen.parked,
+        park_generator="generator copy" in chosen.parked,
+        park_critic="critic" in chosen.parked,
+        offload_optimizer="actor" in chosen.offloaded,
+        offload_critic_optimizer="critic" in chosen.offloaded,
+        generator_copy=_generator_bytes(request, rung) > 0,
         budget_bytes=budget,
+        host_bytes=chosen.host,
+        host_budget_bytes=host_budget,
+        given_up=_given_up(request, rung),
+        fp32_bytes={
+            "actor moments": 8 * actor.num_params,
+            "weights": 8 * (actor.num_params + _params(critic)),
+        },
     )
     if critic is not None:
-        # The critic updates while the actor keeps weights and AdamW states (its gradients are freed).
-        critic_static = static - resident["critic"] * ("critic" not in parked) + 18 * critic.num_params
-        critic_static -= 6 * actor.num_params  # the actor's gradients and autocast copies are gone by then
-        critic_need = _per_token(critic, True) * request.max_sequence_length
-        if critic_static + critic_need > budget:
-            raise PlanDoesNotFit(
-                f"the critic's update needs ~{(critic_static + critic_need) / GIB:.0f} GiB beside the actor's "
-                f"weights and optimizer states, over {budget / GIB:.0f} GiB usable"
-            )
+        plan.fp32_bytes["critic moments"] = 8 * critic.num_params
         plan.critic_gradient_checkpointing, _ = _budget(
-            critic, budget - critic_static, request.max_sequence_length, request.user_critic_checkpointing,
+            critic, budget - chosen.critic_phase, request.max_sequence_length, request.user_critic_checkpointing,
             tokens=max_tokens,
         )  # fmt: skip
     if request.user_max_tokens is not None:
@@ -224,32 +270,125 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
             )
         plan.max_tokens_per_microbatch = request.user_max_tokens
     plan.update_peak_bytes = (
-        static
+        chosen.actor_phase
         + LOGIT_SCRATCH_BYTES
         + plan.max_tokens_per_microbatch * _per_token(actor, plan.gradient_checkpointing)
     )
     return plan
 
 
-def _residents(request: PlanRequest, offload_optimizer: bool) -> dict[str, int]:
-    """Bytes each model holds on the GPU through the actor's update."""
-    actor, critic = request.actor, request.critic
-    # fp32 weights and gradients, AdamW moments (or one 2 GiB chunk of them), and the bf16 copies of
-    # the weights autocast caches while it computes
-    trainable = (8 + 2) * actor.num_params + (
-        OPTIMIZER_CHUNK_BYTES if offload_optimizer else 8 * actor.num_params
-    )
-    return {
-        "actor": trainable,
-        "reference": 2 * actor.num_params if request.has_reference else 0,
-        "generator copy": 2 * actor.num_params if request.has_generator_copy else 0,
-        # outside its own update the critic keeps weights and AdamW states (no gradients)
-        "critic": 12 * critic.num_params if critic else 0,
+def _rungs(request: PlanRequest) -> list[Rung]:
+    """fp32 everything, then bf16 moments, then bf16 weights; what the user fixed stays fixed."""
+    rungs: list[Rung] = []
+    for weights, moments in ((FP32, FP32), (FP32, BF16), (BF16, BF16)):
+        weights = request.weights_dtype or weights
+        if weights not in (FP32, BF16):  # fp16: torch's AdamW, moments in the weights' dtype
+            rung = Rung(weights, weights, weights)
+        else:
+            critic = (request.critic_moments_dtype or moments) if request.critic is not None else FP32
+            rung = Rung(weights, request.actor_moments_dtype or moments, critic)
+        if rung not in rungs:
+            rungs.append(rung)
+    return rungs
+
+
+def _arrangements(request: PlanRequest, rung: Rung) -> list[tuple[frozenset[str], frozenset[str]]]:
+    """(parked, offloaded) by rising transfer cost, without arrangements that would repeat another."""
+    parkable = [
+        name
+        for name, present in (
+            ("reference", request.has_reference),
+            ("generator copy", _generator_bytes(request, rung) > 0),
+            ("critic", request.critic is not None),
+        )
+        if present
+    ]
+    offloadable = ["actor", "critic"] if request.critic is not None else ["actor"]
+    return [
+        (frozenset(parkable[:parked]), frozenset(offloadable[:offloaded]))
+        for offloaded in range(len(offloadable) + 1)
+        for parked in range(len(parkable) + 1)
+    ]
+
+
+def _layout(request: PlanRequest, rung: Rung, parked: frozenset[str], offloaded: frozenset[str]) -> _Layout:
+    """The bytes of one arrangement (see the module docstring for what each phase holds)."""
+    P, C = request.actor.num_params, _params(request.critic)  # noqa: N806 - the docstring's names
+    w = rung.weights.itemsize
+    autocast = 2 if rung.weights == FP32 and request.autocast else 0
+    actor_moments, critic_moments = 2 * rung.actor_moments.itemsize * P, 2 * rung.critic_moments.itemsize * C
+    compute = 2 if autocast or rung.weights != FP32 else 4
+    frozen = {
+        "reference": compute * P if request.has_reference else 0,
+        "generator copy": _generator_bytes(request, rung) * P,
     }
+    resident_frozen = sum(size for name, size in frozen.items() if name not in parked)
+    actor_gpu_moments = min(OPTIMIZER_CHUNK_BYTES, actor_moments) if "actor" in offloaded else actor_moments
+    critic_gpu_moments = (
+        min(OPTIMIZER_CHUNK_BYTES, critic_moments) if "critic" in offloaded else critic_moments
+    )
+    idle_critic = 0 if "critic" in parked else w * C + (0 if "critic" in offloaded else critic_moments)
+    actor_phase = (2 * w + autocast) * P + actor_gpu_moments + resident_frozen + idle_critic
+    critic_phase = None
+    if request.critic is not None:
+        idle_actor = w * P + (0 if "actor" in offloaded else actor_moments)
+        critic_phase = idle_actor + resident_frozen + (2 * w + autocast) * C + critic_gpu_moments
+    host = sum(frozen[name] for name in parked if name in frozen)
+    host += actor_moments if "actor" in offloaded else 0
+    host += critic_moments if "critic" in offloaded or "critic" in parked else 0
+    host += w * C if "critic" in parked else 0
+    return _Layout(actor_phase, critic_phase, host, parked, offloaded)
 
 
-def _resident(resident: dict[str, int], parked: set[str]) -> int:
-    return sum(size for name, size in resident.items() if name not in parked)
+def _why_not(
+    layout: _Layout, budget: int, host_budget: int, smallest_need: int, critic_need: int, request: PlanRequest
+) -> str:
+    """One clause on the most frugal arrangement of the last rung: what still does not fit."""
+    if layout.actor_phase + smallest_need > budget:
+        return (
+            f"the actor's update needs ~{(layout.actor_phase + smallest_need) / GIB:.0f} GiB for one sequence "
+            f"of {request.max_sequence_length} tokens with everything else on the CPU, over "
+            f"{budget / GIB:.0f} GiB usable"
+        )
+    if layout.critic_phase is not None and layout.critic_phase + critic_need > budget:
+        return (
+            f"the critic's update needs ~{(layout.critic_phase + critic_need) / GIB:.0f} GiB beside the "
+            f"actor's weights, over {budget / GIB:.0f} GiB usable"
+        )
+    waiting = sorted(layout.parked) + [f"{name}'s AdamW moments" for name in sorted(layout.offloaded)]
+    return (
+        f"keeping the {', '.join(waiting)} on the CPU needs ~{layout.host / GIB:.0f} GiB of host memory, "
+        f"over {HOST_SHARE:.0%} of this machine's {request.host_bytes / GIB:.0f} GiB"
+    )
+
+
+def _given_up(request: PlanRequest, rung: Rung) -> list[str]:
+    lost = []
+    if request.weights_dtype is None and rung.weights != FP32:
+        lost.append(
+            "weights trained in bf16 with stochastically rounded updates instead of fp32 master weights"
+        )
+    planned = [
+        name
+        for name, user, dtype in (
+            ("actor", request.actor_moments_dtype, rung.actor_moments),
+            ("critic", request.critic_moments_dtype, rung.critic_moments if request.critic else FP32),
+        )
+        if user is None and dtype != FP32 and rung.weights in (FP32, BF16)
+    ]
+    if planned:
+        lost.append(f"{' and '.join(planned)} AdamW moments stored in bf16 instead of fp32")
+    return lost
+
+
+def _generator_bytes(request: PlanRequest, rung: Rung) -> int:
+    """Bytes a parameter of the engine's own copy: none where it generates on the trained weights."""
+    dtype = request.generation_dtype
+    return 0 if dtype is None or dtype == rung.weights else dtype.itemsize
+
+
+def _params(shape: ModelShape | None) -> int:
+    return shape.num_params if shape is not None else 0
 
 
 def _per_token(shape: ModelShape, checkpointing: bool) -> int:

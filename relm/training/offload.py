@@ -48,14 +48,14 @@ class ParkedModel:
         self.device = torch.device(device)
         self.optimizer = optimizer
         self.parked = False
-        self._host: dict[int, torch.Tensor] = {}
+        self._host = HostBuffers()
 
     def park(self) -> None:
         """Copy every tensor into its pinned CPU buffer and release the device copy."""
         if self.parked:
             return
         for tensor in self._tensors():
-            host = _host_buffer(self._host, id(tensor), tensor)
+            host = self._host.get(id(tensor), tensor)
             host.copy_(tensor.data, non_blocking=True)
             tensor.data = host
         if self.device.type == "cuda":
@@ -94,6 +94,10 @@ class Residency:
     def phase(self, name: str) -> Iterator[None]:
         """Park what `name` does not use, bring back what it does; nothing moves when nothing is parkable."""
         needs = PHASE_NEEDS[name]
+        # Autocast keeps the bf16 copies it made of fp32 weights until the outermost autocast region
+        # ends, which spans several phases; a phase has no use for another model's copies (the memory
+        # plan counts them only for the model being updated).
+        torch.clear_autocast_cache()
         for model_name, model in self.models.items():
             if model_name not in needs:
                 model.park()
@@ -109,8 +113,8 @@ class OffloadedOptimizerStates:
     fp32 AdamW keeps 8 bytes of moments per parameter beside 4 of weights and 4 of gradients: for a 7B
     actor that is 61 GB of the 122 its update holds, too much beside anything else on one H200. With
     this, `optimizer.step()` runs over consecutive chunks of the parameters (about `chunk_bytes` of
-    moments each): the chunk's moments come to the GPU, the optimizer's own step updates it, and they
-    go back. The GPU holds one chunk of moments at a time; the price is moving them over PCIe twice a
+    moments each, as stored: `CompactAdamW`'s bf16 moments travel and wait in bf16, half the bytes):
+    the chunk's moments come to the GPU, the optimizer's own step updates it, and they go back. The GPU holds one chunk of moments at a time; the price is moving them over PCIe twice a
     step (verl's `optimizer_offload` makes the same trade).
 
     Args:
@@ -123,7 +127,7 @@ class OffloadedOptimizerStates:
         self.optimizer = optimizer
         self.device = torch.device(device)
         self.chunk_bytes = chunk_bytes
-        self._host: dict[tuple[int, str], torch.Tensor] = {}
+        self._host = HostBuffers()
         inner = optimizer.step  # possibly an lr scheduler's counting wrapper: keep calling through it
 
         @functools.wraps(inner)  # keeps the scheduler's marker that it wrapped `step`
@@ -147,13 +151,21 @@ class OffloadedOptimizerStates:
         size = 0
         for index, group in enumerate(self.optimizer.param_groups):
             for param in group["params"]:
-                moments = 2 * param.numel() * 4
+                moments = self._moment_bytes(param)
                 if size and size + moments > self.chunk_bytes:
                     chunks.append({})
                     size = 0
                 chunks[-1].setdefault(index, []).append(param)
                 size += moments
         return chunks
+
+    def _moment_bytes(self, param: torch.nn.Parameter) -> int:
+        """Bytes of the parameter's moments, as stored (bf16 moments of `CompactAdamW` are half of fp32's)."""
+        state = self.optimizer.state.get(param)
+        if state:
+            return sum(v.nbytes for v in state.values() if isinstance(v, torch.Tensor) and v.dim())
+        dtype = getattr(self.optimizer, "moments_dtype", param.dtype)  # torch's AdamW: the parameter's
+        return 2 * param.numel() * dtype.itemsize
 
     def _step(self, inner) -> None:
         groups = self.optimizer.param_groups
@@ -184,17 +196,53 @@ class OffloadedOptimizerStates:
             if to_device:
                 state[key] = value.to(self.device, non_blocking=True)
                 continue
-            host = _host_buffer(self._host, (id(param), key), value)
+            host = self._host.get((id(param), key), value)
             if value.data_ptr() != host.data_ptr():
                 host.copy_(value, non_blocking=True)
                 state[key] = host
 
 
-def _host_buffer(buffers: dict, key: object, like: torch.Tensor) -> torch.Tensor:
-    """The CPU buffer kept under `key` for tensors like `like`, made on first use; pinned where CUDA is
-    available, so copies to and from the GPU can run asynchronously."""
-    host = buffers.get(key)
-    if host is None:
-        host = torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=torch.cuda.is_available())
-        buffers[key] = host
-    return host
+class HostBuffers:
+    """CPU buffers kept by key, pinned where CUDA is available, carved out of power-of-two slabs.
+
+    torch's pinned allocator rounds every allocation up to a power of two, so pinning each tensor on
+    its own would pin up to twice its size (a 272 MB fp32 moment of a 7B model's MLP takes 512 MiB),
+    and the memory plan's host arithmetic would not hold. Tensors are instead placed first-fit into
+    slabs of `SLAB_BYTES` (or of the power of two that holds a larger tensor, its rest used for the
+    next ones); what is lost is the unfilled tail of the slabs, about one slab per owner.
+    """
+
+    SLAB_BYTES = 1 << 28
+    ALIGN = 4096
+
+    def __init__(self) -> None:
+        self.buffers: dict[object, torch.Tensor] = {}
+        self._slabs: list[tuple[torch.Tensor, int]] = []  # (slab, bytes used)
+
+    def get(self, key: object, like: torch.Tensor) -> torch.Tensor:
+        """The buffer kept under `key` for tensors like `like`, made on first use."""
+        host = self.buffers.get(key)
+        if host is None:
+            host = self._take(like.shape, like.dtype)
+            self.buffers[key] = host
+        return host
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of the slabs allocated so far."""
+        return sum(slab.numel() for slab, _ in self._slabs)
+
+    def _take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = shape.numel() * dtype.itemsize
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        size = -(-nbytes // self.ALIGN) * self.ALIGN
+        index = next((i for i, (slab, used) in enumerate(self._slabs) if slab.numel() - used >= size), None)
+        if index is None:
+            slab_bytes = max(self.SLAB_BYTES, 1 << (size - 1).bit_length())
+            slab = torch.empty(slab_bytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            self._slabs.append((slab, 0))
+            index = len(self._slabs) - 1
+        slab, used = self._slabs[index]
+        self._slabs[index] = (slab, used + size)
+        return slab[used : used + nbytes].view(dtype).view(shape)

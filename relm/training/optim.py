@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from relm.config.schema import OptimConfig
+from relm.training.compact_adamw import CompactAdamW
 
 
 def num_warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
@@ -34,20 +35,29 @@ def lr_multiplier(
 
 
 def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, total_steps: int
+    model: nn.Module,
+    cfg: OptimConfig,
+    total_steps: int,
+    *,
+    moments_dtype: torch.dtype | None = None,
+    seed: int = 0,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over the trainable parameters and its per-optimizer-step lr schedule.
 
     `total_steps` counts optimizer steps (mini-batches x epochs x training steps), which is what the
-    scheduler is stepped by.
+    scheduler is stepped by. With `moments_dtype` the optimizer is `CompactAdamW` (moments stored in
+    that dtype, bf16 weights updated with stochastic rounding, `seed` seeding the rounding); without,
+    torch's own AdamW (fp32 weights and moments, and sharded runs).
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    # One fused kernel per parameter group instead of foreach's dozen passes over every fp32 tensor
-    # (about 50 ms a step at 1.5B on an H200); plain CUDA tensors only (FSDP2's shards are DTensors).
-    fused = bool(params) and all(p.is_cuda and not hasattr(p, "to_local") for p in params)
-    optimizer = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=fused or None
-    )
+    settings = dict(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    if moments_dtype is None:
+        # One fused kernel per parameter group instead of foreach's dozen passes over every fp32 tensor
+        # (about 50 ms a step at 1.5B on an H200); plain CUDA tensors only (FSDP2's shards are DTensors).
+        fused = bool(params) and all(p.is_cuda and not hasattr(p, "to_local") for p in params)
+        optimizer = torch.optim.AdamW(params, **settings, fused=fused or None)
+    else:
+        optimizer = CompactAdamW(params, **settings, moments_dtype=moments_dtype, seed=seed)
     warmup = num_warmup_steps(cfg, total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,

@@ -1,29 +1,33 @@
-"""The memory planner's arithmetic, checked by hand on a made-up shape.
+"""The memory planner's arithmetic, checked by hand on a made-up shape and on published shapes on one H200.
 
-Shape: 1e9 parameters, 10 layers, hidden 1000, MLP 4000, vocabulary 10,000. Per token:
+Made-up shape: 1e9 parameters, 10 layers, hidden 1000, MLP 4000, vocabulary 10,000. Per token:
 one layer's activations 2 * (12 * 1000 + 6 * 4000) = 72,000 B; logits and their gradient 4 * 10,000 =
 40,000 B; without checkpointing 10 * 72,000 + 40,000 = 760,000 B; with it 10 * 4 * 1000 + 72,000 +
-40,000 = 152,000 B. Through its update the actor holds 18e9 B (weights, gradients, AdamW moments,
+40,000 = 152,000 B. Through its update an fp32 actor holds 18e9 B (weights, gradients, AdamW moments,
 autocast's bf16 copies), or 10e9 + a 2 GiB chunk of moments when they are offloaded; reference and
-generator copy 2e9 B each. Plans fill 85% of the GPU and keep 2 GiB for the log-softmax chunks. One
-checkpointed sequence of 1024 tokens needs 155,648,000 B + 2 GiB = 2,303,131,648 B; a comfortable
-micro-batch (8192 more tokens) 3,548,315,648 B.
+generator copy 2e9 B each. With bf16 moments the moments are 4e9; with bf16 weights the actor holds
+2e9 + 2e9 + 4e9 and there is no generator copy. Plans fill 85% of the GPU and keep 2 GiB for the
+log-softmax chunks; pinned host memory is at most 70% of the machine's. One checkpointed sequence of
+1024 tokens needs 155,648,000 B + 2 GiB = 2,303,131,648 B; a comfortable micro-batch (8192 more
+tokens) 3,548,315,648 B.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from relm.training.memory_plan import GIB, ModelShape, PlanDoesNotFit, PlanRequest, plan_memory
+from relm.training.memory_plan import GIB, ModelShape, PlanDoesNotFit, PlanRequest, Rung, plan_memory
 
 SHAPE = ModelShape(
     num_params=10**9, num_layers=10, hidden_size=1000, intermediate_size=4000, vocab_size=10_000
 )
+FP32, BF16 = torch.float32, torch.bfloat16
 
 
 def request(gpu_gib: float, **kwargs) -> PlanRequest:
     base = dict(
-        actor=SHAPE, critic=None, has_reference=True, has_generator_copy=True, max_sequence_length=1024,
+        actor=SHAPE, critic=None, has_reference=True, max_sequence_length=1024,
         gpu_bytes=int(gpu_gib * GIB), host_bytes=64 * GIB,
     )  # fmt: skip
     return PlanRequest(**{**base, **kwargs})
@@ -39,7 +43,8 @@ def test_large_gpu_keeps_everything_and_turns_checkpointing_off():
     # free = 0.85 * 100 GiB - 22e9 - 2 GiB = 67,120,571,392 B -> 88,316 tokens without checkpointing, capped
     assert not plan.gradient_checkpointing and plan.max_tokens_per_microbatch == 65536
     assert not (plan.park_reference or plan.park_generator or plan.park_critic or plan.offload_optimizer)
-    assert plan.update_peak_bytes == 22 * 10**9 + 2 * GIB + 65536 * 760_000
+    assert plan.rung == Rung(FP32, FP32, FP32) and plan.generator_copy and not plan.given_up
+    assert plan.update_peak_bytes == 22 * 10**9 + 2 * GIB + 65536 * 760_000 and plan.host_bytes == 0
 
 
 def test_budget_rounds_down_to_whole_kilotokens():
@@ -58,6 +63,7 @@ def test_parks_the_reference_first():
     # int(0.85 * 27 GiB) = 24,642,374,860 < 22e9 + 3,548,315,648; without the reference (20e9) it fits
     plan = plan_memory(request(27))
     assert plan.park_reference and not plan.park_generator and not plan.offload_optimizer
+    assert plan.host_bytes == 2 * 10**9
     assert "reference" in plan.describe() and "generator copy" not in plan.describe()
 
 
@@ -66,7 +72,33 @@ def test_offloads_the_moments_before_running_out():
     # with the moments offloaded 10e9 + 2 GiB + 4e9 + 3,548,315,648 = 19,695,799,296 fits, nothing parked
     plan = plan_memory(request(22))
     assert plan.offload_optimizer and not (plan.park_reference or plan.park_generator)
-    assert "in CPU memory, stepped in chunks" in plan.describe()
+    assert plan.rung == Rung(FP32, FP32, FP32) and plan.host_bytes == 8 * 10**9
+    assert "actor's AdamW moments: fp32, in CPU memory, stepped in chunks" in plan.describe()
+
+
+def test_bf16_moments_when_the_host_cannot_hold_fp32_ones():
+    # GPU 22 GiB as above, host 10 GiB: at most int(0.7 * 10 GiB) = 7,516,192,768 B pinned. fp32 rung: only
+    # the offloaded moments (8e9 pinned) fit the GPU. bf16 moments: 14e9 + 2e9 + 2e9 = 18e9 is over
+    # 20,078,972,108 - 3,548,315,648 (and over it less 2,303,131,648), parking the reference leaves 16e9, which
+    # holds a comfortable micro-batch with 2e9 pinned
+    plan = plan_memory(request(22, host_bytes=10 * GIB))
+    assert plan.rung == Rung(FP32, BF16, FP32) and plan.park_reference and not plan.offload_optimizer
+    assert plan.given_up == ["actor AdamW moments stored in bf16 instead of fp32"]
+    assert "actor's AdamW moments: bf16, on the GPU (fp32 moments would need ~7 GiB)" in plan.describe()
+
+
+def test_bf16_weights_when_nothing_else_fits():
+    # int(0.85 * 12 GiB) = 10,952,166,604 B. Every fp32-weight layout holds >= 10e9 + 2 GiB > that less one
+    # sequence. bf16 weights: 2e9 + 2e9 + 4e9 (+ 2e9 reference); parked reference 8e9 + 3,548,315,648 is over,
+    # moments offloaded 4e9 + 2 GiB + 2e9 = 8,147,483,648 also; both: 6,147,483,648 + 3,548,315,648 =
+    # 9,695,799,296 fits, with 2e9 + 4e9 pinned
+    plan = plan_memory(request(12))
+    assert plan.rung == Rung(BF16, BF16, FP32) and plan.offload_optimizer and plan.park_reference  # no critic
+    assert not plan.generator_copy and plan.host_bytes == 6 * 10**9
+    assert plan.given_up[0].startswith("weights trained in bf16 with stochastically rounded updates")
+    assert "trained weights: bf16, AdamW updates stochastically rounded" in plan.describe()
+    # free = 10,952,166,604 - 6,147,483,648 - 2 GiB = 2,657,199,308 -> 17,481 checkpointed tokens
+    assert plan.gradient_checkpointing and plan.max_tokens_per_microbatch == 17408
 
 
 def test_explicit_settings_win():
@@ -75,38 +107,179 @@ def test_explicit_settings_win():
     plan = plan_memory(request(34, user_max_tokens=100_000))
     assert plan.max_tokens_per_microbatch == 100_000
     assert "ppo_max_token_len_per_gpu=100000 is kept; the plan estimates at most 8192 fit" in plan.notes[0]
+    # fp32 moments fixed where the plan would store them in bf16 (the host-bound case above): the rung after
+    # fp32 keeps them and takes bf16 weights: 2e9 + 2e9 + 8e9 + 2e9 = 14e9 + 3,548,315,648 fits
+    plan = plan_memory(request(22, host_bytes=10 * GIB, actor_moments_dtype=FP32))
+    assert plan.rung == Rung(BF16, FP32, FP32) and not (plan.park_reference or plan.offload_optimizer)
+    assert len(plan.given_up) == 1 and "weights" in plan.given_up[0]
+    with pytest.raises(PlanDoesNotFit):
+        plan_memory(request(12, weights_dtype=FP32))  # fp32 weights fixed where only bf16 ones fit
+    plan = plan_memory(request(100, weights_dtype=BF16))  # chosen, not given up: nothing to warn about
+    assert plan.rung == Rung(BF16, FP32, FP32) and not plan.given_up
+
+
+def test_a_critic_is_parked_and_its_update_checked_beside_the_actor():
+    # PPO: critic of the same shape, no reference, generator copy. int(0.85 * 30 GiB) = 27,380,416,512.
+    # fp32, nothing offloaded: the actor's phase is 18e9 + 2e9 + 12e9 (idle critic) = 32e9, too much; parking
+    # the generator copy and the critic leaves 18e9, but the critic's own update then holds the actor's 12e9
+    # beside its 18e9. With the actor's moments offloaded and both parked: actor phase 10e9 + 2 GiB =
+    # 12,147,483,648 (+ 3,548,315,648 fits); critic phase 4e9 + 18e9 = 22e9 (+ 155,648,000 fits); pinned
+    # 8e9 + 2e9 + 12e9 = 22e9 of int(0.7 * 64 GiB) = 48,103,633,715
+    plan = plan_memory(request(30, critic=SHAPE, has_reference=False))
+    assert (
+        plan.rung == Rung(FP32, FP32, FP32) and plan.offload_optimizer and not plan.offload_critic_optimizer
+    )
+    assert plan.park_generator and plan.park_critic and plan.host_bytes == 22 * 10**9
+    assert "critic's AdamW moments: fp32, on the GPU" in plan.describe()
 
 
 def test_refusals_name_what_does_not_fit():
-    with pytest.raises(PlanDoesNotFit, match="actor's update needs ~13 GiB"):
-        plan_memory(
-            request(15)
-        )  # 10e9 + 2 GiB + 2,303,131,648 > int(0.85 * 15 GiB) with everything else parked
-    with pytest.raises(PlanDoesNotFit, match="host memory"):
-        plan_memory(request(27, host_bytes=1 * GIB))
-    with pytest.raises(PlanDoesNotFit, match="critic's update"):
-        plan_memory(request(26, critic=SHAPE))  # critic 18e9 beside the actor's 12e9 > int(0.85 * 26 GiB)
+    # int(0.85 * 8 GiB) = 7,301,444,403: the leanest layout (bf16, moments offloaded, reference parked)
+    # needs 6,147,483,648 + 2,303,131,648 = 8,450,615,296 B
+    with pytest.raises(PlanDoesNotFit, match="actor's update needs ~8 GiB"):
+        plan_memory(request(8))
+    # at 12 GiB that layout fits the GPU (see above) but pins 6e9 B, over int(0.7 * 1 GiB)
+    with pytest.raises(
+        PlanDoesNotFit, match="reference, actor's AdamW moments on the CPU needs ~6 GiB of host"
+    ):
+        plan_memory(request(12, host_bytes=1 * GIB))
+    # critic of twice the parameters: its bf16 update with offloaded moments is 4e9 + 4e9 + 2 GiB beside the
+    # actor's 2e9 = 12,147,483,648 B, over int(0.85 * 12 GiB)
+    big = ModelShape(2 * 10**9, 10, 1000, 4000, 10_000)
+    with pytest.raises(PlanDoesNotFit, match="critic's update needs ~11 GiB"):
+        plan_memory(request(12, critic=big, has_reference=False))
+
+
+# Published shapes on one H200: torch reports 150,754,820,096 B, so 128,141,597,081 B usable; the host
+# has 126 GiB, so 94,704,028,876 B may be pinned. 512-token sequences (256 + 256), as bench/gpu_plan.sh runs.
+H200 = dict(gpu_bytes=150_754_820_096, host_bytes=126 * GIB, max_sequence_length=512)
+
+
+def published(name: str) -> tuple[ModelShape, ModelShape]:
+    from relm.models.zoo import zoo_config
+
+    config = zoo_config(name)
+    return ModelShape.from_config(config), ModelShape.from_config(config, value_model=True)
+
+
+def test_shapes_come_from_configs_without_weights():
+    qwen, qwen_critic = published("Qwen/Qwen2.5-7B-Instruct")
+    assert qwen.num_params == 7_615_616_512
+    # the critic drops the untied 152,064 x 3,584 lm_head and adds a 3,584 + 1 value head
+    assert qwen_critic.num_params == 7_615_616_512 - 152_064 * 3_584 + 3_585 == 7_070_622_721
+    gemma, gemma_critic = published("google/gemma-2-9b-it")
+    assert gemma.num_params == 9_241_705_984 and gemma_critic.num_params == 9_241_705_984 + 3_585  # tied head
+    assert (gemma.num_layers, gemma.hidden_size, gemma.intermediate_size, gemma.vocab_size) == (
+        42, 3584, 14336, 256_000,
+    )  # fmt: skip
+
+
+def test_qwen25_7b_grpo_keeps_fp32_with_its_moments_offloaded():
+    # P = 7,615,616,512. Per checkpointed token 28 * 4 * 3584 + 2 * (12 * 3584 + 6 * 18944) + 4 * 152,064 =
+    # 1,323,008 B; comfortable: 8704 tokens + 2 GiB = 13,662,945,280 B. fp32 with the reference and
+    # generator copy resident: 18P + 4P is far over; moments offloaded: 10P + 2 GiB + 4P = 108,766,114,816,
+    # + 13,662,945,280 = 122.4e9 fits; 8P = 60,924,932,096 B pinned
+    actor, _ = published("Qwen/Qwen2.5-7B-Instruct")
+    plan = plan_memory(PlanRequest(actor=actor, critic=None, has_reference=True, **H200))
+    assert plan.rung == Rung(FP32, FP32, FP32) and plan.offload_optimizer and not plan.given_up
+    assert not (plan.park_reference or plan.park_generator) and plan.host_bytes == 8 * actor.num_params
+    # free = 128,141,597,081 - 108,766,114,816 - 2 GiB = 17,227,998,617 -> 13,021 tokens
+    assert plan.gradient_checkpointing and plan.max_tokens_per_microbatch == 12288
+
+
+def test_qwen25_7b_ppo_stores_moments_in_bf16():
+    # critic C = 7,070,622,721, no reference. fp32: the leanest pinning that fits the GPU offloads both
+    # models' moments, 8P + 8C = 117,489,913,864 B, over 94.7e9. bf16 moments: offloading only the actor's
+    # leaves the critic's update at 4P + 10C + 4C = 129,451,184,142 B even with the generator copy parked;
+    # offloading both, parking the generator copy: actor phase 10P + 2 GiB + 4C = 106,586,139,652
+    # (+ 13,662,945,280 fits), critic phase 4P + 10C + 2 GiB = 103,316,176,906, pinned 4P + 4C + 2P =
+    # 73,976,189,956 B
+    actor, critic = published("Qwen/Qwen2.5-7B-Instruct")
+    plan = plan_memory(PlanRequest(actor=actor, critic=critic, has_reference=False, **H200))
+    assert plan.rung == Rung(FP32, BF16, BF16) and plan.offload_optimizer and plan.offload_critic_optimizer
+    assert plan.park_generator and not plan.park_critic and plan.host_bytes == 73_976_189_956
+    assert plan.given_up == ["actor and critic AdamW moments stored in bf16 instead of fp32"]
+    # free = 128,141,597,081 - 106,586,139,652 - 2 GiB = 19,407,973,781 -> 14,669 tokens
+    assert plan.max_tokens_per_microbatch == 14336
+
+
+def test_gemma2_9b_grpo_keeps_fp32_by_parking_the_reference():
+    # P = 9,241,705,984; per checkpointed token 42 * 4 * 3584 + 2 * (12 * 3584 + 6 * 14336) + 4 * 256,000 =
+    # 1,884,160 B; one sequence 3,112,173,568 B, comfortable 18,547,212,288 B. fp32, moments offloaded:
+    # 14P + 2 GiB = 131.5e9 is over; reference parked 12P + 2 GiB = 113,047,955,456 holds one sequence, not a
+    # comfortable batch; that needs the generator copy parked too, 12P = 110.9e9 pinned, over 94.7e9. So the
+    # first layout that fits: reference parked, 8P + 2P = 92,417,059,840 B pinned
+    actor, _ = published("google/gemma-2-9b-it")
+    plan = plan_memory(PlanRequest(actor=actor, critic=None, has_reference=True, **H200))
+    assert plan.rung == Rung(FP32, FP32, FP32) and plan.offload_optimizer and plan.park_reference
+    assert not plan.park_generator and plan.host_bytes == 92_417_059_840 and not plan.given_up
+    # free = 128,141,597,081 - 113,047,955,456 - 2 GiB = 12,946,158,977 -> 6,871 tokens
+    assert plan.max_tokens_per_microbatch == 6144
+
+
+def test_gemma2_9b_ppo_trains_bf16_weights():
+    # C = 9,241,709,569. fp32 moments: pinning both 8P + 8C = 147.9e9. bf16 moments with fp32 weights: the
+    # critic's update alone is 10C + 2 GiB beside the actor's 4P: 131,531,403,274 B, over 128.1e9. bf16
+    # weights (2P + 2P + 4P, no generator copy): moments resident, critic parked, the critic's update holds
+    # 2P + 4P + 2C + 2C + 4C = 129,383,912,456, over; the actor's moments offloaded, nothing parked: actor
+    # phase 4P + 2 GiB + 6C = 94,564,564,998 (+ 18,547,212,288 fits), critic phase 2P + 8C = 92,417,088,520,
+    # pinned 4P = 36,966,823,936 B
+    actor, critic = published("google/gemma-2-9b-it")
+    plan = plan_memory(PlanRequest(actor=actor, critic=critic, has_reference=False, **H200))
+    assert (
+        plan.rung == Rung(BF16, BF16, BF16) and plan.offload_optimizer and not plan.offload_critic_optimizer
+    )
+    assert not (plan.park_critic or plan.park_generator or plan.generator_copy)
+    assert plan.host_bytes == 36_966_823_936 and len(plan.given_up) == 2
+    # free = 128,141,597,081 - 94,564,564,998 - 2 GiB = 31,429,548,435 -> 16,680 tokens
+    assert plan.max_tokens_per_microbatch == 16384
+
+
+def test_mixtral_8x7b_does_not_fit_one_h200():
+    # P = 46,702,792,704: even bf16 weights and gradients with offloaded moments and the reference parked are
+    # 4P + 2 GiB = 188,958,654,464 B, and one sequence 512 * (32 * 4 * 4096 + 2 * (12 * 4096 + 6 * 14336) +
+    # 4 * 32,000) + 2 GiB = 2,619,867,136 B more: 178.4 GiB
+    actor, _ = published("mistralai/Mixtral-8x7B-Instruct-v0.1")
+    assert actor.num_params == 46_702_792_704
+    with pytest.raises(PlanDoesNotFit, match="actor's update needs ~178 GiB"):
+        plan_memory(PlanRequest(actor=actor, critic=None, has_reference=True, **H200))
 
 
 def test_cpu_runs_follow_the_users_settings_without_a_plan():
-    import torch
-
     from relm.config.loader import load_config
+    from relm.models.loading import resolve_model_dir
     from relm.trainer.memory import build_residency, choose_memory
     from tests.tiny_models import tiny_lm
 
-    actor = tiny_lm(seed=0)
     cfg = load_config(["actor_rollout_ref.actor.use_dynamic_bsz=true"])
-    choices = choose_memory(cfg, actor, None, has_generator_copy=False, device=torch.device("cpu"))
-    # unset checkpointing is off on CPU; unset budgets are verl's defaults
+    model_dir = resolve_model_dir(cfg.actor_rollout_ref.model.path)
+    choices = choose_memory(cfg, model_dir, device=torch.device("cpu"))
+    # unset checkpointing is off on CPU; unset budgets are verl's defaults; fp32 everything
     assert choices.plan is None and not choices.actor_checkpointing
     assert (choices.actor_max_tokens, choices.critic_max_tokens) == (16384, 32768)
-    cfg = load_config(["actor_rollout_ref.model.enable_gradient_checkpointing=true"])
-    choices = choose_memory(cfg, actor, None, has_generator_copy=False, device=torch.device("cpu"))
+    assert choices.precision.master == FP32 and choices.actor_moments_dtype == FP32
+    cfg = load_config(
+        ["actor_rollout_ref.model.enable_gradient_checkpointing=true", "critic.optim.moments_dtype=bfloat16"]
+    )
+    choices = choose_memory(cfg, model_dir, device=torch.device("cpu"))
     assert choices.actor_checkpointing and choices.actor_max_tokens is None
+    assert (choices.actor_moments_dtype, choices.critic_moments_dtype) == (FP32, BF16)
     assert (
         build_residency(
-            None, torch.device("cpu"), ref=actor, generator=None, critic=None, critic_optimizer=None
+            None, torch.device("cpu"), ref=tiny_lm(seed=0), generator=None, critic=None, critic_optimizer=None
         ).models
         == {}
     )
+
+
+def test_moment_dtype_keys_are_checked_before_anything_loads():
+    from relm.config.loader import load_config
+    from relm.errors import UserError
+    from relm.trainer.memory import choose_memory
+
+    cfg = load_config(["critic.optim.moments_dtype=float16"])
+    with pytest.raises(UserError, match="`critic.optim.moments_dtype=float16`: choose float32 or bfloat16"):
+        choose_memory(cfg, "unused", device=torch.device("cpu"))
+    cfg = load_config(["actor_rollout_ref.actor.optim.moments_dtype=bfloat16"])
+    with pytest.raises(UserError, match="applies to single-process runs"):
+        choose_memory(cfg, "unused", device=torch.device("cpu"), sharded=True)

@@ -77,3 +77,23 @@ def test_chunked_offloaded_adamw_steps_exactly_like_adamw():
     assert all(s["exp_avg"].device.type == "cpu" for s in opt_chunked.state.values())
     assert scheduler.get_last_lr() == scheduler_plain.get_last_lr()
     assert all(len(g["params"]) for g in opt_chunked.param_groups)  # groups restored after each step
+
+
+def test_host_buffers_fill_power_of_two_slabs_instead_of_rounding_each_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from relm.training.offload import HostBuffers
+
+    monkeypatch.setattr(HostBuffers, "SLAB_BYTES", 1 << 20)
+    buffers = HostBuffers()
+    # three 300 KiB tensors fit one 1 MiB slab (pinned one by one, each would take 512 KiB)
+    parts = [buffers.get(i, torch.empty(300 * 256, dtype=torch.float32)) for i in range(3)]
+    assert buffers.pinned_bytes == 1 << 20
+    big = buffers.get("big", torch.empty(3 << 18, dtype=torch.bfloat16))  # 1.5 MiB: a 2 MiB slab of its own
+    assert buffers.pinned_bytes == 3 << 20 and big.shape == (3 << 18,) and big.dtype == torch.bfloat16
+    small = buffers.get("small", torch.empty(1000, dtype=torch.float32))  # into the big slab's rest
+    assert buffers.pinned_bytes == 3 << 20
+    for index, tensor in enumerate([*parts, big, small]):
+        tensor.fill_(index)
+    assert [float(t[0]) for t in (*parts, big, small)] == [0, 1, 2, 3, 4]  # no two overlap
+    assert buffers.get(0, parts[0]) is parts[0]

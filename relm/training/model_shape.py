@@ -1,0 +1,69 @@
+"""What the memory plan needs to know of a model: parameter count and the sizes activations scale with.
+
+Read from a built module, or from a config alone: the plan decides the dtype the models are loaded
+in (bf16 weights when fp32 ones do not fit), so it has to run before any weight exists. A model
+built on the meta device has every parameter's shape and no storage, which counts parameters
+exactly (tied embeddings once, biases, norms) for any architecture transformers or the registry knows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the arithmetic needs of a model."""
+
+    num_params: int
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ModelShape:
+        backbone = getattr(model, "backbone", model)  # a value model wraps its causal LM
+        config = backbone.config.get_text_config()
+        hidden = config.hidden_size
+        return cls(
+            num_params=sum(p.numel() for p in model.parameters()),
+            num_layers=config.num_hidden_layers,
+            hidden_size=hidden,
+            intermediate_size=getattr(config, "intermediate_size", None) or 4 * hidden,
+            vocab_size=config.vocab_size,
+        )
+
+    @classmethod
+    def from_config(
+        cls, config: PretrainedConfig, *, value_model: bool = False, trust_remote_code: bool = False
+    ) -> ModelShape:
+        """The shape of the causal LM `config` describes (or of the critic built on it), without weights.
+
+        Args:
+            config: the model's HF config, as `relm.models.loading.load_config` returns it.
+            value_model: the critic: the backbone without the lm_head, plus the value head.
+            trust_remote_code: allow a config whose model class ships in the model folder.
+        """
+        from relm.models.registry import registered_model_class
+        from relm.models.value_model import ValueModel
+
+        model_class = registered_model_class((getattr(config, "architectures", None) or [None])[0])
+        with torch.device("meta"):
+            if model_class is not None:
+                model = model_class._from_config(config)
+            else:
+                model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            return cls.of(ValueModel(model) if value_model else model)
+
+    def activation_bytes_per_token(self, checkpointing: bool) -> int:
+        """Bytes one token's activations keep through a forward+backward (bf16 compute)."""
+        one_layer = 2 * (12 * self.hidden_size + 6 * self.intermediate_size)
+        if checkpointing:
+            # each layer's fp32 residual input, plus one layer's full set while it is recomputed
+            return self.num_layers * 4 * self.hidden_size + one_layer
+        return self.num_layers * one_layer
