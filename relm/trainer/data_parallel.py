@@ -6,23 +6,83 @@ rank's rows only (`rank_rows`); forward results are gathered back into the whole
 estimation runs on the global batch on every rank and needs no distributed statistics: GRPO groups,
 GAE's batch-wide whitening and the KL controller see exactly what one process would. In a
 single-process run each function here is the identity.
+
+`choose_layouts` decides, once at start-up, whether each model is replicated or sharded over the
+ranks (`relm.distributed.layout`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
+from relm.config.schema import RelmConfig
 from relm.distributed.balance import partition_rows
 from relm.distributed.context import DistContext
+from relm.distributed.layout import FSDP_SIZE_KEYS, Layout, decide_layout, describe_layouts
+from relm.trainer.memory import critic_shape, plan_request, whole_model_plan
 from relm.training.batch import ExperienceBatch
+from relm.training.memory_plan import MemoryPlan, ModelShape
 from relm.training.minibatch import ADDITIVE_METRICS
 
 if TYPE_CHECKING:
     from relm.trainer.components import RunComponents
+
+logger = logging.getLogger("relm")
+
+
+def choose_layouts(
+    cfg: RelmConfig,
+    actor: nn.Module,
+    dist: DistContext,
+    *,
+    has_reference: bool,
+    critic_dir: str | None,
+    has_generator_copy: bool,
+) -> tuple[dict[str, Layout], MemoryPlan | None]:
+    """How the actor, the reference and the critic (when `critic_dir`) sit on the ranks, and the
+    single-GPU plan that the replicated ones follow (None when it does not hold every model whole on
+    one GPU); logs the one start-up line that says so.
+
+    The plan is the one a single-GPU run of the same config would make on this GPU, computed from the
+    loaded actor and the critic's weightless skeleton, before anything is sharded.
+    """
+    plan, reason = None, f"no memory plan on {dist.device.type}"
+    if dist.device.type == "cuda":
+        request = plan_request(
+            cfg,
+            ModelShape.of(actor),
+            critic_shape(cfg, critic_dir) if critic_dir is not None else None,
+            has_generator_copy=has_generator_copy,
+            gpu_bytes=torch.cuda.get_device_properties(dist.device).total_memory,
+        )
+        plan, reason = whole_model_plan(request)
+    arr = cfg.actor_rollout_ref
+    values = {
+        "actor": arr.actor.fsdp_config.fsdp_size,
+        "reference": arr.ref.fsdp_config.fsdp_size,
+        "critic": cfg.critic.model.fsdp_config.fsdp_size,
+    }
+    names = ["actor", *(["reference"] if has_reference else []), *(["critic"] if critic_dir else [])]
+    layouts = {
+        name: decide_layout(
+            values[name],
+            key=FSDP_SIZE_KEYS[name],
+            world_size=dist.world_size,
+            plan_fits=plan is not None,
+            plan_reason=reason,
+        )  # fmt: skip
+        for name in names
+    }
+    if dist.device.type == "cuda" and plan is None and any(lay.replicated for lay in layouts.values()):
+        logger.warning("%s: the replicated models follow the config's memory settings, not a plan", reason)
+    logger.info("%s", describe_layouts(layouts))
+    return layouts, plan
 
 
 def rank_rows(c: RunComponents, batch: ExperienceBatch) -> torch.Tensor | None:
