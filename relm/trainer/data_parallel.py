@@ -68,15 +68,22 @@ def choose_layouts(
         "reference": arr.ref.fsdp_config.fsdp_size,
         "critic": cfg.critic.model.fsdp_config.fsdp_size,
     }
+    # CPU offload is asked for to save GPU memory: a planned layout then shards (the reference is
+    # offloaded with the actor).
+    offloaded = {
+        "actor": arr.actor.fsdp_config.offload_policy,
+        "reference": arr.actor.fsdp_config.offload_policy,
+        "critic": cfg.critic.model.fsdp_config.offload_policy,
+    }
     names = ["actor", *(["reference"] if has_reference else []), *(["critic"] if critic_dir else [])]
     layouts = {
         name: decide_layout(
             values[name],
             key=FSDP_SIZE_KEYS[name],
             world_size=dist.world_size,
-            plan_fits=plan is not None,
-            plan_reason=reason,
-        )  # fmt: skip
+            plan_fits=plan is not None and not offloaded[name],
+            plan_reason="offload_policy=true in the config" if offloaded[name] else reason,
+        )
         for name in names
     }
     if dist.device.type == "cuda" and plan is None and any(lay.replicated for lay in layouts.values()):
