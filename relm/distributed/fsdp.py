@@ -93,7 +93,9 @@ def full_tensor(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The whole tensor behind an FSDP2 shard, gathered on `device`; a plain tensor is returned as is.
 
     A CPU-offloaded shard is moved to `device` first, because NCCL gathers only device memory. This is
-    a collective: every rank must call it for the same tensors in the same order.
+    a collective: every rank must call it for the same tensors in the same order. A replicated model's
+    "shard" is already whole: it is returned itself (on `device`), without a gather, so read it before
+    the model changes rather than keep it.
     """
     to_local = getattr(tensor, "to_local", None)
     if to_local is None:
@@ -101,6 +103,13 @@ def full_tensor(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     local = to_local()
+    # Decided by the mesh, the same on every rank (local shapes differ: a [1] bias sharded over 2 ranks
+    # is whole on one of them), so that no rank skips a gather the others make.
+    mesh = tensor.device_mesh
+    if all(
+        p.is_replicate() or (p.is_shard() and mesh.size(dim) == 1) for dim, p in enumerate(tensor.placements)
+    ):
+        return local.to(device)
     if local.device != device:
         tensor = DTensor.from_local(
             local.to(device),

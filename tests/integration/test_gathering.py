@@ -107,7 +107,8 @@ def reference() -> dict[str, object]:
         optimizer.zero_grad(set_to_none=True)
     with torch.no_grad():
         logits = [[model(input_ids=ids).logits for ids in batches(rank)[0]] for rank in (0, 1)]
-    return {"grads": grads, "weights": dict(model.named_parameters()), "logits": logits}
+    weights = {name: p.detach() for name, p in model.named_parameters()}
+    return {"grads": grads, "weights": weights, "logits": logits}
 
 
 def rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
