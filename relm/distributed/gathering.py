@@ -2,9 +2,9 @@
 
 FSDP2's defaults suit one forward and one backward per optimizer step: each unit (a transformer block,
 then the root) all-gathers its weights before its forward and frees them after, gathers them again for
-backward (and for gradient checkpointing's recompute), and reduce-scatters its gradients after
-backward. An update of k micro-batches per optimizer step thus moves the whole model's gradients k
-times and its weights 2k to 3k times, and a logprob phase of k forward passes gathers it k times.
+backward, and reduce-scatters its gradients after backward. An update of k micro-batches per
+optimizer step thus moves the whole model's gradients k times and its weights 2k times, and a logprob
+phase of k forward passes gathers it k times.
 
 - `Accumulation` (the actor's and the critic's updates): the gradients of all but the last
   micro-batch of a mini-batch stay unsharded on each rank (`set_requires_gradient_sync(False)`,
