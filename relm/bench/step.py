@@ -39,6 +39,7 @@ REPORTED = (
     "timing_s/values",
     "timing_s/update_critic",
     "timing_s/update_actor",
+    "timing_s/sync",
     "timing_s/step",
     "perf/total_num_tokens",
     "perf/throughput",
@@ -149,6 +150,10 @@ def run_algo(
     result = {key: statistics.mean(m[key] for m in measured) for key in REPORTED if key in measured[0]}
     # what the memory plan chose, so a peer runs with the same setting
     result["memory/gradient_checkpointing"] = float(c.memory.actor_checkpointing)
+    if c.dist.is_distributed:  # ranks one copy of the actor is sharded over (1: replicated)
+        from relm.distributed.gathering import shard_group_size
+
+        result["data_parallel/actor_shard_size"] = float(shard_group_size(c.actor) or 0)
     return result
 
 

@@ -119,6 +119,11 @@ class FSDPConfig:
 
     offload_policy: bool = False
     """FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step live on the CPU."""
+    fsdp_size: int | None = None
+    """Ranks one copy of the model is sharded over: 1 replicates it (every rank holds it whole), -1
+    shards it over all ranks (verl's default), a divisor of the world size gives copies of that many
+    ranks each (HSDP). Unset: relm's memory plan decides, replicated when a single-GPU run of the
+    model fits one GPU with nothing parked, else sharded over all ranks (docs/distributed.md)."""
 
 
 @dataclass
@@ -184,6 +189,14 @@ class ActorConfig:
 
 
 @dataclass
+class RefFSDPConfig:
+    """Sharding of the reference model (`actor_rollout_ref.ref.fsdp_config.*`)."""
+
+    fsdp_size: int | None = None
+    """As the actor's `fsdp_config.fsdp_size`, for the reference; unset: the memory plan decides."""
+
+
+@dataclass
 class RefConfig:
     """The frozen reference policy (`actor_rollout_ref.ref.*`)."""
 
@@ -191,6 +204,8 @@ class RefConfig:
     """Deprecated global size; use `log_prob_micro_batch_size_per_gpu`."""
     log_prob_micro_batch_size_per_gpu: int | None = None
     """Responses per reference forward; unset uses the actor's micro-batch size."""
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    """Sharding of the reference (data-parallel runs); it is offloaded with the actor."""
 
 
 @dataclass

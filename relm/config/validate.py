@@ -112,6 +112,7 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
     _check_choices(cfg)
     _check_ranges(cfg)
     _check_batches(cfg)
+    _check_fsdp_sizes(cfg)
     _check_features(cfg)
     data = cfg.data
     total = data.max_prompt_length + data.max_response_length
@@ -294,6 +295,19 @@ def _check_batches(cfg: RelmConfig) -> None:
                 f"`{name}.ppo_micro_batch_size_per_gpu={micro}` x {ranks} GPUs must divide the "
                 f"{mini * n} responses of a mini-batch (`ppo_mini_batch_size={mini}` x `rollout.n={n}`)"
             )
+
+
+def _check_fsdp_sizes(cfg: RelmConfig) -> None:
+    from relm.distributed.layout import FSDP_SIZE_KEYS, check_fsdp_size
+
+    arr = cfg.actor_rollout_ref
+    values = (
+        arr.actor.fsdp_config.fsdp_size,
+        arr.ref.fsdp_config.fsdp_size,
+        cfg.critic.model.fsdp_config.fsdp_size,
+    )
+    for key, value in zip(FSDP_SIZE_KEYS.values(), values, strict=True):
+        check_fsdp_size(value, key=key, world_size=num_data_parallel_ranks(cfg))
 
 
 def _check_features(cfg: RelmConfig) -> None:

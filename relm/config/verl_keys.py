@@ -15,7 +15,7 @@ are accepted at their off value and are an error when turned on.
 from __future__ import annotations
 
 _RAY = "relm runs without Ray (processes start with torchrun)"
-_FSDP = "relm chooses FSDP2 wrapping, resharding and sharding size itself"
+_FSDP = "relm chooses FSDP2 wrapping and resharding itself; `fsdp_size` and `offload_policy` are read"
 _OFFLOAD = (
     "on one GPU the memory plan decides what waits in CPU memory; when sharded, `fsdp_config.offload_policy`"
 )

@@ -39,7 +39,9 @@ class DistContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     """Where this rank computes: `cuda:LOCAL_RANK` on GPUs, `cpu` with gloo."""
     mesh: Any = None
-    """The 1-D `DeviceMesh` ("dp") that FSDP shards over; None in a single-process run."""
+    """The 1-D `DeviceMesh` ("dp") of all ranks: the trainer's collectives, and the mesh of a model
+    sharded over all ranks; None in a single-process run."""
+    _model_meshes: dict[int, Any] = field(default_factory=dict, repr=False)
 
     @property
     def is_distributed(self) -> bool:
@@ -50,6 +52,26 @@ class DistContext:
     def is_main(self) -> bool:
         """Rank 0: the one process that writes logs, metrics and checkpoint metadata."""
         return self.rank == 0
+
+    def model_mesh(self, shard_size: int) -> Any:
+        """The mesh a model sharded over `shard_size` ranks is laid on (`relm.distributed.layout`).
+
+        All ranks: the 1-D mesh. Fewer: a 2-D ("replicate", "shard") mesh of world / shard_size copies
+        of `shard_size` consecutive ranks each (so a copy stays within a node where it can), built
+        once per size. Building one creates process groups, a collective: every rank asks for the same
+        sizes in the same order.
+        """
+        if shard_size == self.world_size:
+            return self.mesh
+        if shard_size not in self._model_meshes:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._model_meshes[shard_size] = init_device_mesh(
+                self.device.type,
+                (self.world_size // shard_size, shard_size),
+                mesh_dim_names=("replicate", "shard"),
+            )
+        return self._model_meshes[shard_size]
 
     def sum_floats(self, values: list[float]) -> list[float]:
         """Element-wise sum over ranks (float64, so counts of tokens stay exact)."""

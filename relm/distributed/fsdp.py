@@ -4,7 +4,12 @@ Each transformer block is its own FSDP unit, then the root (embeddings, final no
 head, which tied embeddings keep in one unit): a forward gathers one block's weights at a time, so
 peak memory holds one unsharded block, not the model.
 
-FSDP averages gradients over ranks. The updates normalise each rank's loss by the whole global
+A model is laid over the ranks as `relm.distributed.layout` decides: sharded over all of them (the
+1-D mesh), or over the "shard" dim of a 2-D mesh whose "replicate" dim holds the copies (HSDP; one-rank
+shards when replicated). When weights are gathered and gradients reduced within an update is
+`relm.distributed.gathering`'s business.
+
+FSDP averages gradients over ranks (over both dims of a 2-D mesh). The updates normalise each rank's loss by the whole global
 mini-batch's token and response counts (`AggScale` summed over ranks), so a rank's loss is its share of
 the global loss and the global gradient is the sum of the ranks' gradients, not their mean: the updates
 scale the loss they backpropagate by the world size, which FSDP's average divides out again. That keeps
@@ -36,17 +41,23 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def shard_model(
-    model: nn.Module, dist: DistContext, precision: Precision, *, offload: bool = False
+    model: nn.Module,
+    dist: DistContext,
+    precision: Precision,
+    *,
+    offload: bool = False,
+    shard_size: int | None = None,
 ) -> nn.Module:
     """`fully_shard` every transformer block, then the root; returns `model`, now holding DTensor shards.
 
     Args:
         model: the full model on `dist.device` (every rank holds the same weights).
-        dist: the run's context; its mesh is what the shards are spread over.
+        dist: the run's context.
         precision: when compute and master dtypes differ (bf16 compute, fp32 master on GPU) the blocks
             compute in `compute` through FSDP's `MixedPrecisionPolicy` and gradients are reduced in fp32;
             this replaces autocast for sharded models.
         offload: FSDP2's `CPUOffloadPolicy`: shards, gradients and the optimizer step live on the CPU.
+        shard_size: ranks one copy is sharded over (`relm.distributed.layout`); None: all of them.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -59,7 +70,9 @@ def shard_model(
     if precision.compute != precision.master:
         mixed = MixedPrecisionPolicy(param_dtype=precision.compute, reduce_dtype=torch.float32)
     kwargs = dict(
-        mesh=dist.mesh, mp_policy=mixed, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy()
+        mesh=dist.model_mesh(shard_size or dist.world_size),
+        mp_policy=mixed,
+        offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy(),
     )
     # The critic returns values[..., 0], a view; nothing writes into it in place, which is what FSDP warns of.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
@@ -80,7 +93,9 @@ def full_tensor(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The whole tensor behind an FSDP2 shard, gathered on `device`; a plain tensor is returned as is.
 
     A CPU-offloaded shard is moved to `device` first, because NCCL gathers only device memory. This is
-    a collective: every rank must call it for the same tensors in the same order.
+    a collective: every rank must call it for the same tensors in the same order. A replicated model's
+    "shard" is already whole: it is returned itself (on `device`), without a gather, so read it before
+    the model changes rather than keep it.
     """
     to_local = getattr(tensor, "to_local", None)
     if to_local is None:
@@ -88,6 +103,13 @@ def full_tensor(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     local = to_local()
+    # Decided by the mesh, the same on every rank (local shapes differ: a [1] bias sharded over 2 ranks
+    # is whole on one of them), so that no rank skips a gather the others make.
+    mesh = tensor.device_mesh
+    if all(
+        p.is_replicate() or (p.is_shard() and mesh.size(dim) == 1) for dim, p in enumerate(tensor.placements)
+    ):
+        return local.to(device)
     if local.device != device:
         tensor = DTensor.from_local(
             local.to(device),

@@ -22,6 +22,7 @@ from relm.data.dataset import PromptDataset
 from relm.data.demo_task import write_demo_parquet
 from relm.data.loader import PromptLoader
 from relm.distributed.context import DistContext
+from relm.distributed.layout import Layout
 from relm.errors import UserError
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype
@@ -34,7 +35,7 @@ from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native_engine import NativeRolloutEngine
 from relm.rollout.watchdog import WatchedEngine
-from relm.trainer.memory import MemoryChoices, build_residency, choose_memory
+from relm.trainer.memory import MemoryChoices, build_residency, choose_memory, data_parallel_choices
 from relm.training.offload import OffloadedOptimizerStates, Residency
 from relm.training.precision import Precision
 from relm.training.varlen_attention import (
@@ -228,13 +229,29 @@ def build_components(
         if arr.rollout.name == "vllm"
         else generator_model(actor, arr.rollout, device, precision, separate=dist.is_distributed)
     )
+    critic_dir = None
+    if cfg.algorithm.adv_estimator in ESTIMATORS_WITH_CRITIC:
+        critic_dir = cfg.critic.model.path or model_dir
+        if cfg.critic.model.path:
+            from relm.models.loading import resolve_model_dir
+
+            critic_dir = resolve_model_dir(cfg.critic.model.path)
+    layouts: dict[str, Layout] = {}
+    data_parallel_plan = None
     if dist.is_distributed:
         from relm.distributed.fsdp import shard_model
+        from relm.trainer.data_parallel import choose_layouts
 
+        layouts, data_parallel_plan = choose_layouts(
+            cfg, model_dir, dist, has_reference=ref is not None, has_critic=critic_dir is not None
+        )
         offload = arr.actor.fsdp_config.offload_policy
-        actor = shard_model(actor, dist, precision, offload=offload)
+        actor = shard_model(actor, dist, precision, offload=offload, shard_size=layouts["actor"].shard_size)
         if ref is not None:
-            ref = shard_model(ref, dist, replace(precision, master=precision.compute), offload=offload)
+            ref = shard_model(
+                ref, dist, replace(precision, master=precision.compute), offload=offload,
+                shard_size=layouts["reference"].shard_size,
+            )  # fmt: skip
     # CompactAdamW where a moment or weight is bf16 (one process); torch's AdamW otherwise.
     compact = not dist.is_distributed and precision.master in (torch.float32, torch.bfloat16)
     compact_weights = precision.master == torch.bfloat16
@@ -252,12 +269,7 @@ def build_components(
     )
 
     critic = critic_optimizer = critic_scheduler = None
-    if cfg.algorithm.adv_estimator in ESTIMATORS_WITH_CRITIC:
-        critic_dir = cfg.critic.model.path or model_dir
-        if cfg.critic.model.path:
-            from relm.models.loading import resolve_model_dir
-
-            critic_dir = resolve_model_dir(cfg.critic.model.path)
+    if critic_dir is not None:
         logger.info("loading the critic from %s", critic_dir)
         critic = load_value_model(
             critic_dir,
@@ -270,7 +282,10 @@ def build_components(
         if dist.is_distributed:
             from relm.distributed.fsdp import shard_model
 
-            critic = shard_model(critic, dist, precision, offload=cfg.critic.model.fsdp_config.offload_policy)
+            critic = shard_model(
+                critic, dist, precision, offload=cfg.critic.model.fsdp_config.offload_policy,
+                shard_size=layouts["critic"].shard_size,
+            )  # fmt: skip
         critic_moments = memory.critic_moments_dtype
         critic_optimizer, critic_scheduler = build_optimizer(
             critic,
@@ -287,6 +302,13 @@ def build_components(
             seed=cfg.seed + 1,
         )
 
+    if dist.is_distributed:
+        memory = data_parallel_choices(
+            cfg, data_parallel_plan, precision, actor_replicated=layouts["actor"].replicated,
+            critic_replicated="critic" in layouts and layouts["critic"].replicated,
+        )  # fmt: skip
+        if memory.plan is not None:
+            logger.info("%s", memory.plan.describe())
     if memory.actor_checkpointing:
         actor.gradient_checkpointing_enable()
     if critic is not None and memory.critic_checkpointing:

@@ -6,23 +6,79 @@ rank's rows only (`rank_rows`); forward results are gathered back into the whole
 estimation runs on the global batch on every rank and needs no distributed statistics: GRPO groups,
 GAE's batch-wide whitening and the KL controller see exactly what one process would. In a
 single-process run each function here is the identity.
+
+`choose_layouts` decides, once at start-up, whether each model is replicated or sharded over the
+ranks (`relm.distributed.layout`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
+from relm.config.schema import RelmConfig
 from relm.distributed.balance import partition_rows
 from relm.distributed.context import DistContext
+from relm.distributed.layout import FSDP_SIZE_KEYS, Layout, decide_layout, describe_layouts
+from relm.trainer.memory import data_parallel_plan
 from relm.training.batch import ExperienceBatch
+from relm.training.memory_plan import MemoryPlan
 from relm.training.minibatch import ADDITIVE_METRICS
 
 if TYPE_CHECKING:
     from relm.trainer.components import RunComponents
+
+logger = logging.getLogger("relm")
+
+
+def choose_layouts(
+    cfg: RelmConfig,
+    model_dir: str,
+    dist: DistContext,
+    *,
+    has_reference: bool,
+    has_critic: bool,
+) -> tuple[dict[str, Layout], MemoryPlan | None]:
+    """How the actor, the reference and the critic sit on the ranks, and the single-GPU plan that the
+    replicated ones follow (None when it does not hold every model whole on one GPU); logs the one
+    start-up line that says so.
+
+    The plan is the one a single-GPU run of the same config would make on this GPU, from the models'
+    configs, before anything is loaded or sharded.
+    """
+    plan, reason = data_parallel_plan(cfg, model_dir, dist.device)
+    arr = cfg.actor_rollout_ref
+    values = {
+        "actor": arr.actor.fsdp_config.fsdp_size,
+        "reference": arr.ref.fsdp_config.fsdp_size,
+        "critic": cfg.critic.model.fsdp_config.fsdp_size,
+    }
+    # CPU offload is asked for to save GPU memory: a planned layout then shards (the reference is
+    # offloaded with the actor).
+    offloaded = {
+        "actor": arr.actor.fsdp_config.offload_policy,
+        "reference": arr.actor.fsdp_config.offload_policy,
+        "critic": cfg.critic.model.fsdp_config.offload_policy,
+    }
+    names = ["actor", *(["reference"] if has_reference else []), *(["critic"] if has_critic else [])]
+    layouts = {
+        name: decide_layout(
+            values[name],
+            key=FSDP_SIZE_KEYS[name],
+            world_size=dist.world_size,
+            plan_fits=plan is not None and not offloaded[name],
+            plan_reason="offload_policy=true in the config" if offloaded[name] else reason,
+        )
+        for name in names
+    }
+    if dist.device.type == "cuda" and plan is None and any(lay.replicated for lay in layouts.values()):
+        logger.warning("%s: the replicated models follow the config's memory settings, not a plan", reason)
+    logger.info("%s", describe_layouts(layouts))
+    return layouts, plan
 
 
 def rank_rows(c: RunComponents, batch: ExperienceBatch) -> torch.Tensor | None:

@@ -11,6 +11,7 @@ from torch import nn
 from relm.data.records import PromptBatch, left_pad
 from relm.distributed.balance import same_group_count
 from relm.distributed.context import DistContext
+from relm.distributed.gathering import gathered_for_passes, passes_are_collective
 from relm.rollout.base import GenerationOutput
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs, response_values
@@ -61,8 +62,9 @@ def batched_logprobs(
     dist: DistContext | None = None,
 ) -> torch.Tensor:
     """[N, R] logprobs of the responses under `model`, in forward passes of `rows_per_forward` rows
-    (or of at most `max_tokens_per_forward` tokens). With `dist` (a sharded model, `batch` this rank's
-    rows) every rank makes as many passes, and an out-of-memory pass is not retried on one rank alone."""
+    (or of at most `max_tokens_per_forward` tokens). With `dist` (data parallel, `batch` this rank's
+    rows) every rank makes as many passes, and when the model is sharded an out-of-memory pass is not
+    retried on one rank alone."""
 
     def logprobs_of(mb: ExperienceBatch) -> torch.Tensor:
         logprobs, _ = response_logprobs(
@@ -77,7 +79,7 @@ def batched_logprobs(
         return logprobs
 
     return _in_forward_passes(
-        batch, logprobs_of, "logprob forward", rows_per_forward=rows_per_forward, device=device,
+        model, batch, logprobs_of, "logprob forward", rows_per_forward=rows_per_forward, device=device,
         max_tokens=max_tokens_per_forward, remove_padding=remove_padding, dist=dist,
     )  # fmt: skip
 
@@ -106,12 +108,13 @@ def batched_values(
         )
 
     return _in_forward_passes(
-        batch, values_of, "value forward", rows_per_forward=rows_per_forward, device=device,
+        value_model, batch, values_of, "value forward", rows_per_forward=rows_per_forward, device=device,
         max_tokens=max_tokens_per_forward, remove_padding=remove_padding, dist=dist,
     )  # fmt: skip
 
 
 def _in_forward_passes(
+    model: nn.Module,
     batch: ExperienceBatch,
     compute: Callable[[ExperienceBatch], torch.Tensor],
     what: str,
@@ -123,16 +126,19 @@ def _in_forward_passes(
     dist: DistContext | None,
 ) -> torch.Tensor:
     """[N, R] fp32 on the CPU: `compute` ([n, R] of a sub-batch on `device`) over groups of rows cut by
-    row count or token budget, each retried in halves on out-of-memory (not when sharded: every rank
-    must make the same passes)."""
+    row count or token budget, each retried in halves on out-of-memory (not when `model` is sharded:
+    its passes gather weights from other ranks, so every rank must make the same ones). A sharded
+    model's weights stay gathered from the first pass to the last where memory allows."""
     out = torch.zeros(len(batch), batch.response_width)
 
     def forward(rows: torch.Tensor) -> None:
         out[rows] = compute(batch.select(rows).to(device)).float().cpu()
 
     groups = _forward_groups(batch, rows_per_forward, max_tokens, remove_padding)
-    for rows in same_group_count(groups, dist):
-        run_halving_on_oom(rows, forward, what, retry=dist is None or not dist.is_distributed)
+    retry = not passes_are_collective(model)
+    with gathered_for_passes(model, device):
+        for rows in same_group_count(groups, dist):
+            run_halving_on_oom(rows, forward, what, retry=retry)
     return out
 
 

@@ -7,6 +7,11 @@ micro-batch token budgets and the phases' `Residency`. The plan comes first beca
 (bf16 weights) decides how the models are loaded. It plans a single CUDA process only: on CPU nothing
 is planned (checkpointing stays off unless asked for, it only costs time there), and sharded runs
 size themselves through FSDP2 (`fsdp_config.offload_policy`).
+
+A data-parallel run asks the same question first (`data_parallel_plan`): when one GPU's plan keeps
+every model whole on the GPU in fp32 (nothing parked, AdamW moments on the GPU), each rank can hold
+the models whole (`relm.distributed.layout`) and runs that plan on its own rows
+(`data_parallel_choices`); a model that ends up sharded follows the user's settings.
 """
 
 from __future__ import annotations
@@ -79,9 +84,6 @@ def choose_memory(
     """
     arr = cfg.actor_rollout_ref
     actor_cfg, critic_cfg = arr.actor, cfg.critic
-    critic_dynamic = (
-        actor_cfg.use_dynamic_bsz if critic_cfg.use_dynamic_bsz is None else critic_cfg.use_dynamic_bsz
-    )
     user_moments = {
         "actor": _moments_dtype(actor_cfg.optim.moments_dtype, "actor_rollout_ref.actor.optim.moments_dtype"),
         "critic": _moments_dtype(critic_cfg.optim.moments_dtype, "critic.optim.moments_dtype"),
@@ -93,17 +95,7 @@ def choose_memory(
             f"`{explicit[-1]}` applies to single-process runs with float32 or bfloat16 weights; "
             "remove it (sharded runs and float16 weights step with torch's AdamW)"
         )
-    choices = MemoryChoices(
-        actor_checkpointing=bool(arr.model.enable_gradient_checkpointing),
-        critic_checkpointing=bool(critic_cfg.model.enable_gradient_checkpointing),
-        actor_max_tokens=(actor_cfg.ppo_max_token_len_per_gpu or 16384)
-        if actor_cfg.use_dynamic_bsz
-        else None,
-        critic_max_tokens=(critic_cfg.ppo_max_token_len_per_gpu or 32768) if critic_dynamic else None,
-        precision=precision,
-        actor_moments_dtype=user_moments["actor"] or torch.float32,
-        critic_moments_dtype=user_moments["critic"] or torch.float32,
-    )
+    choices = user_choices(cfg, precision, user_moments)
     memory = (
         None if sharded or cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes > 1 else device_memory(device)
     )
@@ -123,9 +115,40 @@ def choose_memory(
         logger.warning("memory plan: to fit one GPU, %s", "; ".join(plan.given_up))
     if plan.rung.weights != precision.master:  # the last rung: bf16 weights, computed in bf16
         precision = Precision(master=plan.rung.weights, compute=plan.rung.weights, device_type=device.type)
-    # Micro-batches by the plan's token budget unless the user fixed their row count.
+    return planned_choices(cfg, plan, precision)
+
+
+def _critic_dynamic(cfg: RelmConfig) -> bool:
+    actor_cfg, critic_cfg = cfg.actor_rollout_ref.actor, cfg.critic
+    return actor_cfg.use_dynamic_bsz if critic_cfg.use_dynamic_bsz is None else critic_cfg.use_dynamic_bsz
+
+
+def user_choices(
+    cfg: RelmConfig, precision: Precision, user_moments: dict[str, torch.dtype | None] | None = None
+) -> MemoryChoices:
+    """What the config says, without a plan: unset checkpointing is off, unset budgets verl's defaults."""
+    arr = cfg.actor_rollout_ref
+    actor_cfg, critic_cfg = arr.actor, cfg.critic
+    user_moments = user_moments or {}
+    return MemoryChoices(
+        actor_checkpointing=bool(arr.model.enable_gradient_checkpointing),
+        critic_checkpointing=bool(critic_cfg.model.enable_gradient_checkpointing),
+        actor_max_tokens=(actor_cfg.ppo_max_token_len_per_gpu or 16384)
+        if actor_cfg.use_dynamic_bsz
+        else None,
+        critic_max_tokens=(critic_cfg.ppo_max_token_len_per_gpu or 32768) if _critic_dynamic(cfg) else None,
+        precision=precision,
+        actor_moments_dtype=user_moments.get("actor") or torch.float32,
+        critic_moments_dtype=user_moments.get("critic") or torch.float32,
+    )
+
+
+def planned_choices(cfg: RelmConfig, plan: MemoryPlan, precision: Precision) -> MemoryChoices:
+    """The plan's checkpointing, token budgets and moment dtypes (micro-batches by the plan's token
+    budget unless the user fixed their row count)."""
+    actor_cfg, critic_cfg = cfg.actor_rollout_ref.actor, cfg.critic
     by_tokens = actor_cfg.use_dynamic_bsz or actor_cfg.ppo_micro_batch_size_per_gpu is None
-    critic_by_tokens = critic_dynamic or critic_cfg.ppo_micro_batch_size_per_gpu is None
+    critic_by_tokens = _critic_dynamic(cfg) or critic_cfg.ppo_micro_batch_size_per_gpu is None
     return MemoryChoices(
         actor_checkpointing=plan.gradient_checkpointing,
         critic_checkpointing=plan.critic_gradient_checkpointing,
@@ -137,6 +160,66 @@ def choose_memory(
         actor_moments_dtype=plan.rung.actor_moments,
         critic_moments_dtype=plan.rung.critic_moments,
         plan=plan,
+    )
+
+
+def data_parallel_plan(
+    cfg: RelmConfig, model_dir: str, device: torch.device
+) -> tuple[MemoryPlan | None, str]:
+    """One GPU's plan for this run when it holds every model whole on the GPU (fp32 weights and
+    moments, nothing parked, no moments in CPU memory), else None; and the phrase that says which,
+    for the data-parallel start-up line."""
+    memory = device_memory(device)
+    if memory is None:
+        return None, f"no memory plan on {device.type}"
+    precision = pick_precision(cfg.actor_rollout_ref.model.dtype, device)
+    request = _plan_request(cfg, model_dir, device, precision, memory, {"actor": None, "critic": None})
+    try:
+        plan = plan_memory(request)
+    except PlanDoesNotFit as exc:
+        return None, f"the memory plan does not fit one GPU: {exc}"
+    waiting = [
+        name
+        for name, on in (
+            ("the reference", plan.park_reference),
+            ("the generator copy", plan.park_generator),
+            ("the critic", plan.park_critic),
+            ("the actor's AdamW moments", plan.offload_optimizer),
+            ("the critic's AdamW moments", plan.offload_critic_optimizer),
+        )
+        if on
+    ]
+    if waiting:
+        listed = " and ".join([", ".join(waiting[:-1]), waiting[-1]] if len(waiting) > 1 else waiting)
+        return None, f"one GPU would keep {listed} in CPU memory"
+    if plan.given_up:
+        return None, f"one GPU would need {'; '.join(plan.given_up)}"
+    return plan, "the memory plan fits one GPU"
+
+
+def data_parallel_choices(
+    cfg: RelmConfig,
+    plan: MemoryPlan | None,
+    precision: Precision,
+    *,
+    actor_replicated: bool,
+    critic_replicated: bool,
+) -> MemoryChoices:
+    """Per model: the single-GPU plan's choices when the model is replicated and the plan holds every
+    model whole (`data_parallel_plan`), else the user's settings. The actor's budget also cuts the
+    reference's forwards."""
+    user = user_choices(cfg, precision)
+    if plan is None:
+        return user
+    planned = planned_choices(cfg, plan, precision)
+    actor, critic = (planned if actor_replicated else user), (planned if critic_replicated else user)
+    return MemoryChoices(
+        actor_checkpointing=actor.actor_checkpointing,
+        critic_checkpointing=critic.critic_checkpointing,
+        actor_max_tokens=actor.actor_max_tokens,
+        critic_max_tokens=critic.critic_max_tokens,
+        precision=precision,
+        plan=plan if actor_replicated or critic_replicated else None,
     )
 
 

@@ -12,6 +12,7 @@ from relm.algorithms.losses import agg_loss, compute_policy_loss
 from relm.config.schema import ActorConfig
 from relm.distributed.balance import minibatch_split
 from relm.distributed.context import DistContext
+from relm.distributed.gathering import Accumulation
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs
 from relm.training.minibatch import (
@@ -61,57 +62,64 @@ def update_actor(
     stats = MinibatchMetrics("actor")
     skipped = 0
     token_counts = forward_token_counts(batch.attention_mask, remove_padding)
-    for _ in range(cfg.ppo_epochs):
-        for mini in minibatch_indices(
-            len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
-        ):
-            scale, micros = minibatch_split(
-                batch.response_mask, mini, rows_per_microbatch,
-                token_counts=token_counts, max_tokens=max_tokens_per_microbatch, dist=dist,
-            )  # fmt: skip
-            for micro in micros:
-                mb = batch.select(micro).to(device)
-                logprobs, entropy = response_logprobs(
-                    model,
-                    mb.input_ids,
-                    mb.attention_mask,
-                    mb.position_ids,
-                    mb.response_width,
-                    temperature=temperature,
-                    compute_entropy=True,
-                    # entropy_coeff 0 (the default): the entropy is only a metric, kept out of backward
-                    entropy_grad=cfg.entropy_coeff != 0,
-                    remove_padding=remove_padding,
-                )
-                mask = mb.response_mask
-                pg_loss, pg_metrics = compute_policy_loss(
-                    cfg.policy_loss.loss_mode,
-                    old_logprobs=mb.old_logprobs,
-                    logprobs=logprobs,
-                    advantages=mb.advantages,
-                    response_mask=mask,
-                    clip_ratio_low=cfg.clip_ratio_low,
-                    clip_ratio_high=cfg.clip_ratio_high,
-                    clip_ratio_c=cfg.clip_ratio_c,
-                    loss_agg_mode=cfg.loss_agg_mode,
-                    agg_scale=scale,
-                )
-                entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, scale)
-                loss = pg_loss - cfg.entropy_coeff * entropy_loss
-                micro_metrics = {"pg_loss": pg_loss.detach(), "entropy": entropy_loss.detach(), **pg_metrics}
-                if cfg.use_kl_loss:
-                    kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_loss_type)
-                    kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, scale)
-                    loss = loss + cfg.kl_loss_coef * kl_loss
-                    micro_metrics.update(kl_loss=kl_loss.detach(), kl_coef=cfg.kl_loss_coef)
-                if dist is not None and dist.is_distributed:
-                    # FSDP averages the ranks' gradients; the global gradient is their sum.
-                    loss = loss * dist.world_size
-                loss.backward()
-                stats.add(micro_metrics)
-            grad_norm, stepped = clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
-            skipped += int(not stepped)
-            stats.end_minibatch({"grad_norm": grad_norm})
+    # FSDP: gradients reduced and weights gathered once per mini-batch (`relm.distributed.gathering`).
+    with Accumulation.planned(model, device) as accumulation:
+        for _ in range(cfg.ppo_epochs):
+            for mini in minibatch_indices(
+                len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
+            ):
+                scale, micros = minibatch_split(
+                    batch.response_mask, mini, rows_per_microbatch,
+                    token_counts=token_counts, max_tokens=max_tokens_per_microbatch, dist=dist,
+                )  # fmt: skip
+                for index, micro in enumerate(micros):
+                    mb = batch.select(micro).to(device)
+                    logprobs, entropy = response_logprobs(
+                        model,
+                        mb.input_ids,
+                        mb.attention_mask,
+                        mb.position_ids,
+                        mb.response_width,
+                        temperature=temperature,
+                        compute_entropy=True,
+                        # entropy_coeff 0 (the default): the entropy is only a metric, kept out of backward
+                        entropy_grad=cfg.entropy_coeff != 0,
+                        remove_padding=remove_padding,
+                    )
+                    mask = mb.response_mask
+                    pg_loss, pg_metrics = compute_policy_loss(
+                        cfg.policy_loss.loss_mode,
+                        old_logprobs=mb.old_logprobs,
+                        logprobs=logprobs,
+                        advantages=mb.advantages,
+                        response_mask=mask,
+                        clip_ratio_low=cfg.clip_ratio_low,
+                        clip_ratio_high=cfg.clip_ratio_high,
+                        clip_ratio_c=cfg.clip_ratio_c,
+                        loss_agg_mode=cfg.loss_agg_mode,
+                        agg_scale=scale,
+                    )
+                    entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, scale)
+                    loss = pg_loss - cfg.entropy_coeff * entropy_loss
+                    micro_metrics = {
+                        "pg_loss": pg_loss.detach(),
+                        "entropy": entropy_loss.detach(),
+                        **pg_metrics,
+                    }
+                    if cfg.use_kl_loss:
+                        kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_loss_type)
+                        kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, scale)
+                        loss = loss + cfg.kl_loss_coef * kl_loss
+                        micro_metrics.update(kl_loss=kl_loss.detach(), kl_coef=cfg.kl_loss_coef)
+                    if dist is not None and dist.is_distributed:
+                        # FSDP averages the ranks' gradients; the global gradient is their sum.
+                        loss = loss * dist.world_size
+                    accumulation.backward(loss, last=index == len(micros) - 1)
+                    stats.add(micro_metrics)
+                accumulation.end_minibatch()
+                grad_norm, stepped = clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
+                skipped += int(not stepped)
+                stats.end_minibatch({"grad_norm": grad_norm})
     model.eval()
     return UpdateResult(
         metrics={**stats.result(), "actor/lr": [scheduler.get_last_lr()[0]]}, num_skipped_updates=skipped

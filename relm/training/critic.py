@@ -10,6 +10,7 @@ from relm.algorithms.masked import masked_mean
 from relm.config.schema import CriticConfig
 from relm.distributed.balance import minibatch_split
 from relm.distributed.context import DistContext
+from relm.distributed.gathering import Accumulation
 from relm.training.actor import UpdateResult
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_values
@@ -48,43 +49,44 @@ def update_critic(
     skipped = 0
     token_counts = forward_token_counts(batch.attention_mask, remove_padding)
     agg_mode = cfg.loss_agg_mode or "token-mean"
-    for _ in range(num_epochs):
-        for mini in minibatch_indices(
-            len(batch), rows_per_minibatch, shuffle=bool(cfg.shuffle), generator=generator
-        ):
-            scale, micros = minibatch_split(
-                batch.response_mask, mini, rows_per_microbatch,
-                token_counts=token_counts, max_tokens=max_tokens_per_microbatch, dist=dist,
-            )  # fmt: skip
-            for micro in micros:
-                mb = batch.select(micro).to(device)
-                values = response_values(
-                    value_model,
-                    mb.input_ids,
-                    mb.attention_mask,
-                    mb.position_ids,
-                    mb.response_width,
-                    remove_padding=remove_padding,
-                )
-                vf_loss, vf_metrics = compute_value_loss(
-                    values,
-                    mb.values,
-                    mb.returns,
-                    mb.response_mask,
-                    cfg.cliprange_value,
-                    loss_agg_mode=agg_mode,
-                    agg_scale=scale,
-                )
-                if dist is not None and dist.is_distributed:
+    # FSDP: gradients reduced and weights gathered once per mini-batch (`relm.distributed.gathering`).
+    with Accumulation.planned(value_model, device) as accumulation:
+        for _ in range(num_epochs):
+            for mini in minibatch_indices(
+                len(batch), rows_per_minibatch, shuffle=bool(cfg.shuffle), generator=generator
+            ):
+                scale, micros = minibatch_split(
+                    batch.response_mask, mini, rows_per_microbatch,
+                    token_counts=token_counts, max_tokens=max_tokens_per_microbatch, dist=dist,
+                )  # fmt: skip
+                for index, micro in enumerate(micros):
+                    mb = batch.select(micro).to(device)
+                    values = response_values(
+                        value_model,
+                        mb.input_ids,
+                        mb.attention_mask,
+                        mb.position_ids,
+                        mb.response_width,
+                        remove_padding=remove_padding,
+                    )
+                    vf_loss, vf_metrics = compute_value_loss(
+                        values,
+                        mb.values,
+                        mb.returns,
+                        mb.response_mask,
+                        cfg.cliprange_value,
+                        loss_agg_mode=agg_mode,
+                        agg_scale=scale,
+                    )
                     # FSDP averages the ranks' gradients; the global gradient is their sum.
-                    (vf_loss * dist.world_size).backward()
-                else:
-                    vf_loss.backward()
-                vpred = masked_mean(values.detach(), mb.response_mask)
-                stats.add({"vf_loss": vf_loss.detach(), "vpred_mean": vpred, **vf_metrics})
-            grad_norm, stepped = clip_and_step(value_model, optimizer, scheduler, cfg.grad_clip)
-            skipped += int(not stepped)
-            stats.end_minibatch({"grad_norm": grad_norm})
+                    ranks = dist.world_size if dist is not None and dist.is_distributed else 1
+                    accumulation.backward(vf_loss * ranks, last=index == len(micros) - 1)
+                    vpred = masked_mean(values.detach(), mb.response_mask)
+                    stats.add({"vf_loss": vf_loss.detach(), "vpred_mean": vpred, **vf_metrics})
+                accumulation.end_minibatch()
+                grad_norm, stepped = clip_and_step(value_model, optimizer, scheduler, cfg.grad_clip)
+                skipped += int(not stepped)
+                stats.end_minibatch({"grad_norm": grad_norm})
     value_model.eval()
     return UpdateResult(
         metrics={**stats.result(), "critic/lr": [scheduler.get_last_lr()[0]]}, num_skipped_updates=skipped

@@ -1,13 +1,15 @@
 """Data parallel on CPU (gloo, 2 processes under torchrun) against the unchanged single-process path.
 
-Tolerances (fp32, the tiny zoo model, greedy-free sampling with the same seeds in every process): the
-gradients of every parameter at every optimizer step agree to 1e-5 relative (L2 over all parameters)
-and 1e-6 absolute, losses to 1e-6, old/ref logprobs, values and advantages of the batch exactly
-(they are computed on the same rows by the same code, then gathered), weights and AdamW moments after
-the step to 1e-5 (AdamW's first steps are about lr x sign(gradient), lr = 1e-3 here). Only the
-order of floating-point sums differs: measured gaps are at most 7.4e-7 relative / 1.7e-7 absolute
-(gradients), 6e-9 (losses) and 3e-6 (weights).
-Checkpoints cross world sizes exactly (0 difference) in both directions.
+Both layouts: sharded (a CPU run's default) and replicated (`fsdp_size=1`). Tolerances (fp32, the tiny
+zoo model, greedy-free sampling with the same seeds in every process): the gradients of every
+parameter at every optimizer step agree to 1e-5 relative (L2 over all parameters) and 1e-6 absolute,
+losses to 1e-6, old/ref logprobs, values and advantages of the batch exactly (they are computed on the
+same rows by the same code, then gathered), weights and AdamW moments after the step to 1e-5 (AdamW's
+first steps are about lr x sign(gradient), lr = 1e-3 here). Only the order of floating-point sums
+differs: measured gaps, the same in both layouts, are at most 1.3e-6 relative / 3.9e-7 absolute
+(gradients), 6e-8 (losses) and 7.0e-6 (weights: AdamW's first step on a gradient below its eps,
+4.4e-9 against 4.3e-9, see docs/distributed.md). Checkpoints cross world sizes exactly (0 difference)
+in both directions, and from the sharded layout into the replicated one.
 """
 
 from __future__ import annotations
@@ -40,14 +42,18 @@ def run_subprocess(command: list[str], timeout: int = 240) -> subprocess.Complet
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_two_gloo_processes_match_one_process_for_a_ppo_and_a_grpo_step(tmp_path: Path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert dist_parity.main(["run", str(one)]) == 0
-    done = run_subprocess([*TORCHRUN, "tests/dist_parity.py", "run", str(two), "--load-from", str(one)])
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert dist_parity.main(["load", str(one), str(two)]) == 0
-    report = dist_parity.compare(one, two)
-    print(json.dumps(report, indent=1))  # the figures, for `pytest -s`
+REPLICATED = [
+    f"--set={key}=1"
+    for key in (
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+        "actor_rollout_ref.ref.fsdp_config.fsdp_size",
+        "critic.model.fsdp_config.fsdp_size",
+    )
+]
+"""The replicated layout (every rank holds each model whole); without it a CPU run shards."""
+
+
+def check_parity(report: dict[str, dict[str, float]]) -> None:
     assert set(report) == {"ppo", "grpo"}
     for algo, row in report.items():
         assert row["response_tokens_equal"] == 1.0
@@ -66,7 +72,35 @@ def test_two_gloo_processes_match_one_process_for_a_ppo_and_a_grpo_step(tmp_path
                 assert value == 1.0, (algo, key)
         steps = [k for k in row if k.startswith("actor grad step") and k.endswith("rel_l2")]
         assert len(steps) == 4  # 2 mini-batches x 2 epochs (the demo preset's ppo_epochs)
+        assert sum(k.startswith("actor checkpoint") for k in row) == 14  # both directions loaded
     assert "critic grad step 3 rel_l2" in report["ppo"] and "critic weights_max_abs" not in report["grpo"]
+
+
+def test_two_gloo_processes_match_one_process_for_a_ppo_and_a_grpo_step(tmp_path: Path):
+    one, two, replicated = tmp_path / "one", tmp_path / "two", tmp_path / "replicated"
+    assert dist_parity.main(["run", str(one)]) == 0
+    # Sharded (a CPU run's default) and replicated, each loading the one-process checkpoint, and the
+    # one process loading theirs: checkpoints cross world sizes both ways in both layouts.
+    for out, layout in ((two, []), (replicated, REPLICATED)):
+        command = [*TORCHRUN, "tests/dist_parity.py", "run", str(out), "--load-from", str(one), *layout]
+        done = run_subprocess(command)
+        assert done.returncode == 0, done.stderr[-3000:]
+        expected_line = "each holds the whole actor" if layout else "the actor and reference sharded over 2"
+        assert expected_line in done.stderr, done.stderr[-3000:]
+        assert dist_parity.main(["load", str(one), str(out)]) == 0
+        report = dist_parity.compare(one, out)
+        print(out.name, json.dumps(report, indent=1))  # the figures, for `pytest -s`
+        check_parity(report)
+    # A replicated run resumes the sharded run's checkpoint (2 ranks -> 2 ranks, another layout).
+    crossed = tmp_path / "crossed"
+    done = run_subprocess([*TORCHRUN, "tests/dist_parity.py", "load", str(crossed), str(two), *REPLICATED])
+    assert done.returncode == 0, done.stderr[-3000:]
+    for algo in ("ppo", "grpo"):
+        saved = torch.load(two / f"{algo}.pt", weights_only=False)
+        loaded = torch.load(crossed / f"{algo}-loaded.pt", weights_only=False)
+        for model in ("actor", "critic") if algo == "ppo" else ("actor",):
+            differences = dist_parity.compare_states(saved[model], loaded[model])
+            assert differences.pop("step_equal") == 1.0 and set(differences.values()) == {0.0}, differences
 
     # The 2-process (sharded) checkpoint exports to a plain HF folder holding the step's weights exactly.
     folders = export_checkpoint(two / "ppo-run" / "global_step_1", tmp_path / "hf", critic=True)
