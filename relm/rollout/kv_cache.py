@@ -64,7 +64,8 @@ class PreallocatedKVCache(Cache):
         With `first_column` > 0 (a later chunk of long prompts) attention reads the columns before
         it from the rows `targets[:, 0]`, which earlier chunks filled.
         """
-        self._mode = ("prefill", targets, first_column)
+        # [r, u]: one contiguous index of rows per repeat, what index_copy_ and index_select take.
+        self._mode = ("prefill", targets.t().contiguous(), first_column)
         self._seen_columns = first_column
 
     def begin_decode(self, num_rows: int, kv_length: int, per_row: bool = False) -> None:
@@ -93,14 +94,14 @@ class PreallocatedKVCache(Cache):
         if self._mode is None:
             raise RuntimeError("PreallocatedKVCache.update outside begin_prefill/begin_decode")
         if self._mode[0] == "prefill":
-            _, targets, first_column = self._mode
+            _, repeats, first_column = self._mode
             end = first_column + key_states.shape[2]
-            self._write_prefill(layer_idx, key_states, value_states, targets, first_column)
+            self._write_prefill(layer_idx, key_states, value_states, repeats, first_column)
             self._seen_columns = end
             if first_column == 0:
                 # A first chunk attends within itself only, so it reads the fresh states.
                 return key_states, value_states
-            rows = targets[:, 0]
+            rows = repeats[0]
             keys, values = self.key_buffers[layer_idx], self.value_buffers[layer_idx]
             return keys[:, :, :end].index_select(0, rows), values[:, :, :end].index_select(0, rows)
         _, num_rows, kv_length, per_row = self._mode
@@ -123,7 +124,7 @@ class PreallocatedKVCache(Cache):
         layer_idx: int,
         keys: torch.Tensor,
         values: torch.Tensor,
-        targets: torch.Tensor,
+        repeats: torch.Tensor,
         first_column: int,
     ) -> None:
         end = first_column + keys.shape[2]
@@ -138,8 +139,8 @@ class PreallocatedKVCache(Cache):
             columns = buffers[layer_idx][:, :, first_column:end]  # [rows, heads, q, dim]
             # One write per repeat: the same bytes as broadcasting each prompt over its rows, and
             # no repeated copy is materialized; a row listed twice is written twice, identically.
-            for repeat in range(targets.shape[1]):
-                columns.index_copy_(0, targets[:, repeat], source)
+            for rows in repeats:
+                columns.index_copy_(0, rows, source)
 
     def nbytes(self) -> int:
         """Bytes held by the allocated buffers."""

@@ -337,8 +337,8 @@ class NativeRolloutEngine:
             # The model's own logits dtype: sampling upcasts inside its fused kernel, and a bf16
             # buffer halves what each step writes and reads at 152k vocabulary entries a row.
             buffers.logits = torch.zeros(buffers.num_rows, vocab, dtype=logits.dtype, device=self.device)
-        for repeat in range(targets.shape[1]):
-            buffers.logits.index_copy_(0, targets[:, repeat], logits)
+        for rows in targets.t().contiguous():
+            buffers.logits.index_copy_(0, rows, logits)
 
     def _run_decode(self, rows: int, kv_length: int, per_row: bool = False) -> None:
         """One decode step: the captured graph when there is one, else eagerly."""
