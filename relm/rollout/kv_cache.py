@@ -5,8 +5,9 @@ write position per layer (StaticCache), and both hand attention the whole buffer
 needs three things they do not give together:
 
 - fixed addresses, so one decode step can be captured in a CUDA graph and replayed;
-- prefill of each *unique* prompt written straight into the `n` rows that sample from it, so the
-  `n` samples of a prompt share one prefill, in chunks of columns for long prompts;
+- prefill of each *unique* prompt written straight into the `n` rows that sample from it (or, for
+  a sample admitted later, copied from a row that holds it), so the `n` samples of a prompt share
+  one prefill, in chunks of columns for long prompts;
 - a decode view of only the first `kv_length` columns (a length bucket), so attention reads the
   live part of the cache rather than all of it;
 - decode writes either at one column shared by every row (lock-step: all rows started together)
