@@ -36,7 +36,7 @@ fi
 if ! "$PY" -c "import pytest" 2>/dev/null; then
   STATUS+=("gpu_tests: skipped (no pytest; carry its wheels in .whl)")
 elif [ "$MODE" = "cbatch" ]; then
-  step gpu_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -k "continuous and qwen2 and not moe" \
+  step gpu_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -k "continuous and not moe and not gemma2" \
     tests/unit/test_native_engine.py
 else
   step gpu_tests 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_native_engine.py

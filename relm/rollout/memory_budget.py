@@ -68,7 +68,7 @@ def check_rollout_memory(
         gib = 1024**3
         raise UserError(
             f"actor_rollout_ref.rollout.gpu_memory_utilization={gpu_memory_utilization} gives the rollout "
-            f"{budget / gib:.1f} GiB of the GPU's {total / gib:.1f} GiB, but {rows} rows x {length} tokens "
+            f"{budget / gib:.1f} GiB of the GPU's {total / gib:.1f} GiB, but {rows} row{'s' * (rows != 1)} x {length} tokens "
             f"need {need / gib:.1f} GiB (weights {weight_bytes / gib:.1f}, KV cache {kv / gib:.1f}, sampling "
             f"{sampling / gib:.1f}); raise gpu_memory_utilization or lower the prompt/response lengths"
         )

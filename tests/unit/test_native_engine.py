@@ -20,7 +20,12 @@ from relm.models.loading import load_causal_lm
 from relm.models.zoo import ZOO, materialize_zoo
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.memory_budget import check_rollout_memory, kv_bytes_per_token, rows_within_budget
+from relm.rollout.memory_budget import (
+    bytes_per_row,
+    check_rollout_memory,
+    kv_bytes_per_token,
+    rows_within_budget,
+)
 from relm.rollout.native_attention import grouped_attention, restrict_to_window
 from relm.rollout.native_engine import NativeRolloutEngine
 from relm.training.forward import response_logprobs
@@ -311,6 +316,22 @@ def test_chunked_prefill_equals_whole_prompts(name):
         torch.testing.assert_close(chunked.logprobs, whole.logprobs, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["tiny/qwen2", "tiny/gemma2"])
+def test_continuous_batching_with_the_buckets_cuda_graphs_use(name):
+    # What graphs add on CUDA, here on CPU: a padding row past the 3 slots, attention over rounded-up
+    # lengths (idle and finished slots' columns beyond what they attend), eos checked every 8 steps.
+    model, prompts, eos = varied_model(name)
+    at_once = native(model, eos=eos).generate(prompts, greedy(n=2))
+    engine = native(model, eos=eos, max_num_seqs=3, eos_check_interval=8)
+    engine._row_bucket = lambda num_rows: 1 << (num_rows - 1).bit_length()
+    engine._length_bucket = lambda live_columns, max_length: min(max_length, -(-live_columns // 16) * 16)
+    out = engine.generate(prompts, greedy(n=2))
+    assert engine._buffers.num_rows == 4 and engine.last_stats["admissions"] >= 2
+    assert torch.equal(out.response_ids, at_once.response_ids)
+    torch.testing.assert_close(out.logprobs, at_once.logprobs, atol=1e-5, rtol=0)
+    assert all(torch.isfinite(keys).all() for keys in engine._buffers.cache.key_buffers.values())
+
+
 def test_rows_that_fit_decode_in_lock_step():
     model = zoo_model("tiny/qwen2")
     prompts = prompts_for(model)
@@ -512,4 +533,21 @@ def test_gpu_continuous_batching_graphs_equal_eager_trainer_and_lock_step(name):
     params = greedy(n=2, max_new_tokens=40)
     assert torch.equal(
         engine.generate(prompts, params).response_ids, lock_step.generate(prompts, params).response_ids
+    )
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_continuous_batching_when_rows_exceed_the_memory_share():
+    model = zoo_model("tiny/qwen2", device="cuda")
+    prompts, params = prompts_for(model), greedy(n=2, max_new_tokens=20)  # 8 rows
+    weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    row_bytes = bytes_per_row(model.config, 4, max(map(len, prompts)) + 20)
+    share = (weight_bytes + 2.5 * row_bytes) / torch.cuda.get_device_properties(0).total_memory  # 2 rows fit
+    common = dict(pad_token_id=pad_id(model), eos_token_ids=[], device="cuda")
+    engine = NativeRolloutEngine(model, gpu_memory_utilization=share, **common)
+    out = engine.generate(prompts, params)
+    assert engine.last_stats["slots"] == 2 and engine._buffers.num_rows == 2
+    assert torch.equal(
+        out.response_ids, NativeRolloutEngine(model, **common).generate(prompts, params).response_ids
     )
