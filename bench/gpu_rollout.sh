@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One-call GPU check of the native rollout engine: the CUDA tests, then `relm bench rollout` runs.
 #
-# Usage (repository root, on the GPU machine):  bash bench/gpu_rollout.sh [quick|full|tests]
+# Usage (repository root, on the GPU machine):  bash bench/gpu_rollout.sh [quick|full|tests|cbatch]
 #   tests  only the tests marked gpu in tests/unit/test_native_engine.py
 #   quick  tests + Qwen2.5-1.5B shape, batch 256, 256+256, native and hf            (~3 min)
 #   full   quick + batch 64/1024, 0.5B/3B/7B, Llama-3.2-3B, Gemma-2-2b shapes        (~9 min)
+#   cbatch continuous batching: its gpu tests, the fixed-length 1.5B batch-256 native row (lock-step,
+#          to compare with docs/benchmarks.md), then 512 prompts of 256 + up to 512 tokens with eos
+#          active (mean ~125): all rows at once, 128 slots refilled, 4 lock-step waves of 128 (~3 min)
 # Results: one JSON file per bench run and summary.md under $OUT (or bench/results/ when unset).
 # Every step runs under its own time limit; a failing step is reported and the next one still runs.
 set -u
@@ -30,14 +33,24 @@ if ! "$PY" -c "import pytest" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-if "$PY" -c "import pytest" 2>/dev/null; then
-  step gpu_tests 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_native_engine.py
-else
+if ! "$PY" -c "import pytest" 2>/dev/null; then
   STATUS+=("gpu_tests: skipped (no pytest; carry its wheels in .whl)")
+elif [ "$MODE" = "cbatch" ]; then
+  step gpu_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -k "continuous and not moe and not gemma2" \
+    tests/unit/test_native_engine.py
+else
+  step gpu_tests 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_native_engine.py
 fi
 
-if [ "$MODE" != "tests" ]; then
+if [ "$MODE" = "quick" ] || [ "$MODE" = "full" ]; then
   bench qwen1.5b_b256 150 --model zoo:Qwen/Qwen2.5-1.5B --batch 256 --prompt-len 256 --response-len 256 --engine both
+fi
+if [ "$MODE" = "cbatch" ]; then
+  bench qwen1.5b_b256_native 90 --model zoo:Qwen/Qwen2.5-1.5B --batch 256 --prompt-len 256 --response-len 256
+  EOS=(--model zoo:Qwen/Qwen2.5-1.5B --batch 512 --prompt-len 256 --response-len 512 --eos-rate 0.008)
+  bench qwen1.5b_eos_all_rows 90 "${EOS[@]}"
+  bench qwen1.5b_eos_128_slots 90 "${EOS[@]}" --max-num-seqs 128
+  bench qwen1.5b_eos_waves_128 90 "${EOS[@]}" --max-num-seqs 128 --waves
 fi
 if [ "$MODE" = "full" ]; then
   bench qwen1.5b_b64 90 --model zoo:Qwen/Qwen2.5-1.5B --batch 64 --prompt-len 256 --response-len 256 --engine both

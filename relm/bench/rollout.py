@@ -4,6 +4,13 @@ A random-weight model with a zoo entry's shape is built directly on the device (
 or read), prompts are random ids of one length, and eos is ignored, so every run generates exactly
 batch x response-len tokens and runs are comparable across engines, machines and versions.
 
+`--eos-rate P` makes lengths vary instead, as RL rollouts do: a random P share of the vocabulary
+ends a response, and random weights sample almost uniformly, so a response stops with probability
+about P per token (lengths roughly geometric, mean near 1/P, cut at response-len). That is the
+case continuous batching (`--max-num-seqs` below the batch) is for; `--waves` runs the same batch
+as separate lock-step calls of max-num-seqs prompts, what an engine without it would do in the
+same memory.
+
 Bandwidth: decoding is memory-bound, so the yardstick is the bytes one decode step must read (the
 weights plus the live KV cache) over the step's time, against a device copy measured at start.
 """
@@ -13,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import platform
 import sys
 import time
@@ -57,6 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (native: full size)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--no-cuda-graphs", action="store_true", help="native engine decodes eagerly")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        help="native: rows decoded at once; fewer than --batch is continuous batching",
+    )
+    parser.add_argument(
+        "--eos-rate",
+        type=float,
+        default=0.0,
+        help="share of the vocabulary that ends a response (0: eos ignored, fixed lengths)",
+    )
+    parser.add_argument(
+        "--waves",
+        action="store_true",
+        help="with --max-num-seqs: one lock-step call per max-num-seqs prompts",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results (a list of rows) to this file")
     return parser
@@ -69,9 +93,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    for name in ("batch", "prompt_len", "response_len"):
-        if getattr(args, name) < 1:
+    for name in ("batch", "prompt_len", "response_len", "max_num_seqs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
             raise UserError(f"relm bench rollout: --{name.replace('_', '-')} must be >= 1")
+    if not 0 <= args.eos_rate < 1:
+        raise UserError(f"relm bench rollout: --eos-rate must be in [0, 1), got {args.eos_rate}")
+    if args.waves and not args.max_num_seqs:
+        raise UserError("relm bench rollout: --waves needs --max-num-seqs (the prompts per call)")
     if not args.model.startswith("zoo:"):
         raise UserError(f"relm bench rollout: --model `{args.model}` must be zoo:NAME (random weights)")
     from relm.trainer.components import pick_device
@@ -83,14 +112,23 @@ def _run(args: argparse.Namespace) -> int:
     vocab = model.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(args.seed)
     prompts = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=generator).tolist()
+    eos_ids = eos_share(vocab, args.eos_rate, generator)
     engines = ENGINES if args.engine == "both" else (args.engine,)
     rows = []
     for name in engines:
-        engine = make_engine(name, model, device, args)
-        row = measure_engine(engine, prompts, args.response_len, args.warmup, device)
+        engine = make_engine(name, model, device, args, eos_ids)
+        calls = args.max_num_seqs if args.waves else len(prompts)
+        row = measure_engine(engine, prompts, args.response_len, args.warmup, device, bool(eos_ids), calls)
         row.update(engine=name, **_shape_fields(args, model, dtype, device, copy_bandwidth))
-        row["bandwidth_fraction"] = row["bytes_per_step"] / (row["decode_step_s"] * copy_bandwidth)
+        # The bytes a step reads assume every row live at the mean length: fixed lengths only.
+        row["bandwidth_fraction"] = (
+            float("nan") if eos_ids else row["bytes_per_step"] / (row["decode_step_s"] * copy_bandwidth)
+        )
         if isinstance(engine, NativeRolloutEngine):
+            # With waves the engine's last call may be a smaller remainder: the calls' size instead.
+            row["slots"] = (
+                min(args.max_num_seqs, args.batch) if args.waves else int(engine.last_stats["slots"])
+            )
             row["cuda_graphs"] = engine.graphs is not None and engine.graphs.disabled_reason is None
             row["graphs_disabled_reason"] = engine.graphs.disabled_reason if engine.graphs else None
             row["fallback_reason"] = engine.fallback_reason
@@ -117,46 +155,87 @@ def build_random_model(path: str, dtype: torch.dtype, device: torch.device, seed
     return model.eval()
 
 
-def make_engine(name: str, model: nn.Module, device: torch.device, args: argparse.Namespace) -> Any:
+def eos_share(vocab: int, rate: float, generator: torch.Generator) -> list[int]:
+    """Random ids making up a `rate` share of the vocabulary (at least one when rate > 0); [] for 0."""
+    if rate <= 0:
+        return []
+    count = max(1, round(rate * vocab))
+    return sorted(torch.randperm(vocab, generator=generator)[:count].tolist())
+
+
+def make_engine(
+    name: str, model: nn.Module, device: torch.device, args: argparse.Namespace, eos_ids: list[int]
+) -> Any:
     pad = model.config.get_text_config().pad_token_id or 0
     if name == "hf":
-        return HFRolloutEngine(model, pad_token_id=pad, eos_token_ids=[], device=device)
+        return HFRolloutEngine(model, pad_token_id=pad, eos_token_ids=eos_ids, device=device)
     graphs = False if args.no_cuda_graphs else None
     return NativeRolloutEngine(
         model,
         pad_token_id=pad,
-        eos_token_ids=[],
+        eos_token_ids=eos_ids,
         device=device,
         gpu_memory_utilization=args.gpu_memory_utilization,
         use_cuda_graphs=graphs,
+        max_num_seqs=args.max_num_seqs,
     )
 
 
 def measure_engine(
-    engine: Any, prompts: list[list[int]], response_len: int, warmup: int, device: torch.device
+    engine: Any,
+    prompts: list[list[int]],
+    response_len: int,
+    warmup: int,
+    device: torch.device,
+    eos: bool = False,
+    prompts_per_call: int | None = None,
 ) -> dict[str, Any]:
-    """Time one full generate call after `warmup` untimed ones, and a 1-token call for TTFT.
+    """Time one full generate run after `warmup` untimed ones, and a 1-token call for TTFT.
 
+    A run is one generate call, or with `prompts_per_call` one call per that many prompts (waves).
     The native engine's warm-up is full-size because it captures one CUDA graph per length bucket
-    on first use; the HF engine's is 8 tokens (it only needs kernels loaded and handles made).
+    on first use; the HF engine's is 8 tokens (it only needs kernels loaded and handles made). With
+    `eos`, every call has the same seed, so the warm-up draws what the timed run draws.
     """
     native = isinstance(engine, NativeRolloutEngine)
+    per_call = prompts_per_call or len(prompts)
+    waves = [prompts[start : start + per_call] for start in range(0, len(prompts), per_call)]
+
+    decode_steps: list[float] = []  # the native engine's, per call of the last run
+
+    def run(max_new_tokens: int) -> list[Any]:
+        decode_steps.clear()
+        outputs = []
+        for wave in waves:
+            outputs.append(engine.generate(wave, _params(max_new_tokens, eos)))
+            decode_steps.append(engine.last_stats["decode_steps"] if native else float("nan"))
+        return outputs
+
     for _ in range(warmup):
-        engine.generate(prompts, _params(response_len if native else min(response_len, 8)))
+        run(response_len if native else min(response_len, 8))
     # Best of three: a tiny model's one-token call is short enough for scheduler noise to dominate.
-    ttft = min(_timed(lambda: engine.generate(prompts, _params(1)), device) for _ in range(3))
+    ttft = min(_timed(lambda: run(1), device) for _ in range(3))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    total = _timed(lambda: engine.generate(prompts, _params(response_len)), device)
-    new_tokens = len(prompts) * response_len
+    outputs: list[Any] = []
+    total = _timed(lambda: outputs.extend(run(response_len)), device)
+    lengths = torch.cat([out.response_lengths for out in outputs]).float()
+    new_tokens = int(lengths.sum())
+    # Decode steps: fixed lengths take response_len - 1 after the first token; with eos the native
+    # engine counts them (a lock-step batch runs until its longest row ends); the HF engine does not.
+    steps = sum(decode_steps) if eos else len(waves) * (response_len - 1)
     # Where the call is not measurably longer than its prefill (tiny CPU models), there is no decode figure.
-    decode_step_s = (total - ttft) / max(1, response_len - 1) if total > ttft else float("nan")
+    decode_s = total - ttft
+    decode_step_s = decode_s / steps if decode_s > 0 and steps > 0 else float("nan")
     return {
         "new_tokens_per_s": new_tokens / total,
+        "new_tokens": new_tokens,
+        "mean_response_len": float(lengths.mean()),
+        "max_response_len": int(lengths.max()),
         "ttft_s": ttft,
         "total_s": total,
         "decode_step_s": decode_step_s,
-        "decode_tokens_per_s": len(prompts) / decode_step_s,
+        "decode_tokens_per_s": (new_tokens - len(prompts)) / decode_s if decode_s > 0 else float("nan"),
         "peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
     }
 
@@ -190,6 +269,9 @@ def _shape_fields(
         "batch": args.batch,
         "prompt_len": args.prompt_len,
         "response_len": args.response_len,
+        "eos_rate": args.eos_rate,
+        "max_num_seqs": args.max_num_seqs,
+        "waves": args.waves,
         "dtype": str(dtype).removeprefix("torch."),
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
@@ -202,8 +284,8 @@ def _shape_fields(
     }
 
 
-def _params(max_new_tokens: int) -> SamplingParams:
-    return SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, ignore_eos=True, seed=0)
+def _params(max_new_tokens: int, eos: bool = False) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, ignore_eos=not eos, seed=0)
 
 
 def _timed(fn: Any, device: torch.device) -> float:
@@ -224,17 +306,22 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         f"bandwidth {first['copy_bandwidth_gbs']:.0f} GB/s; torch {first['torch']}, transformers "
         f"{first['transformers']}"
     )
+    if first["eos_rate"]:
+        print(
+            f"eos active (rate {first['eos_rate']:g}): responses of {first['mean_response_len']:.0f} tokens on "
+            f"average, {first['max_response_len']} at most"
+        )
     header = (
-        f"{'engine':<8} {'new tok/s':>11} {'decode tok/s':>13} {'TTFT s':>8} {'step ms':>8} {'peak GB':>8} "
+        f"{'engine':<18} {'new tok/s':>11} {'decode tok/s':>13} {'TTFT s':>8} {'step ms':>8} {'peak GB':>8} "
         f"{'% bw':>6}"
     )
     print(header)
     for row in rows:
         peak = f"{row['peak_gb']:.1f}" if row["peak_gb"] is not None else "-"
         print(
-            f"{row['engine']:<8} {row['new_tokens_per_s']:>11,.0f} {row['decode_tokens_per_s']:>13,.0f} "
+            f"{engine_label(row):<18} {row['new_tokens_per_s']:>11,.0f} {row['decode_tokens_per_s']:>13,.0f} "
             f"{row['ttft_s']:>8.3f} "
-            f"{row['decode_step_s'] * 1e3:>8.2f} {peak:>8} {100 * row['bandwidth_fraction']:>6.1f}"
+            f"{row['decode_step_s'] * 1e3:>8.2f} {peak:>8} {_percent(row['bandwidth_fraction']):>6}"
         )
     speeds = {row["engine"]: row["new_tokens_per_s"] for row in rows}
     if len(speeds) == 2:
@@ -259,15 +346,30 @@ def markdown_row(row: dict[str, Any]) -> str:
         f"{row['torch']} / {row['transformers']}",
         f"{row['model'].removeprefix('zoo:')} ({row['params_b']:.2f}B {row['dtype']})",
         str(row["batch"]),
-        f"{row['prompt_len']}+{row['response_len']}",
-        row["engine"],
+        f"{row['prompt_len']}+{row['response_len']}"
+        + (f" (eos {row['eos_rate']:g}: mean {row['mean_response_len']:.0f})" if row.get("eos_rate") else ""),
+        engine_label(row),
         f"{row['new_tokens_per_s']:,.0f}",
         f"{row['decode_tokens_per_s']:,.0f}",
         f"{row['ttft_s']:.3f}",
         peak,
-        f"{100 * row['bandwidth_fraction']:.1f}",
+        _percent(row["bandwidth_fraction"]),
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def engine_label(row: dict[str, Any]) -> str:
+    """The engine, with how the native one batched when not all rows at once: `native, 64 slots`
+    (continuous batching) or `native, waves of 64` (separate lock-step calls)."""
+    if row.get("waves"):
+        return f"{row['engine']}, waves of {row['max_num_seqs']}"
+    if row.get("slots") is not None and row["slots"] < row["batch"]:
+        return f"{row['engine']}, {row['slots']} slots"
+    return row["engine"]
+
+
+def _percent(fraction: float) -> str:
+    return "-" if math.isnan(fraction) else f"{100 * fraction:.1f}"
 
 
 if __name__ == "__main__":

@@ -265,9 +265,10 @@ class RolloutConfig:
     enable_chunked_prefill: bool = True
     """vLLM: split long prompts over scheduler steps (off on CPU, where vLLM 0.32 cannot rewind seeded sampling)."""
     max_num_batched_tokens: int = 8192
-    """vLLM: tokens in one scheduler step."""
+    """Tokens in one scheduler step (vLLM) or one prefill forward (native: longer prompts are prefilled in
+    chunks of columns)."""
     max_num_seqs: int = 1024
-    """vLLM: sequences decoded at once."""
+    """Sequences decoded at once (vLLM, native); a batch with more rows is continuously batched."""
     max_model_len: int | None = None
     """vLLM: longest prompt plus response; unset is `data.max_prompt_length + data.max_response_length`."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -1,11 +1,11 @@
-"""CUDA graphs of the native engine's decode step, one per (row bucket, length bucket).
+"""CUDA graphs of the native engine's decode step, one per (row bucket, length bucket, write mode).
 
 A decode step of an HF model is a few hundred small kernels launched from Python; at the batch
 sizes RL uses, launching them costs about as much as running them. A graph records the step once
 and replays it with one launch. A graph bakes in shapes and addresses, so the engine keeps its
-inputs (token ids, positions, mask, write column) and the KV cache in fixed buffers and captures
-one graph per number of rows and per number of cache columns read; `run` captures a missing one on
-first use. Anything that cannot be captured (a host sync inside the model, an op the capture
+inputs (token ids, positions, mask, write columns) and the KV cache in fixed buffers and captures
+one graph per number of rows, number of cache columns read and write mode (one column for all rows,
+or one per row); `run` captures a missing one on first use. Anything that cannot be captured (a host sync inside the model, an op the capture
 refuses) disables graphs for the engine with one warning that names the error: decoding then runs
 eagerly, slower but the same tokens.
 """
@@ -21,19 +21,19 @@ logger = logging.getLogger("relm")
 
 
 class DecodeGraphs:
-    """Captured decode steps keyed by (rows, kv_length).
+    """Captured decode steps keyed by the step's arguments (rows, kv_length, per_row).
 
     Args:
-        step: runs one decode step for (rows, kv_length) eagerly, writing only into fixed buffers;
-            the same call is what gets captured.
+        step: runs one decode step for its arguments eagerly, writing only into fixed buffers; the
+            same call is what gets captured.
         weights: the tensors whose addresses the graphs read (the model's parameters and buffers);
             `check_weights` drops every graph if one of them has moved.
     """
 
-    def __init__(self, step: Callable[[int, int], None], weights: Callable[[], list[torch.Tensor]]) -> None:
+    def __init__(self, step: Callable[..., None], weights: Callable[[], list[torch.Tensor]]) -> None:
         self._step = step
         self._weights = weights
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int | bool, ...], torch.cuda.CUDAGraph] = {}
         self._pool: tuple[int, int] | None = None
         self._weight_addresses: list[int] = []
         self.disabled_reason: str | None = None
@@ -60,8 +60,8 @@ class DecodeGraphs:
             self.clear()
         self._weight_addresses = addresses
 
-    def run(self, rows: int, kv_length: int) -> bool:
-        """Replay (capturing first if needed) the step for (rows, kv_length).
+    def run(self, *key: int | bool) -> bool:
+        """Replay (capturing first if needed) the step for the arguments `key` (rows, kv_length, ...).
 
         Returns:
             True when a graph ran; False when graphs are disabled and the caller must run the step
@@ -69,22 +69,22 @@ class DecodeGraphs:
         """
         if self.disabled_reason is not None:
             return False
-        graph = self._graphs.get((rows, kv_length))
+        graph = self._graphs.get(key)
         if graph is None:
-            graph = self._capture(rows, kv_length)
+            graph = self._capture(key)
             if graph is None:
                 return False
-            self._graphs[(rows, kv_length)] = graph
+            self._graphs[key] = graph
         graph.replay()
         return True
 
-    def _capture(self, rows: int, kv_length: int) -> torch.cuda.CUDAGraph | None:
+    def _capture(self, key: tuple[int | bool, ...]) -> torch.cuda.CUDAGraph | None:
         # Warm-up on a side stream, as torch.cuda.graph requires: it runs the real step on the real
         # inputs, so what it writes (this step's keys/values) is what the replay writes again.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._step(rows, kv_length)
+            self._step(*key)
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             # One memory pool for all graphs: they never run at once, so they can share scratch.
@@ -92,7 +92,7 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                self._step(rows, kv_length)
+                self._step(*key)
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
             self._disable(exc)
             return None

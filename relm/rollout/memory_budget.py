@@ -1,7 +1,9 @@
 """What a rollout batch costs in GPU memory, and the refusal when it exceeds the engine's share.
 
-Checked before the native engine allocates its cache, so a batch that cannot fit fails at once
-with the config key to change, instead of as a CUDA out-of-memory error halfway through a step.
+Checked before the native engine allocates its cache. A batch whose rows do not all fit decodes
+fewer rows at a time (continuous batching refills the slots); when not even one row fits, the
+call fails at once with the config key to change, instead of as a CUDA out-of-memory error halfway
+through a step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,25 @@ def kv_bytes_per_token(config: PretrainedConfig, dtype_bytes: int) -> int:
     num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
     return 2 * config.num_hidden_layers * num_kv_heads * head_dim * dtype_bytes
+
+
+def bytes_per_row(config: PretrainedConfig, dtype_bytes: int, length: int) -> int:
+    """GPU bytes one decoding row holds: its KV cache of `length` tokens and its sampling buffers."""
+    return length * kv_bytes_per_token(config, dtype_bytes) + config.vocab_size * 4 * SAMPLING_ROWS_OF_VOCAB
+
+
+def rows_within_budget(
+    config: PretrainedConfig,
+    weight_bytes: int,
+    dtype_bytes: int,
+    length: int,
+    gpu_memory_utilization: float,
+    total_bytes: int,
+) -> int:
+    """How many rows of `length` tokens fit beside the weights in `gpu_memory_utilization` of
+    `total_bytes` (0 or less: not even one)."""
+    free = gpu_memory_utilization * total_bytes - weight_bytes
+    return int(free // bytes_per_row(config, dtype_bytes, length))
 
 
 def check_rollout_memory(
@@ -47,8 +68,7 @@ def check_rollout_memory(
         gib = 1024**3
         raise UserError(
             f"actor_rollout_ref.rollout.gpu_memory_utilization={gpu_memory_utilization} gives the rollout "
-            f"{budget / gib:.1f} GiB of the GPU's {total / gib:.1f} GiB, but {rows} rows x {length} tokens "
+            f"{budget / gib:.1f} GiB of the GPU's {total / gib:.1f} GiB, but {rows} row{'s' * (rows != 1)} x {length} tokens "
             f"need {need / gib:.1f} GiB (weights {weight_bytes / gib:.1f}, KV cache {kv / gib:.1f}, sampling "
-            f"{sampling / gib:.1f}); raise gpu_memory_utilization or lower data.train_batch_size, "
-            "rollout.n or the prompt/response lengths"
+            f"{sampling / gib:.1f}); raise gpu_memory_utilization or lower the prompt/response lengths"
         )

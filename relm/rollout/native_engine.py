@@ -6,19 +6,24 @@ What changes while it generates:
 
 - attention goes through `relm.rollout.native_attention` (grouped-query products that read each KV
   head once, instead of HF's per-layer copy of the KV heads);
-- the KV cache is preallocated for the batch (`PreallocatedKVCache`), and the `n` samples of a
-  prompt share one prefill: unique prompts are prefilled and their states written into n rows;
+- the KV cache is preallocated (`PreallocatedKVCache`), and the `n` samples of a prompt share one
+  prefill: unique prompts are prefilled and their states written into n rows; a prompt longer than
+  `max_prefill_tokens` is prefilled in chunks of columns;
 - on CUDA each decode step is a replayed CUDA graph (`relm.rollout.cuda_graphs`), per row bucket
   and length bucket, so Python launch overhead disappears, and the layers' norms, MLPs and rotary
   embeddings run as compiled, fused kernels (`relm.models.fused_layers`);
+- when the batch has more rows than slots (`max_num_seqs`, or what fits in
+  `gpu_memory_utilization`), it is continuously batched: a slot whose row finished takes the next
+  waiting row between steps (`relm.rollout.slot_scheduler`, `relm.rollout.decode_state`).
+  When every row has a slot the batch decodes in lock-step, with one write column for all rows,
+  exactly as before continuous batching existed: same graphs, same host checks;
 - sampling, eos handling and logprobs are the HF engine's (`relm.rollout.sampling`), so with the
   same seed both engines draw the same tokens; on CUDA the race is compiled into a couple of fused
   passes over the logits, which stay in the model's dtype.
 
 Architectures whose code does not dispatch attention through transformers' `AttentionInterface`
 (or that ask it for attention sinks, position biases, ...) run on the HF engine instead, with one
-warning naming why. Continuous batching is not implemented: a batch decodes until its longest row
-ends (checked every few steps), as the HF engine does.
+warning naming why.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -36,36 +40,18 @@ from relm.data.records import left_pad
 from relm.models.fused_layers import FusedLayers
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, SamplingParams
 from relm.rollout.cuda_graphs import DecodeGraphs
+from relm.rollout.decode_state import DecodeBuffers, Prompts, admit_rows, gather_rows
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.kv_cache import PreallocatedKVCache
-from relm.rollout.memory_budget import check_rollout_memory
+from relm.rollout.memory_budget import check_rollout_memory, rows_within_budget
 from relm.rollout.native_attention import (
     NATIVE_ATTENTION,
     NativeAttentionUnsupported,
     register_native_attention,
 )
 from relm.rollout.sampling import exponential_race, sample_next_token
+from relm.rollout.slot_scheduler import SlotScheduler
 
 logger = logging.getLogger("relm")
-
-
-@dataclass
-class _DecodeBuffers:
-    """Everything a decode step reads or writes, at fixed addresses (what a CUDA graph needs)."""
-
-    cache: PreallocatedKVCache
-    input_ids: torch.Tensor  # [rows_cap, 1] long
-    position_ids: torch.Tensor  # [rows_cap, 1] long
-    mask: torch.Tensor  # [rows_cap, 1, 1, L_cap] bool, True = attend
-    logits: torch.Tensor | None = None  # [rows_cap, V] model dtype, allocated at the first prefill
-
-    @property
-    def num_rows(self) -> int:
-        return self.cache.num_rows
-
-    @property
-    def max_length(self) -> int:
-        return self.cache.max_length
 
 
 class NativeRolloutEngine:
@@ -79,14 +65,19 @@ class NativeRolloutEngine:
         device: the model's device.
         seed: initial seed of the sampling generator; `SamplingParams.seed` resets it per call.
         gpu_memory_utilization: share of the GPU's memory the weights, KV cache and sampling buffers
-            may take (`actor_rollout_ref.rollout.gpu_memory_utilization`); checked on CUDA only.
+            may take (`actor_rollout_ref.rollout.gpu_memory_utilization`); on CUDA a batch whose
+            rows do not all fit decodes as many as fit at a time.
         use_cuda_graphs: capture decode steps in CUDA graphs; None means on CUDA devices.
         compile_layers: run norms, MLPs, rotary embeddings and sampling as torch.compile'd fused
             kernels while generating; None means on CUDA devices (on CPU compiling costs more than
             it saves at test sizes).
-        max_prefill_tokens: prompt tokens per prefill forward (rows are chunked to stay under it).
-        eos_check_interval: decode steps between host checks for "every row finished"; None is
-            1 on CPU and 8 on CUDA, where each check stalls the launch queue.
+        max_prefill_tokens: prompt tokens per prefill forward: rows are chunked to stay under it,
+            and a longer prompt is prefilled in chunks of this many columns
+            (`actor_rollout_ref.rollout.max_num_batched_tokens`).
+        eos_check_interval: decode steps between host checks for finished rows; None is 1 on CPU
+            and 8 on CUDA, where each check stalls the launch queue.
+        max_num_seqs: rows decoded at once (`actor_rollout_ref.rollout.max_num_seqs`); a batch with
+            more rows is continuously batched. None: no limit but memory.
     """
 
     def __init__(
@@ -102,7 +93,10 @@ class NativeRolloutEngine:
         compile_layers: bool | None = None,
         max_prefill_tokens: int = 8192,
         eos_check_interval: int | None = None,
+        max_num_seqs: int | None = None,
     ) -> None:
+        if max_num_seqs is not None and max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         self.model = model
         self.pad_token_id = pad_token_id
         self.device = torch.device(device)
@@ -111,6 +105,7 @@ class NativeRolloutEngine:
         self.generator.manual_seed(seed)
         self.gpu_memory_utilization = gpu_memory_utilization
         self.max_prefill_tokens = max_prefill_tokens
+        self.max_num_seqs = max_num_seqs
         self.eos_check_interval = eos_check_interval or (8 if self.device.type == "cuda" else 1)
         # The reference engine on the same module and generator: the fallback for architectures
         # the native path cannot run, and the owner of weight syncing.
@@ -128,13 +123,14 @@ class NativeRolloutEngine:
         compile_layers = self.device.type == "cuda" if compile_layers is None else compile_layers
         self.fused = FusedLayers(model, enabled=compile_layers)
         self._race = self.fused.compiled(exponential_race)
-        self._buffers: _DecodeBuffers | None = None
+        self._buffers: DecodeBuffers | None = None
         self.fallback_reason = _native_blocker(model)
         """Why this model generates on the HF engine instead; None when the native path runs."""
         if self.fallback_reason:
             logger.warning("native rollout: %s; generating with the HF engine instead", self.fallback_reason)
         self.last_stats: dict[str, float] = {}
-        """Timings of the last call: prefill_s, decode_s, decode_steps, graphs (captured so far)."""
+        """The last call: prefill_s, decode_s, decode_steps, slots (rows decoded at once), admissions
+        (continuous batching's refills), graphs (captured so far), compiled."""
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
@@ -166,18 +162,43 @@ class NativeRolloutEngine:
         return self.reference.generate(prompts, params)
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
-        n, width = params.n, params.max_new_tokens
-        num_rows = len(prompts) * n
         started = time.perf_counter()
-        prompt_ids, prompt_mask = (t.to(self.device) for t in left_pad(prompts, self.pad_token_id))  # [U, P]
-        prompt_width = prompt_ids.shape[1]
-        rows = self._row_bucket(num_rows)
-        buffers = self._ensure_buffers(rows, prompt_width + width)
+        padded = Prompts(*(t.to(self.device) for t in left_pad(prompts, self.pad_token_id)))  # [U, P]
+        num_rows = len(prompts) * params.n
+        buffers, slots = self._ensure_buffers(num_rows, padded.width + params.max_new_tokens)
         if self.graphs is not None:
             self.graphs.check_weights()
-        self._prefill(buffers, prompt_ids, prompt_mask, n)
-        positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # [U, P]
-        next_position = positions[:, -1].repeat_interleave(n) + 1  # [N]
+        # Every row has a slot: lock-step, the one path there was before continuous batching, so a
+        # batch that fits pays nothing for it (same graphs, same host checks).
+        decode = self._decode_lock_step if slots >= num_rows else self._decode_continuously
+        output, prefill_done, decode_steps, admissions = decode(buffers, padded, params, slots)
+        self.last_stats = {
+            "prefill_s": prefill_done - started,
+            "decode_s": time.perf_counter() - prefill_done,
+            "decode_steps": float(decode_steps),
+            "slots": float(min(slots, num_rows)),
+            "admissions": float(admissions),
+            "graphs": float(self.graphs.num_graphs if self.graphs else 0),
+            "compiled": float(self.fused.active),
+        }
+        return output
+
+    def _decode_lock_step(
+        self, buffers: DecodeBuffers, prompts: Prompts, params: SamplingParams, slots: int
+    ) -> tuple[GenerationOutput, float, int, int]:
+        """All rows at once, one shared write column, until the longest row ends (checked every few
+        steps). Returns the output, when the prefill was done, decode steps and admissions (0)."""
+        n, width, prompt_width = params.n, params.max_new_tokens, prompts.width
+        num_rows = prompts.ids.shape[0] * n
+        rows = self._row_bucket(num_rows)
+        self._prefill(prompts.ids, prompts.mask, torch.arange(num_rows, device=self.device).view(-1, n))
+        # Prompt columns as the prompt mask says, response columns switched on step by step; rows
+        # past num_rows (row-bucket padding) attend only their own new column.
+        buffers.mask.zero_()
+        buffers.mask[:num_rows, 0, 0, :prompt_width] = prompts.mask.bool().repeat_interleave(n, dim=0)
+        buffers.input_ids.fill_(self.pad_token_id)
+        buffers.position_ids.zero_()
+        next_position = prompts.mask.sum(dim=1).repeat_interleave(n)  # [N]: left padding does not shift
         self._sync()
         prefill_done = time.perf_counter()
 
@@ -204,70 +225,131 @@ class NativeRolloutEngine:
             if check_eos and (step + 1) % self.eos_check_interval == 0 and bool(finished.all()):
                 break
             column = prompt_width + step  # where this token's keys/values go
-            buffers.mask[:, 0, 0, column] = True
-            buffers.cache.write_column.fill_(column)
-            buffers.input_ids[:num_rows, 0].copy_(token)
-            buffers.position_ids[:num_rows, 0].copy_(next_position)
-            kv_length = self._length_bucket(column + 1, buffers.max_length)
-            if self.graphs is None or not self.graphs.run(rows, kv_length):
-                self._decode_step(rows, kv_length)
+            buffers.lock_step_inputs(column, token, next_position)
+            self._run_decode(rows, self._length_bucket(column + 1, buffers.max_length))
             next_position = next_position + 1
         output = _pack(tokens, masks, logprobs, stopped_by_eos, width, self.pad_token_id)
-        self.last_stats = {
-            "prefill_s": prefill_done - started,
-            "decode_s": time.perf_counter() - prefill_done,
-            "decode_steps": float(len(tokens) - 1),
-            "graphs": float(self.graphs.num_graphs if self.graphs else 0),
-            "compiled": float(self.fused.active),
-        }
-        return output
+        return output, prefill_done, len(tokens) - 1, 0
 
-    def _prefill(
-        self, buffers: _DecodeBuffers, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int
-    ) -> None:
-        """Run the unique prompts [U, P] in row chunks; write their states into n rows each, the decode
-        mask and inputs for the first step, and the first logits into `buffers.logits`."""
+    def _decode_continuously(
+        self, buffers: DecodeBuffers, prompts: Prompts, params: SamplingParams, slots: int
+    ) -> tuple[GenerationOutput, float, int, int]:
+        """More rows than slots: each step decodes the slots' rows, each at its own column; between
+        steps finished rows leave and waiting rows enter (see `relm.rollout.slot_scheduler`).
+
+        Finishing by length is known to the host without looking at tokens; finishing by eos is
+        seen at the host checks every `eos_check_interval` steps, which are also when freed slots
+        refill. Random draws: each step draws for the slots, in slot order, so a seed gives other
+        samples than the lock-step engines (greedy tokens are the same).
+        """
+        width, prompt_width = params.max_new_tokens, prompts.width
+        scheduler = SlotScheduler(prompts.ids.shape[0], params.n, slots, width)
+        rows = self._row_bucket(slots)
+        buffers.reset_slots(self.pad_token_id)
+        finished = torch.ones(slots, dtype=torch.bool, device=self.device)  # [S]; True = idle or done
+
+        def admit(step: int, stash: torch.Tensor | None) -> torch.Tensor | None:
+            plan = scheduler.admit(step)
+            return (
+                stash if plan is None else admit_rows(plan, buffers, prompts, finished, stash, self._prefill)
+            )
+
+        stash = admit(0, None)
+        self._sync()
+        prefill_done = time.perf_counter()
+        check_eos = not params.ignore_eos and self.eos_token_ids.numel() > 0
+        tokens, masks, logprobs = [], [], []
+        step, decode_steps = 0, 0
+        while True:
+            token, logprob = sample_next_token(buffers.logits[:slots], params, self.generator, self._race)
+            self.heartbeat()
+            live = ~finished
+            token = torch.where(live, token, self.pad_token_id)
+            tokens.append(token)
+            masks.append(live.long())
+            logprobs.append(torch.where(live, logprob, 0.0))
+            if check_eos:
+                finished |= live & torch.isin(token, self.eos_token_ids)
+            leaving = scheduler.reaching_length(step)
+            host_check = check_eos and (step + 1) % self.eos_check_interval == 0
+            if host_check:
+                done = finished.tolist()
+                leaving += [slot for slot in scheduler.active_slots if done[slot]]
+            if leaving:
+                scheduler.retire(leaving, step)
+                buffers.park(leaving)
+            if scheduler.done:
+                break
+            if scheduler.num_active:
+                buffers.per_row_inputs(token)
+                live_columns = prompt_width + scheduler.longest_response(step)
+                self._run_decode(rows, self._length_bucket(live_columns, buffers.max_length), per_row=True)
+                decode_steps += 1
+            # After the decode, whose logits for the new rows' slots their prefill overwrites. With
+            # eos checked, refills wait for the host check, so that one prefill serves the rows that
+            # ended by eos and those that reached their length since the last one.
+            if host_check or not check_eos or not scheduler.num_active:
+                stash = admit(step + 1, stash)
+            step += 1
+        output = gather_rows(
+            tokens, masks, logprobs, scheduler, width, self.pad_token_id,
+            self.eos_token_ids if check_eos else None,
+        )  # fmt: skip
+        return output, prefill_done, decode_steps, scheduler.num_admissions - 1
+
+    def _prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, targets: torch.Tensor) -> None:
+        """Run prompts [u, P] through the model, in chunks of at most `max_prefill_tokens` tokens (rows,
+        then columns for prompts longer than that); write prompt i's states and first logits into
+        the rows `targets[i]` ([u, r]) of the cache and of `logits`."""
+        buffers = self._buffers
         num_prompts, prompt_width = prompt_ids.shape
-        valid = prompt_mask.bool()  # [U, P]
+        valid = prompt_mask.bool()  # [u, P]
         positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
         causal = torch.ones(prompt_width, prompt_width, dtype=torch.bool, device=self.device).tril()
         # A padding query attends only itself: every query row then has an attended column (no 0/0
         # in softmax), and its own column is the last one it attends, as native_attention assumes.
         own = torch.eye(prompt_width, dtype=torch.bool, device=self.device)
         logits_kwargs = {"logits_to_keep": 1} if _accepts_logits_to_keep(self.model) else {}
-        chunk = max(1, self.max_prefill_tokens // prompt_width)
-        first_logits = []
-        for start in range(0, num_prompts, chunk):
-            rows = slice(start, min(start + chunk, num_prompts))
-            mask = (valid[rows, None, None, :] & causal) | own  # [u, 1, P, P]
-            buffers.cache.begin_prefill(start * n, n)
-            out = self.model(
-                input_ids=prompt_ids[rows],
-                attention_mask=mask,
-                position_ids=positions[rows],
-                past_key_values=buffers.cache,
-                use_cache=True,
-                **logits_kwargs,
-            )
-            first_logits.append(out.logits[:, -1])  # [u, V]
-        logits = torch.cat(first_logits).repeat_interleave(n, dim=0)  # [N, V]
-        num_rows, vocab = logits.shape
+        rows_per_chunk = max(1, self.max_prefill_tokens // prompt_width)
+        columns_per_chunk = min(prompt_width, self.max_prefill_tokens)
+        for start in range(0, num_prompts, rows_per_chunk):
+            rows = slice(start, min(start + rows_per_chunk, num_prompts))
+            for first in range(0, prompt_width, columns_per_chunk):
+                end = min(first + columns_per_chunk, prompt_width)
+                # [u, 1, q, end]: queries first..end-1 over every column up to theirs
+                mask = (valid[rows, None, None, :end] & causal[first:end, :end]) | own[first:end, :end]
+                buffers.cache.begin_prefill(targets[rows], first)
+                logits = self.model(
+                    input_ids=prompt_ids[rows, first:end],
+                    attention_mask=mask,
+                    position_ids=positions[rows, first:end],
+                    past_key_values=buffers.cache,
+                    use_cache=True,
+                    **logits_kwargs,
+                ).logits[:, -1]  # [u, V]
+            self._store_logits(logits, targets[rows])
+
+    def _store_logits(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        """Write first-token logits [u, V] into the rows `targets` [u, r] of the logits buffer."""
+        buffers = self._buffers
+        vocab = logits.shape[1]
         if buffers.logits is None or buffers.logits.shape[1] != vocab or buffers.logits.dtype != logits.dtype:
             # The model's own logits dtype: sampling upcasts inside its fused kernel, and a bf16
             # buffer halves what each step writes and reads at 152k vocabulary entries a row.
             buffers.logits = torch.zeros(buffers.num_rows, vocab, dtype=logits.dtype, device=self.device)
-        buffers.logits[:num_rows].copy_(logits)
-        # Decode state: prompt columns as the prompt mask says, response columns switched on step by
-        # step; rows past num_rows (row-bucket padding) attend only their own new column.
-        buffers.mask.zero_()
-        buffers.mask[:num_rows, 0, 0, :prompt_width] = valid.repeat_interleave(n, dim=0)
-        buffers.input_ids.fill_(self.pad_token_id)
-        buffers.position_ids.zero_()
+        for rows in targets.t().contiguous():
+            buffers.logits.index_copy_(0, rows, logits)
 
-    def _decode_step(self, rows: int, kv_length: int) -> None:
+    def _run_decode(self, rows: int, kv_length: int, per_row: bool = False) -> None:
+        """One decode step: the captured graph when there is one, else eagerly."""
+        key = (rows, kv_length, True) if per_row else (rows, kv_length)
+        if self.graphs is None or not self.graphs.run(*key):
+            self._decode_step(*key)
+
+    def _decode_step(self, rows: int, kv_length: int, per_row: bool = False) -> None:
         """One token for rows [0, rows) from the fixed buffers into `buffers.logits`; graph-capturable."""
         buffers = self._buffers
-        buffers.cache.begin_decode(rows, kv_length)
+        buffers.cache.begin_decode(rows, kv_length, per_row)
         logits = self.model(
             input_ids=buffers.input_ids[:rows],
             position_ids=buffers.position_ids[:rows],
@@ -286,6 +368,12 @@ class NativeRolloutEngine:
             return 1 << (num_rows - 1).bit_length()
         return -(-num_rows // 128) * 128
 
+    def _bucket_at_most(self, num_rows: int) -> int:
+        """The largest row bucket of at most `num_rows` rows (>= 1)."""
+        if self.graphs is None:
+            return num_rows
+        return num_rows // 128 * 128 if num_rows >= 128 else 1 << (num_rows.bit_length() - 1)
+
     def _length_bucket(self, live_columns: int, max_length: int) -> int:
         """Cache columns a step reads: exact when eager; with graphs rounded up to one of at most
         ~16 lengths, so attention reads little more than the live part and few graphs are captured."""
@@ -294,35 +382,45 @@ class NativeRolloutEngine:
         granularity = max(64, -(-max_length // 16 // 64) * 64)
         return min(max_length, -(-live_columns // granularity) * granularity)
 
-    def _ensure_buffers(self, rows: int, length: int) -> _DecodeBuffers:
-        """Buffers of at least rows x length; reallocating drops every graph (they read the old ones)."""
+    def _ensure_buffers(self, num_rows: int, length: int) -> tuple[DecodeBuffers, int]:
+        """Buffers of at least `length` columns, and the slots (rows decoded at once) they give a call
+        of `num_rows` rows: all of them, or fewer when `max_num_seqs` or the memory budget says so.
+        Smaller calls reuse the buffers; reallocating drops every graph (they read the old ones)."""
+        wanted = min(num_rows, self.max_num_seqs or num_rows)
         current = self._buffers
-        if current is not None and current.num_rows >= rows and current.max_length >= length:
-            return current
+        rows = self._row_bucket(wanted)
         if current is not None:
             rows, length = max(rows, current.num_rows), max(length, current.max_length)
-        self.release_memory()
-        self._check_memory_budget(rows, length)
-        self._buffers = _DecodeBuffers(
-            cache=PreallocatedKVCache(rows, length, self.device),
-            input_ids=torch.full((rows, 1), self.pad_token_id, dtype=torch.long, device=self.device),
-            position_ids=torch.zeros(rows, 1, dtype=torch.long, device=self.device),
-            mask=torch.zeros(rows, 1, 1, length, dtype=torch.bool, device=self.device),
-        )
-        return self._buffers
+        rows = self._rows_within_budget(rows, length)
+        if current is None or current.num_rows < rows or current.max_length < length:
+            self.release_memory()
+            self._buffers = DecodeBuffers.allocate(rows, length, self.pad_token_id, self.device)
+        return self._buffers, min(wanted, self._buffers.num_rows)
 
-    def _check_memory_budget(self, rows: int, length: int) -> None:
-        """Refuse, before allocating, buffers that would not fit the engine's share of the GPU."""
-        if self.device.type == "cuda":
-            check_rollout_memory(
-                self.model.config.get_text_config(),
-                weight_bytes=sum(t.numel() * t.element_size() for t in self._weight_tensors()),
-                dtype_bytes=next(self.model.parameters()).element_size(),
-                rows=rows,
-                length=length,
-                gpu_memory_utilization=self.gpu_memory_utilization,
-                total_bytes=torch.cuda.get_device_properties(self.device).total_memory,
-            )
+    def _rows_within_budget(self, rows: int, length: int) -> int:
+        """`rows`, or on CUDA the largest row bucket under it whose cache fits the engine's share of
+        the GPU; not even one row fitting is the user's error (raised before allocating)."""
+        if self.device.type != "cuda":
+            return rows
+        budget = dict(
+            config=self.model.config.get_text_config(),
+            weight_bytes=sum(t.numel() * t.element_size() for t in self._weight_tensors()),
+            dtype_bytes=next(self.model.parameters()).element_size(),
+            length=length,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            total_bytes=torch.cuda.get_device_properties(self.device).total_memory,
+        )
+        fit = rows_within_budget(**budget)
+        if fit >= rows:
+            return rows
+        if fit < 1:
+            check_rollout_memory(rows=1, **budget)  # raises, naming the share and the need
+        fitted = self._bucket_at_most(fit)
+        logger.info(
+            "native rollout: %d rows of %d tokens exceed gpu_memory_utilization=%s; decoding %d at a time",
+            rows, length, self.gpu_memory_utilization, fitted,
+        )  # fmt: skip
+        return fitted
 
     def _weight_tensors(self) -> list[torch.Tensor]:
         return [*self.model.parameters(), *self.model.buffers()]

@@ -470,6 +470,8 @@ def build_engine(
         device=device,
         seed=seed,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
+        max_num_seqs=rollout.max_num_seqs,
+        max_prefill_tokens=rollout.max_num_batched_tokens,
     )
 
 

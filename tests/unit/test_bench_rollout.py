@@ -37,3 +37,27 @@ def test_bench_rollout_refuses_bad_arguments(capsys):
     assert "--batch must be >= 1" in capsys.readouterr().err
     assert main(["--model", "/some/folder", "--batch", "1", "--prompt-len", "8", "--response-len", "8"]) == 2
     assert "zoo:NAME" in capsys.readouterr().err
+
+
+def test_bench_rollout_with_eos_and_fewer_slots_than_rows(tmp_path, capsys):
+    args = ["--model", "zoo:tiny/qwen2", "--batch", "6", "--prompt-len", "5", "--response-len", "12"]
+    args += ["--device", "cpu", "--eos-rate", "0.1", "--max-num-seqs", "4", "--warmup", "0"]
+    for extra, label in (([], "native, 4 slots"), (["--waves"], "native, waves of 4")):
+        out = tmp_path / "rows.json"
+        assert main([*args, *extra, "--json", str(out)]) == 0
+        (row,) = json.loads(out.read_text())
+        assert row["slots"] == 4 and row["eos_rate"] == 0.1
+        # A tenth of the vocabulary ends a response: lengths vary, and the count is of real tokens.
+        assert 6 <= row["new_tokens"] < 6 * 12 and row["max_response_len"] <= 12
+        assert abs(row["new_tokens_per_s"] * row["total_s"] - row["new_tokens"]) < 1e-6
+        assert math.isnan(row["bandwidth_fraction"])
+        assert f"| {label} |" in markdown_row(row) and "(eos 0.1: mean" in markdown_row(row)
+    assert "eos active (rate 0.1)" in capsys.readouterr().out
+
+
+def test_bench_rollout_refuses_waves_without_max_num_seqs(capsys):
+    args = ["--model", "zoo:tiny/qwen2", "--batch", "2", "--prompt-len", "8", "--response-len", "8"]
+    assert main([*args, "--waves"]) == 2
+    assert "--waves needs --max-num-seqs" in capsys.readouterr().err
+    assert main([*args, "--eos-rate", "1.5"]) == 2
+    assert "--eos-rate must be in [0, 1)" in capsys.readouterr().err

@@ -7,6 +7,7 @@ path against the eager one on the same device.
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import pytest
@@ -19,7 +20,12 @@ from relm.models.loading import load_causal_lm
 from relm.models.zoo import ZOO, materialize_zoo
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.memory_budget import check_rollout_memory, kv_bytes_per_token
+from relm.rollout.memory_budget import (
+    bytes_per_row,
+    check_rollout_memory,
+    kv_bytes_per_token,
+    rows_within_budget,
+)
 from relm.rollout.native_attention import grouped_attention, restrict_to_window
 from relm.rollout.native_engine import NativeRolloutEngine
 from relm.training.forward import response_logprobs
@@ -109,10 +115,11 @@ def trainer_logprobs(model, prompts, out, n: int, temperature: float) -> torch.T
     input_ids = torch.cat([prompt_ids, out.response_ids], dim=1)
     mask = torch.cat([prompt_mask, out.response_mask], dim=1)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    input_ids, mask, positions = (t.to(model.device) for t in (input_ids, mask, positions))
     logprobs, _ = response_logprobs(
         model, input_ids, mask, positions, out.response_ids.shape[1], temperature=temperature
     )
-    return logprobs
+    return logprobs.cpu()
 
 
 @pytest.mark.parametrize("name", ["tiny/qwen2", "tiny/gemma2"])
@@ -205,6 +212,138 @@ def test_sync_weights_in_place_and_gradient_checkpointing_model():
     assert other.training
 
 
+# Continuous batching and chunked prefill must not change a greedy token: sliding windows (gemma2,
+# mistral), soft-capping (gemma2), MoE routing (qwen2-moe, mixtral), latent KV heads (deepseek-v2).
+CONTINUOUS_ARCHITECTURES = [
+    name
+    for name in (
+        "tiny/qwen2",
+        "tiny/gemma2",
+        "tiny/mistral",
+        "tiny/qwen2-moe",
+        "tiny/mixtral",
+        "tiny/deepseek-v2",
+    )
+    if name in ZOO
+]
+
+
+def varied_eos(free: torch.Tensor) -> tuple[tuple[int, int], list[int]]:
+    """The eos pair under which greedy rows `free` [N, R] (generated with eos ignored) end at the most
+    different lengths, and those lengths."""
+    width = free.shape[1]
+    first_hit: dict[int, list[int]] = {}  # token -> per row, the length a response ending on it has
+    for row, tokens in enumerate(free.tolist()):
+        for position in reversed(range(width)):
+            first_hit.setdefault(tokens[position], [width] * free.shape[0])[row] = position + 1
+
+    def lengths(eos: tuple[int, int]) -> list[int]:
+        return [min(a, b) for a, b in zip(first_hit[eos[0]], first_hit[eos[1]], strict=True)]
+
+    best = max(itertools.combinations(sorted(first_hit), 2), key=lambda eos: len(set(lengths(eos))))
+    return best, lengths(best)
+
+
+def varied_model(name: str) -> tuple[PreTrainedModel, list[list[int]], list[int]]:
+    """A zoo model, prompts and eos ids that end its greedy responses at 3 or more different lengths.
+
+    Some tiny random models repeat one token per row under greedy decoding (tiny/qwen2), so no eos
+    set varies their lengths; their weights are then perturbed (fixed seed) until responses vary.
+    """
+    model = zoo_model(name)
+    prompts = prompts_for(model)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        eos, lengths = varied_eos(native(model, eos=[]).generate(prompts, greedy()).response_ids)
+        if len(set(lengths)) >= 3:
+            return model, prompts, list(eos)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    raise AssertionError(f"{name}: no eos pair varies the greedy lengths")
+
+
+@pytest.mark.parametrize("name", CONTINUOUS_ARCHITECTURES)
+def test_three_slots_for_eight_rows_equal_all_rows_at_once(name):
+    model, prompts, eos = varied_model(name)
+    params = greedy(n=2)  # 4 prompts x 2 = 8 rows, grouped [p0, p0, p1, p1, ...]
+    at_once = native(model, eos=eos).generate(prompts, params)
+    lengths = at_once.response_mask.sum(dim=1).tolist()
+    assert len(set(lengths)) >= 3 and FINISH_STOP in at_once.finish_reasons, lengths
+
+    # Checking eos every 3 steps: rows that ended wait for the check before their slot refills.
+    engine = native(model, eos=eos, max_num_seqs=3, eos_check_interval=3)
+    slotted = engine.generate(prompts, params)
+    assert engine.last_stats["slots"] == 3 and engine.last_stats["admissions"] >= 3
+    assert torch.equal(slotted.response_ids, at_once.response_ids)  # row order included
+    assert torch.equal(slotted.response_mask, at_once.response_mask)
+    assert slotted.finish_reasons == at_once.finish_reasons
+    torch.testing.assert_close(slotted.logprobs, at_once.logprobs, atol=1e-5, rtol=0)
+    # ... and so equal HF generate, which the all-at-once engine is checked against above.
+    assert all_at_once_row_order_is_prompt_major(slotted.response_ids)
+
+
+def all_at_once_row_order_is_prompt_major(response_ids: torch.Tensor) -> bool:
+    """Greedy samples of one prompt are equal: rows 2i and 2i+1 hold the same response."""
+    return torch.equal(response_ids[0::2], response_ids[1::2])
+
+
+@pytest.mark.parametrize("name", ["tiny/qwen2", "tiny/gemma2"])
+@torch.no_grad()
+def test_continuous_batching_sampled_logprobs_equal_trainer_forward(name):
+    model = zoo_model(name)
+    prompts = prompts_for(model)
+    params = SamplingParams(n=3, max_new_tokens=16, temperature=0.7, seed=3)
+    engine = native(model, eos=[5, 9, 11, 17], max_num_seqs=4, eos_check_interval=2)
+    out = engine.generate(prompts, params)
+    assert engine.last_stats["admissions"] >= 2
+    expected = trainer_logprobs(model, prompts, out, n=3, temperature=0.7)
+    mask = out.response_mask.bool()
+    assert mask.sum() > 60 and FINISH_STOP in out.finish_reasons
+    torch.testing.assert_close(out.logprobs[mask], expected[mask], atol=1e-4, rtol=0)
+    assert torch.equal(engine.generate(prompts, params).response_ids, out.response_ids)  # same seed
+
+
+@pytest.mark.parametrize("name", ["tiny/qwen2", "tiny/gemma2", "tiny/qwen2-moe"])
+def test_chunked_prefill_equals_whole_prompts(name):
+    model = zoo_model(name)
+    prompts = prompts_for(model)  # up to 30 tokens: chunks of 8 columns cross gemma2's 16-token window
+    whole = native(model, eos=[]).generate(prompts, greedy(n=2))
+    for slots in (None, 3):
+        engine = native(model, eos=[], max_prefill_tokens=8, max_num_seqs=slots)
+        chunked = engine.generate(prompts, greedy(n=2))
+        assert torch.equal(chunked.response_ids, whole.response_ids)
+        torch.testing.assert_close(chunked.logprobs, whole.logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["tiny/qwen2", "tiny/gemma2"])
+def test_continuous_batching_with_the_buckets_cuda_graphs_use(name):
+    # What graphs add on CUDA, here on CPU: a padding row past the 3 slots, attention over rounded-up
+    # lengths (idle and finished slots' columns beyond what they attend), eos checked every 8 steps.
+    model, prompts, eos = varied_model(name)
+    at_once = native(model, eos=eos).generate(prompts, greedy(n=2))
+    engine = native(model, eos=eos, max_num_seqs=3, eos_check_interval=8)
+    engine._row_bucket = lambda num_rows: 1 << (num_rows - 1).bit_length()
+    engine._length_bucket = lambda live_columns, max_length: min(max_length, -(-live_columns // 16) * 16)
+    out = engine.generate(prompts, greedy(n=2))
+    assert engine._buffers.num_rows == 4 and engine.last_stats["admissions"] >= 2
+    assert torch.equal(out.response_ids, at_once.response_ids)
+    torch.testing.assert_close(out.logprobs, at_once.logprobs, atol=1e-5, rtol=0)
+    assert all(torch.isfinite(keys).all() for keys in engine._buffers.cache.key_buffers.values())
+
+
+def test_rows_that_fit_decode_in_lock_step():
+    model = zoo_model("tiny/qwen2")
+    prompts = prompts_for(model)
+    params = SamplingParams(n=2, max_new_tokens=12, seed=5)
+    engine = native(model, eos=[7], max_num_seqs=8)  # exactly the 8 rows
+    out = engine.generate(prompts, params)
+    assert engine.last_stats["slots"] == 8 and engine.last_stats["admissions"] == 0
+    # Lock-step draws are the HF engine's draws.
+    assert torch.equal(out.response_ids, reference(model, eos=[7]).generate(prompts, params).response_ids)
+    assert not engine._buffers.cache.write_columns.any()  # the per-row write path never ran
+
+
 def test_restrict_to_window_by_hand():
     # One row, left padding at column 0, queries at columns 1..3 (their own column is the last True).
     mask = torch.tensor(
@@ -271,6 +410,16 @@ def test_memory_budget_by_hand():
     check_rollout_memory(config, gpu_memory_utilization=0.1, **fits)  # exactly the share
     with pytest.raises(UserError, match=r"gpu_memory_utilization=0.09 .* 8 rows x 100 tokens"):
         check_rollout_memory(config, gpu_memory_utilization=0.09, **fits)
+
+
+def test_rows_within_budget_by_hand():
+    config = Qwen2Config(
+        vocab_size=1000, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2
+    )
+    # A row of 100 tokens: KV 100 x 384 = 38,400 bytes, sampling 1000 x 4 x 4 = 16,000: 54,400 bytes.
+    common = dict(weight_bytes=1_000_000, dtype_bytes=2, length=100, total_bytes=10_000_000)
+    assert rows_within_budget(config, gpu_memory_utilization=0.5, **common) == 4_000_000 // 54_400 == 73
+    assert rows_within_budget(config, gpu_memory_utilization=0.1, **common) == 0  # weights alone fill it
 
 
 def test_cuda_graphs_need_cuda():
@@ -358,3 +507,47 @@ def test_gpu_bf16_greedy_follows_hf_generate_until_a_near_tie():
         step = int(differs[0])
         top2 = logits[row, ids.shape[1] + step - 1].topk(2).values
         assert float(top2[0] - top2[1]) < 0.1, f"row {row} diverged at step {step} without a near-tie"
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("name", ["tiny/qwen2", "tiny/gemma2", "tiny/qwen2-moe"])
+@torch.no_grad()
+def test_gpu_continuous_batching_graphs_equal_eager_trainer_and_lock_step(name):
+    model = zoo_model(name, device="cuda")
+    prompts = prompts_for(model)  # 4 prompts x n=2 = 8 rows through 3 slots (a row bucket of 4)
+    sampled = SamplingParams(n=2, max_new_tokens=40, temperature=0.8, seed=3)
+    slotted = dict(pad_token_id=pad_id(model), eos_token_ids=[9, 17], device="cuda", max_num_seqs=3)
+    engine = NativeRolloutEngine(model, **slotted)
+    graphed = engine.generate(prompts, sampled)
+    assert engine.last_stats["slots"] == 3 and engine.last_stats["admissions"] >= 2
+    if "moe" not in name:  # fp32 MoE decodes eagerly (see test_gpu_graphs_equal_eager_and_hf_engine)
+        assert engine.graphs.disabled_reason is None and engine.graphs.num_graphs >= 1
+    eager = NativeRolloutEngine(model, use_cuda_graphs=False, **slotted).generate(prompts, sampled)
+    assert torch.equal(graphed.response_ids, eager.response_ids)
+    mask = graphed.response_mask.bool()
+    expected = trainer_logprobs(model, prompts, graphed, n=2, temperature=0.8)
+    torch.testing.assert_close(graphed.logprobs[mask], expected[mask], atol=1e-4, rtol=0)
+    # Greedy: the same tokens as all rows at once in lock-step.
+    lock_step = NativeRolloutEngine(model, **{**slotted, "max_num_seqs": None})
+    params = greedy(n=2, max_new_tokens=40)
+    assert torch.equal(
+        engine.generate(prompts, params).response_ids, lock_step.generate(prompts, params).response_ids
+    )
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_continuous_batching_when_rows_exceed_the_memory_share():
+    model = zoo_model("tiny/qwen2", device="cuda")
+    prompts, params = prompts_for(model), greedy(n=2, max_new_tokens=20)  # 8 rows
+    weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    row_bytes = bytes_per_row(model.config, 4, max(map(len, prompts)) + 20)
+    share = (weight_bytes + 2.5 * row_bytes) / torch.cuda.get_device_properties(0).total_memory  # 2 rows fit
+    common = dict(pad_token_id=pad_id(model), eos_token_ids=[], device="cuda")
+    engine = NativeRolloutEngine(model, gpu_memory_utilization=share, **common)
+    out = engine.generate(prompts, params)
+    assert engine.last_stats["slots"] == 2 and engine._buffers.num_rows == 2
+    assert torch.equal(
+        out.response_ids, NativeRolloutEngine(model, **common).generate(prompts, params).response_ids
+    )
