@@ -163,17 +163,21 @@ def planned_choices(cfg: RelmConfig, plan: MemoryPlan, precision: Precision) -> 
     )
 
 
-def data_parallel_plan(
-    cfg: RelmConfig, model_dir: str, device: torch.device
-) -> tuple[MemoryPlan | None, str]:
-    """One GPU's plan for this run when it holds every model whole on the GPU (fp32 weights and
-    moments, nothing parked, no moments in CPU memory), else None; and the phrase that says which,
-    for the data-parallel start-up line."""
+def data_parallel_plan(cfg: RelmConfig, model_dir: str, device: torch.device) -> tuple[MemoryPlan | None, str]:
+    """`whole_model_plan` for the plan a single-GPU run of `cfg` would make on `device`."""
     memory = device_memory(device)
     if memory is None:
         return None, f"no memory plan on {device.type}"
     precision = pick_precision(cfg.actor_rollout_ref.model.dtype, device)
-    request = _plan_request(cfg, model_dir, device, precision, memory, {"actor": None, "critic": None})
+    return whole_model_plan(
+        _plan_request(cfg, model_dir, device, precision, memory, {"actor": None, "critic": None})
+    )
+
+
+def whole_model_plan(request: PlanRequest) -> tuple[MemoryPlan | None, str]:
+    """One GPU's plan when it holds every model whole on the GPU (fp32 weights and moments, nothing
+    parked, no moments in CPU memory), else None; and the phrase that says which, for the
+    data-parallel start-up line."""
     try:
         plan = plan_memory(request)
     except PlanDoesNotFit as exc:

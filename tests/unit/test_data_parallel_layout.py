@@ -3,8 +3,8 @@ follow from it (`relm.trainer.memory`), and the single-process side of `relm.dis
 
 The plan figures use test_memory_plan's made-up shape (1e9 parameters): a 100 GiB GPU keeps everything
 with checkpointing off and 65,536-token micro-batches, a 27 GiB GPU parks the reference, a 20 GiB GPU
-also keeps the actor's AdamW moments in CPU memory, a 10 GiB GPU cannot hold even the actor's weights,
-gradients and one chunk of moments (12.1e9 bytes).
+also keeps the actor's AdamW moments in CPU memory, a 10 GiB GPU fits only at a lower precision rung
+with moments in CPU memory, a 2 GiB GPU not at all.
 """
 
 from __future__ import annotations
@@ -17,14 +17,30 @@ from relm.config.validate import validate_config
 from relm.distributed.gathering import NO_CHANGE, Accumulation, choose_for_update, fits, gathered_for_passes
 from relm.distributed.layout import Layout, decide_layout, describe_layouts
 from relm.errors import UserError
-from relm.trainer.memory import critic_shape, data_parallel_choices, plan_request, whole_model_plan
-from relm.training.memory_plan import GIB, ModelShape
+from relm.trainer.memory import data_parallel_choices, data_parallel_plan, whole_model_plan
+from relm.training.memory_plan import GIB, ModelShape, PlanRequest
+from relm.training.precision import pick_precision
 from tests.tiny_models import tiny_lm
 
 SHAPE = ModelShape(
     num_params=10**9, num_layers=10, hidden_size=1000, intermediate_size=4000, vocab_size=10_000
 )
 KEY = "actor_rollout_ref.actor.fsdp_config.fsdp_size"
+FP32 = pick_precision("auto", torch.device("cpu"))
+
+
+def plan_request(cfg, actor: ModelShape, critic: ModelShape | None, *, gpu_bytes: int) -> PlanRequest:
+    """What a single-GPU run of `cfg` asks the planner with the made-up shape and plenty of host memory."""
+    return PlanRequest(
+        actor=actor,
+        critic=critic,
+        has_reference=cfg.actor_rollout_ref.actor.use_kl_loss,
+        max_sequence_length=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        gpu_bytes=gpu_bytes,
+        host_bytes=1024 * GIB,
+        user_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
+        user_max_tokens=cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu,
+    )
 
 
 def layout(value: int | None, world_size: int = 2, fits: bool = True) -> Layout:
@@ -79,53 +95,55 @@ def test_a_plan_that_keeps_everything_on_one_gpu_is_what_replicated_models_run()
     cfg = load_config(
         ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.use_dynamic_bsz=true"]
     )
-    plan, reason = whole_model_plan(
-        plan_request(cfg, SHAPE, None, has_generator_copy=True, gpu_bytes=100 * GIB)
-    )
+    plan, reason = whole_model_plan(plan_request(cfg, SHAPE, None, gpu_bytes=100 * GIB))
     assert plan is not None and reason == "the memory plan fits one GPU"
-    replicated = data_parallel_choices(cfg, plan, actor_replicated=True, critic_replicated=False)
+    replicated = data_parallel_choices(cfg, plan, FP32, actor_replicated=True, critic_replicated=False)
     # micro-batches by tokens: the plan's budget; checkpointing as the plan chose (off)
     assert (replicated.actor_checkpointing, replicated.actor_max_tokens) == (False, 65536)
     assert replicated.plan is plan
-    sharded = data_parallel_choices(cfg, plan, actor_replicated=False, critic_replicated=False)
+    sharded = data_parallel_choices(cfg, plan, FP32, actor_replicated=False, critic_replicated=False)
     assert (sharded.actor_checkpointing, sharded.actor_max_tokens, sharded.plan) == (False, 16384, None)
     cfg.actor_rollout_ref.model.enable_gradient_checkpointing = True  # the user's choice is kept
-    plan, _ = whole_model_plan(plan_request(cfg, SHAPE, None, has_generator_copy=True, gpu_bytes=100 * GIB))
+    plan, _ = whole_model_plan(plan_request(cfg, SHAPE, None, gpu_bytes=100 * GIB))
     assert data_parallel_choices(
-        cfg, plan, actor_replicated=True, critic_replicated=False
+        cfg, plan, FP32, actor_replicated=True, critic_replicated=False
     ).actor_checkpointing
 
 
 def test_a_plan_that_parks_or_does_not_fit_makes_the_run_shard():
     cfg = load_config(["actor_rollout_ref.actor.use_kl_loss=true", "data.max_prompt_length=512"])
-    parked, reason = whole_model_plan(
-        plan_request(cfg, SHAPE, None, has_generator_copy=True, gpu_bytes=27 * GIB)
-    )
+    parked, reason = whole_model_plan(plan_request(cfg, SHAPE, None, gpu_bytes=27 * GIB))
     assert parked is None and reason == "one GPU would keep the reference in CPU memory"
-    offloads, reason = whole_model_plan(
-        plan_request(cfg, SHAPE, None, has_generator_copy=True, gpu_bytes=20 * GIB)
-    )
+    offloads, reason = whole_model_plan(plan_request(cfg, SHAPE, None, gpu_bytes=20 * GIB))
     assert (
         offloads is None
         and reason == "one GPU would keep the reference and the actor's AdamW moments in CPU memory"
     )
-    big, reason = whole_model_plan(
-        plan_request(cfg, SHAPE, None, has_generator_copy=True, gpu_bytes=10 * GIB)
-    )
+    # 10 GiB: only a lower precision rung would fit (bf16 weights); replication needs fp32 whole
+    lower, reason = whole_model_plan(plan_request(cfg, SHAPE, None, gpu_bytes=10 * GIB))
+    assert lower is None and "CPU memory" in reason
+    big, reason = whole_model_plan(plan_request(cfg, SHAPE, None, gpu_bytes=2 * GIB))
     assert big is None and reason.startswith("the memory plan does not fit one GPU: ")
     assert layout(None, fits=big is not None).shard_size == 2
     # without a plan every model follows the config, replicated or not
-    user = data_parallel_choices(cfg, None, actor_replicated=True, critic_replicated=True)
+    user = data_parallel_choices(cfg, None, FP32, actor_replicated=True, critic_replicated=True)
     assert (user.actor_checkpointing, user.actor_max_tokens, user.plan) == (False, None, None)
 
 
-def test_the_critics_shape_comes_from_a_weightless_skeleton():
+def test_a_data_parallel_run_plans_from_the_model_folders_config(monkeypatch):
+    """The layout is decided before anything loads: the plan reads the shapes from the configs."""
     from relm.models.loading import resolve_model_dir
-    from relm.models.value_model import load_value_model
+    from relm.trainer import memory
 
     folder = resolve_model_dir("zoo:tiny/qwen2")
-    loaded = load_value_model(folder, dtype=torch.float32, device="cpu")
-    assert critic_shape(load_config([]), folder) == ModelShape.of(loaded)
+    cfg = load_config(["algorithm.adv_estimator=gae"])
+    assert data_parallel_plan(cfg, folder, torch.device("cpu")) == (None, "no memory plan on cpu")
+    monkeypatch.setattr(memory, "device_memory", lambda device: (80 * GIB, 256 * GIB))
+    plan, reason = data_parallel_plan(cfg, folder, torch.device("cpu"))
+    assert plan is not None and reason == "the memory plan fits one GPU"
+    monkeypatch.setattr(memory, "device_memory", lambda device: (GIB // 2, 256 * GIB))
+    plan, reason = data_parallel_plan(cfg, folder, torch.device("cpu"))
+    assert plan is None and reason.startswith("the memory plan does not fit one GPU: ")
 
 
 def test_gathering_budget_and_a_plain_model_left_alone():
