@@ -186,6 +186,10 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
             )  # fmt: skip
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
+        if result.microbatch is not None and result.microbatch.halvings:
+            # an out-of-memory retry made them smaller: later steps' batches are as large
+            c.memory.critic_max_tokens = result.microbatch.max_tokens
+            c.sizes.critic_rows_per_microbatch = result.microbatch.rows
     if step > cfg.trainer.critic_warmup:
         with timed(metrics, "update_actor"), c.residency.phase("update_actor"):
             result = update_actor(
@@ -198,6 +202,9 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
             )  # fmt: skip
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
+        if result.microbatch is not None and result.microbatch.halvings:
+            c.memory.actor_max_tokens = result.microbatch.max_tokens
+            c.sizes.actor_rows_per_microbatch = result.microbatch.rows
         with timed(metrics, "sync"), c.residency.phase("sync"):
             c.engine.sync_weights(c.actor.named_parameters())
     return skipped

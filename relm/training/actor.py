@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ from relm.distributed.context import DistContext
 from relm.distributed.gathering import Accumulation
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs
+from relm.training.microbatch_retry import MicroBatchSize, with_halving_on_oom
 from relm.training.minibatch import (
     MinibatchMetrics,
     forward_token_counts,
@@ -29,6 +31,8 @@ class UpdateResult:
 
     metrics: dict[str, list[float]]
     num_skipped_updates: int
+    microbatch: MicroBatchSize | None = None
+    """The micro-batch size the update ended with: smaller than asked after an out-of-memory retry."""
 
 
 def update_actor(
@@ -62,59 +66,21 @@ def update_actor(
     stats = MinibatchMetrics("actor")
     skipped = 0
     token_counts = forward_token_counts(batch.attention_mask, remove_padding)
+    size = MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens_per_microbatch)
+    single_process = dist is None or not dist.is_distributed
     # FSDP: gradients reduced and weights gathered once per mini-batch (`relm.distributed.gathering`).
     with Accumulation.planned(model, device) as accumulation:
         for _ in range(cfg.ppo_epochs):
             for mini in minibatch_indices(
                 len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
             ):
-                scale, micros = minibatch_split(
-                    batch.response_mask, mini, rows_per_microbatch,
-                    token_counts=token_counts, max_tokens=max_tokens_per_microbatch, dist=dist,
+                one_pass = functools.partial(
+                    _accumulate_minibatch, model, batch, mini, cfg, accumulation, token_counts=token_counts,
+                    temperature=temperature, device=device, remove_padding=remove_padding, dist=dist,
                 )  # fmt: skip
-                for index, micro in enumerate(micros):
-                    mb = batch.select(micro).to(device)
-                    logprobs, entropy = response_logprobs(
-                        model,
-                        mb.input_ids,
-                        mb.attention_mask,
-                        mb.position_ids,
-                        mb.response_width,
-                        temperature=temperature,
-                        compute_entropy=True,
-                        # entropy_coeff 0 (the default): the entropy is only a metric, kept out of backward
-                        entropy_grad=cfg.entropy_coeff != 0,
-                        remove_padding=remove_padding,
-                    )
-                    mask = mb.response_mask
-                    pg_loss, pg_metrics = compute_policy_loss(
-                        cfg.policy_loss.loss_mode,
-                        old_logprobs=mb.old_logprobs,
-                        logprobs=logprobs,
-                        advantages=mb.advantages,
-                        response_mask=mask,
-                        clip_ratio_low=cfg.clip_ratio_low,
-                        clip_ratio_high=cfg.clip_ratio_high,
-                        clip_ratio_c=cfg.clip_ratio_c,
-                        loss_agg_mode=cfg.loss_agg_mode,
-                        agg_scale=scale,
-                    )
-                    entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, scale)
-                    loss = pg_loss - cfg.entropy_coeff * entropy_loss
-                    micro_metrics = {
-                        "pg_loss": pg_loss.detach(),
-                        "entropy": entropy_loss.detach(),
-                        **pg_metrics,
-                    }
-                    if cfg.use_kl_loss:
-                        kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_loss_type)
-                        kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, scale)
-                        loss = loss + cfg.kl_loss_coef * kl_loss
-                        micro_metrics.update(kl_loss=kl_loss.detach(), kl_coef=cfg.kl_loss_coef)
-                    if dist is not None and dist.is_distributed:
-                        # FSDP averages the ranks' gradients; the global gradient is their sum.
-                        loss = loss * dist.world_size
-                    accumulation.backward(loss, last=index == len(micros) - 1)
+                for micro_metrics in with_halving_on_oom(
+                    one_pass, size, model, "actor update", single_process
+                ):
                     stats.add(micro_metrics)
                 accumulation.end_minibatch()
                 grad_norm, stepped = clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
@@ -122,5 +88,71 @@ def update_actor(
                 stats.end_minibatch({"grad_norm": grad_norm})
     model.eval()
     return UpdateResult(
-        metrics={**stats.result(), "actor/lr": [scheduler.get_last_lr()[0]]}, num_skipped_updates=skipped
+        metrics={**stats.result(), "actor/lr": [scheduler.get_last_lr()[0]]},
+        num_skipped_updates=skipped,
+        microbatch=size,
     )
+
+
+def _accumulate_minibatch(
+    model: nn.Module,
+    batch: ExperienceBatch,
+    mini: torch.Tensor,
+    cfg: ActorConfig,
+    accumulation: Accumulation,
+    size: MicroBatchSize,
+    *,
+    token_counts: torch.Tensor | None,
+    temperature: float,
+    device: torch.device,
+    remove_padding: bool,
+    dist: DistContext | None,
+) -> list[dict]:
+    """Forward and backward of one mini-batch's micro-batches (cut as `size` says); their metrics."""
+    scale, micros = minibatch_split(
+        batch.response_mask, mini, size.rows,
+        token_counts=token_counts, max_tokens=size.max_tokens, dist=dist,
+    )  # fmt: skip
+    size.largest_rows = max(len(micro) for micro in micros)
+    collected = []
+    for index, micro in enumerate(micros):
+        mb = batch.select(micro).to(device)
+        logprobs, entropy = response_logprobs(
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.position_ids,
+            mb.response_width,
+            temperature=temperature,
+            compute_entropy=True,
+            # entropy_coeff 0 (the default): the entropy is only a metric, kept out of backward
+            entropy_grad=cfg.entropy_coeff != 0,
+            remove_padding=remove_padding,
+        )
+        mask = mb.response_mask
+        pg_loss, pg_metrics = compute_policy_loss(
+            cfg.policy_loss.loss_mode,
+            old_logprobs=mb.old_logprobs,
+            logprobs=logprobs,
+            advantages=mb.advantages,
+            response_mask=mask,
+            clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            loss_agg_mode=cfg.loss_agg_mode,
+            agg_scale=scale,
+        )
+        entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, scale)
+        loss = pg_loss - cfg.entropy_coeff * entropy_loss
+        micro_metrics = {"pg_loss": pg_loss.detach(), "entropy": entropy_loss.detach(), **pg_metrics}
+        if cfg.use_kl_loss:
+            kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_loss_type)
+            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, scale)
+            loss = loss + cfg.kl_loss_coef * kl_loss
+            micro_metrics.update(kl_loss=kl_loss.detach(), kl_coef=cfg.kl_loss_coef)
+        if dist is not None and dist.is_distributed:
+            # FSDP averages the ranks' gradients; the global gradient is their sum.
+            loss = loss * dist.world_size
+        accumulation.backward(loss, last=index == len(micros) - 1)
+        collected.append(micro_metrics)
+    return collected

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -14,6 +16,7 @@ from relm.distributed.gathering import Accumulation
 from relm.training.actor import UpdateResult
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_values
+from relm.training.microbatch_retry import MicroBatchSize, with_halving_on_oom
 from relm.training.minibatch import (
     MinibatchMetrics,
     forward_token_counts,
@@ -48,46 +51,77 @@ def update_critic(
     stats = MinibatchMetrics("critic")
     skipped = 0
     token_counts = forward_token_counts(batch.attention_mask, remove_padding)
-    agg_mode = cfg.loss_agg_mode or "token-mean"
+    size = MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens_per_microbatch)
+    single_process = dist is None or not dist.is_distributed
     # FSDP: gradients reduced and weights gathered once per mini-batch (`relm.distributed.gathering`).
     with Accumulation.planned(value_model, device) as accumulation:
         for _ in range(num_epochs):
             for mini in minibatch_indices(
                 len(batch), rows_per_minibatch, shuffle=bool(cfg.shuffle), generator=generator
             ):
-                scale, micros = minibatch_split(
-                    batch.response_mask, mini, rows_per_microbatch,
-                    token_counts=token_counts, max_tokens=max_tokens_per_microbatch, dist=dist,
+                one_pass = functools.partial(
+                    _accumulate_minibatch, value_model, batch, mini, cfg, accumulation,
+                    token_counts=token_counts, device=device, remove_padding=remove_padding, dist=dist,
                 )  # fmt: skip
-                for index, micro in enumerate(micros):
-                    mb = batch.select(micro).to(device)
-                    values = response_values(
-                        value_model,
-                        mb.input_ids,
-                        mb.attention_mask,
-                        mb.position_ids,
-                        mb.response_width,
-                        remove_padding=remove_padding,
-                    )
-                    vf_loss, vf_metrics = compute_value_loss(
-                        values,
-                        mb.values,
-                        mb.returns,
-                        mb.response_mask,
-                        cfg.cliprange_value,
-                        loss_agg_mode=agg_mode,
-                        agg_scale=scale,
-                    )
-                    # FSDP averages the ranks' gradients; the global gradient is their sum.
-                    ranks = dist.world_size if dist is not None and dist.is_distributed else 1
-                    accumulation.backward(vf_loss * ranks, last=index == len(micros) - 1)
-                    vpred = masked_mean(values.detach(), mb.response_mask)
-                    stats.add({"vf_loss": vf_loss.detach(), "vpred_mean": vpred, **vf_metrics})
+                for micro_metrics in with_halving_on_oom(
+                    one_pass, size, value_model, "critic update", single_process
+                ):
+                    stats.add(micro_metrics)
                 accumulation.end_minibatch()
                 grad_norm, stepped = clip_and_step(value_model, optimizer, scheduler, cfg.grad_clip)
                 skipped += int(not stepped)
                 stats.end_minibatch({"grad_norm": grad_norm})
     value_model.eval()
     return UpdateResult(
-        metrics={**stats.result(), "critic/lr": [scheduler.get_last_lr()[0]]}, num_skipped_updates=skipped
+        metrics={**stats.result(), "critic/lr": [scheduler.get_last_lr()[0]]},
+        num_skipped_updates=skipped,
+        microbatch=size,
     )
+
+
+def _accumulate_minibatch(
+    value_model: nn.Module,
+    batch: ExperienceBatch,
+    mini: torch.Tensor,
+    cfg: CriticConfig,
+    accumulation: Accumulation,
+    size: MicroBatchSize,
+    *,
+    token_counts: torch.Tensor | None,
+    device: torch.device,
+    remove_padding: bool,
+    dist: DistContext | None,
+) -> list[dict]:
+    """Forward and backward of one mini-batch's micro-batches (cut as `size` says); their metrics."""
+    agg_mode = cfg.loss_agg_mode or "token-mean"
+    scale, micros = minibatch_split(
+        batch.response_mask, mini, size.rows,
+        token_counts=token_counts, max_tokens=size.max_tokens, dist=dist,
+    )  # fmt: skip
+    size.largest_rows = max(len(micro) for micro in micros)
+    collected = []
+    for index, micro in enumerate(micros):
+        mb = batch.select(micro).to(device)
+        values = response_values(
+            value_model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.position_ids,
+            mb.response_width,
+            remove_padding=remove_padding,
+        )
+        vf_loss, vf_metrics = compute_value_loss(
+            values,
+            mb.values,
+            mb.returns,
+            mb.response_mask,
+            cfg.cliprange_value,
+            loss_agg_mode=agg_mode,
+            agg_scale=scale,
+        )
+        # FSDP averages the ranks' gradients; the global gradient is their sum.
+        ranks = dist.world_size if dist is not None and dist.is_distributed else 1
+        accumulation.backward(vf_loss * ranks, last=index == len(micros) - 1)
+        vpred = masked_mean(values.detach(), mb.response_mask)
+        collected.append({"vf_loss": vf_loss.detach(), "vpred_mean": vpred, **vf_metrics})
+    return collected

@@ -46,7 +46,8 @@ is kept; the plan only reports what it estimates for it.
 
 The per-token activation constants are calibrated on an H200 (Qwen2.5-1.5B shape, 16,384 packed
 tokens, fp32 master weights under bf16 autocast: 86 GB peak without checkpointing) and rounded up;
-a plan is an estimate, so a phase that still runs out of memory is retried with half the micro-batch.
+a plan is an estimate, so a phase that still runs out of memory is retried with half the micro-batch
+(forwards: `relm.trainer.experience`; updates: `relm.training.microbatch_retry`).
 """
 
 from __future__ import annotations
