@@ -163,7 +163,9 @@ def planned_choices(cfg: RelmConfig, plan: MemoryPlan, precision: Precision) -> 
     )
 
 
-def data_parallel_plan(cfg: RelmConfig, model_dir: str, device: torch.device) -> tuple[MemoryPlan | None, str]:
+def data_parallel_plan(
+    cfg: RelmConfig, model_dir: str, device: torch.device
+) -> tuple[MemoryPlan | None, str]:
     """`whole_model_plan` for the plan a single-GPU run of `cfg` would make on `device`."""
     memory = device_memory(device)
     if memory is None:
