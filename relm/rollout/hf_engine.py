@@ -15,8 +15,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from relm.data.records import left_pad
-from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, SamplingParams
-from relm.rollout.sampling import filter_top_k_top_p, sample_next_token
+from relm.rollout.base import GenerationOutput, SamplingParams
+from relm.rollout.sampling import SampledColumns, filter_top_k_top_p, sample_next_token
 
 # The sampling functions moved to relm.rollout.sampling (the native engine shares them); they stay
 # importable from here.
@@ -94,17 +94,12 @@ class HFRolloutEngine:
 
         finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
         stopped_by_eos = torch.zeros_like(finished)
-        tokens, masks, logprobs = [], [], []
+        columns = SampledColumns(self.pad_token_id)
         for step in range(params.max_new_tokens):
-            token, logprob = sample_next_token(logits, params, self.generator)  # [N], [N]
+            token = columns.sample(logits, finished, params, self.generator)  # [N]
             self.heartbeat()
-            live = ~finished
-            token = torch.where(live, token, self.pad_token_id)
-            tokens.append(token)
-            masks.append(live.long())
-            logprobs.append(torch.where(live, logprob, 0.0))
             if not params.ignore_eos and self.eos_token_ids.numel():
-                hit_eos = live & torch.isin(token, self.eos_token_ids)
+                hit_eos = ~finished & torch.isin(token, self.eos_token_ids)
                 stopped_by_eos |= hit_eos
                 finished |= hit_eos
             # One host sync a step; decoding is memory-bound, so it costs little beside the forward.
@@ -121,26 +116,7 @@ class HFRolloutEngine:
                 use_cache=True,
             ).logits[:, -1]  # [N, V]
             next_position = next_position + 1
-        return self._pack(tokens, masks, logprobs, stopped_by_eos, params.max_new_tokens)
-
-    def _pack(
-        self,
-        tokens: list[torch.Tensor],
-        masks: list[torch.Tensor],
-        logprobs: list[torch.Tensor],
-        stopped_by_eos: torch.Tensor,
-        width: int,
-    ) -> GenerationOutput:
-        """Stack the per-step columns and right-pad them to `width` = max_new_tokens."""
-        num_rows, num_steps = tokens[0].shape[0], len(tokens)
-        response_ids = torch.full((num_rows, width), self.pad_token_id, dtype=torch.long)
-        response_mask = torch.zeros((num_rows, width), dtype=torch.long)
-        response_logprobs = torch.zeros((num_rows, width), dtype=torch.float32)
-        response_ids[:, :num_steps] = torch.stack(tokens, dim=1).cpu()
-        response_mask[:, :num_steps] = torch.stack(masks, dim=1).cpu()
-        response_logprobs[:, :num_steps] = torch.stack(logprobs, dim=1).float().cpu()
-        reasons = [FINISH_STOP if stop else FINISH_LENGTH for stop in stopped_by_eos.tolist()]
-        return GenerationOutput(response_ids, response_mask, response_logprobs, reasons)
+        return columns.pack(stopped_by_eos, params.max_new_tokens)
 
     def release_memory(self) -> None:
         """Nothing to free: this engine's KV cache lives only for the duration of one `generate` call."""

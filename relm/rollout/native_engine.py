@@ -38,7 +38,7 @@ from torch import nn
 
 from relm.data.records import left_pad
 from relm.models.fused_layers import FusedLayers
-from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, SamplingParams
+from relm.rollout.base import GenerationOutput, SamplingParams
 from relm.rollout.cuda_graphs import DecodeGraphs
 from relm.rollout.decode_state import DecodeBuffers, Prompts, admit_rows, gather_rows
 from relm.rollout.hf_engine import HFRolloutEngine
@@ -48,7 +48,7 @@ from relm.rollout.native_attention import (
     NativeAttentionUnsupported,
     register_native_attention,
 )
-from relm.rollout.sampling import exponential_race, sample_next_token
+from relm.rollout.sampling import SampledColumns, exponential_race
 from relm.rollout.slot_scheduler import SlotScheduler
 
 logger = logging.getLogger("relm")
@@ -205,31 +205,26 @@ class NativeRolloutEngine:
         finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
         stopped_by_eos = torch.zeros_like(finished)
         check_eos = not params.ignore_eos and self.eos_token_ids.numel() > 0
-        tokens, masks, logprobs = [], [], []
+        columns = SampledColumns(self.pad_token_id)
         for step in range(width):
-            token, logprob = sample_next_token(buffers.logits[:num_rows], params, self.generator, self._race)
+            token = columns.sample(buffers.logits[:num_rows], finished, params, self.generator, self._race)
             self.heartbeat()
-            live = ~finished
-            token = torch.where(live, token, self.pad_token_id)
-            tokens.append(token)
-            masks.append(live.long())
-            logprobs.append(torch.where(live, logprob, 0.0))
             if check_eos:
-                hit_eos = live & torch.isin(token, self.eos_token_ids)
+                hit_eos = ~finished & torch.isin(token, self.eos_token_ids)
                 stopped_by_eos |= hit_eos
                 finished |= hit_eos
             if step + 1 == width:
                 break
             # A host check stalls the queue of launched work, so it runs every few steps; steps
-            # past the last live row only append padding, which `_pack` would have written anyway.
+            # past the last live row only append padding, which `pack` would have written anyway.
             if check_eos and (step + 1) % self.eos_check_interval == 0 and bool(finished.all()):
                 break
             column = prompt_width + step  # where this token's keys/values go
             buffers.lock_step_inputs(column, token, next_position)
             self._run_decode(rows, self._length_bucket(column + 1, buffers.max_length))
             next_position = next_position + 1
-        output = _pack(tokens, masks, logprobs, stopped_by_eos, width, self.pad_token_id)
-        return output, prefill_done, len(tokens) - 1, 0
+        output = columns.pack(stopped_by_eos, width)
+        return output, prefill_done, len(columns.tokens) - 1, 0
 
     def _decode_continuously(
         self, buffers: DecodeBuffers, prompts: Prompts, params: SamplingParams, slots: int
@@ -258,18 +253,13 @@ class NativeRolloutEngine:
         self._sync()
         prefill_done = time.perf_counter()
         check_eos = not params.ignore_eos and self.eos_token_ids.numel() > 0
-        tokens, masks, logprobs = [], [], []
+        columns = SampledColumns(self.pad_token_id)
         step, decode_steps = 0, 0
         while True:
-            token, logprob = sample_next_token(buffers.logits[:slots], params, self.generator, self._race)
+            token = columns.sample(buffers.logits[:slots], finished, params, self.generator, self._race)
             self.heartbeat()
-            live = ~finished
-            token = torch.where(live, token, self.pad_token_id)
-            tokens.append(token)
-            masks.append(live.long())
-            logprobs.append(torch.where(live, logprob, 0.0))
             if check_eos:
-                finished |= live & torch.isin(token, self.eos_token_ids)
+                finished |= ~finished & torch.isin(token, self.eos_token_ids)
             leaving = scheduler.reaching_length(step)
             host_check = check_eos and (step + 1) % self.eos_check_interval == 0
             if host_check:
@@ -292,7 +282,7 @@ class NativeRolloutEngine:
                 stash = admit(step + 1, stash)
             step += 1
         output = gather_rows(
-            tokens, masks, logprobs, scheduler, width, self.pad_token_id,
+            columns.tokens, columns.masks, columns.logprobs, scheduler, width, self.pad_token_id,
             self.eos_token_ids if check_eos else None,
         )  # fmt: skip
         return output, prefill_done, decode_steps, scheduler.num_admissions - 1
@@ -458,23 +448,3 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
         return "logits_to_keep" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
-
-
-def _pack(
-    tokens: list[torch.Tensor],
-    masks: list[torch.Tensor],
-    logprobs: list[torch.Tensor],
-    stopped_by_eos: torch.Tensor,
-    width: int,
-    pad_token_id: int,
-) -> GenerationOutput:
-    """Stack per-step columns ([N] each) into CPU tensors right-padded to `width` = max_new_tokens."""
-    num_rows, num_steps = tokens[0].shape[0], len(tokens)
-    response_ids = torch.full((num_rows, width), pad_token_id, dtype=torch.long)
-    response_mask = torch.zeros((num_rows, width), dtype=torch.long)
-    response_logprobs = torch.zeros((num_rows, width), dtype=torch.float32)
-    response_ids[:, :num_steps] = torch.stack(tokens, dim=1).cpu()
-    response_mask[:, :num_steps] = torch.stack(masks, dim=1).cpu()
-    response_logprobs[:, :num_steps] = torch.stack(logprobs, dim=1).float().cpu()
-    reasons = [FINISH_STOP if stop else FINISH_LENGTH for stop in stopped_by_eos.tolist()]
-    return GenerationOutput(response_ids, response_mask, response_logprobs, reasons)

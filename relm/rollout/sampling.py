@@ -8,10 +8,11 @@ token against the HF reference engine.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from relm.rollout.base import SamplingParams
+from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, SamplingParams
 
 
 def sample_next_token(
@@ -92,3 +93,47 @@ def filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.
         drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)  # back to vocab order
         scaled = scaled.masked_fill(drop, float("-inf"))
     return scaled
+
+
+@dataclass
+class SampledColumns:
+    """The per-step columns of a batched decode ([rows] each): the engines' shared bookkeeping.
+
+    A row that has finished keeps its slot in the batch; from then on its column entries are the pad
+    token, mask 0 and logprob 0, which is what the trainer expects after a response's end.
+    """
+
+    pad_token_id: int
+    tokens: list[torch.Tensor] = field(default_factory=list)
+    masks: list[torch.Tensor] = field(default_factory=list)
+    logprobs: list[torch.Tensor] = field(default_factory=list)
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        finished: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator,
+        race: Callable[..., torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Draw every row's next token from `logits` [rows, V] and record it; returns the [rows] tokens
+        (pad where `finished`)."""
+        token, logprob = sample_next_token(logits, params, generator, race)
+        live = ~finished
+        token = torch.where(live, token, self.pad_token_id)
+        self.tokens.append(token)
+        self.masks.append(live.long())
+        self.logprobs.append(torch.where(live, logprob, 0.0))
+        return token
+
+    def pack(self, stopped_by_eos: torch.Tensor, width: int) -> GenerationOutput:
+        """The columns as CPU tensors right-padded to `width` = max_new_tokens."""
+        num_rows, num_steps = self.tokens[0].shape[0], len(self.tokens)
+        response_ids = torch.full((num_rows, width), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((num_rows, width), dtype=torch.long)
+        response_logprobs = torch.zeros((num_rows, width), dtype=torch.float32)
+        response_ids[:, :num_steps] = torch.stack(self.tokens, dim=1).cpu()
+        response_mask[:, :num_steps] = torch.stack(self.masks, dim=1).cpu()
+        response_logprobs[:, :num_steps] = torch.stack(self.logprobs, dim=1).float().cpu()
+        reasons = [FINISH_STOP if stop else FINISH_LENGTH for stop in stopped_by_eos.tolist()]
+        return GenerationOutput(response_ids, response_mask, response_logprobs, reasons)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -16,23 +15,9 @@ from relm.distributed.context import DistContext
 from relm.distributed.gathering import Accumulation
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs
-from relm.training.microbatch_retry import MicroBatchSize, with_halving_on_oom
-from relm.training.minibatch import (
-    MinibatchMetrics,
-    forward_token_counts,
-    minibatch_indices,
-)
-from relm.training.optim import clip_and_step
-
-
-@dataclass
-class UpdateResult:
-    """Per-metric lists (one entry per mini-batch) and how many optimizer steps were skipped."""
-
-    metrics: dict[str, list[float]]
-    num_skipped_updates: int
-    microbatch: MicroBatchSize | None = None
-    """The micro-batch size the update ended with: smaller than asked after an out-of-memory retry."""
+from relm.training.microbatch_retry import MicroBatchSize
+from relm.training.minibatch import forward_token_counts
+from relm.training.update_loop import UpdateResult, run_update
 
 
 def update_actor(
@@ -62,46 +47,27 @@ def update_actor(
     assert batch.old_logprobs is not None and batch.advantages is not None
     if cfg.use_kl_loss:
         assert batch.ref_logprobs is not None, "use_kl_loss needs reference logprobs"
-    model.train()
-    stats = MinibatchMetrics("actor")
-    skipped = 0
-    token_counts = forward_token_counts(batch.attention_mask, remove_padding)
-    size = MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens_per_microbatch)
-    single_process = dist is None or not dist.is_distributed
-    # FSDP: gradients reduced and weights gathered once per mini-batch (`relm.distributed.gathering`).
-    with Accumulation.planned(model, device) as accumulation:
-        for _ in range(cfg.ppo_epochs):
-            for mini in minibatch_indices(
-                len(batch), rows_per_minibatch, shuffle=cfg.shuffle, generator=generator
-            ):
-                one_pass = functools.partial(
-                    _accumulate_minibatch, model, batch, mini, cfg, accumulation, token_counts=token_counts,
-                    temperature=temperature, device=device, remove_padding=remove_padding, dist=dist,
-                )  # fmt: skip
-                for micro_metrics in with_halving_on_oom(
-                    one_pass, size, model, "actor update", single_process
-                ):
-                    stats.add(micro_metrics)
-                accumulation.end_minibatch()
-                grad_norm, stepped = clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
-                skipped += int(not stepped)
-                stats.end_minibatch({"grad_norm": grad_norm})
-    model.eval()
-    return UpdateResult(
-        metrics={**stats.result(), "actor/lr": [scheduler.get_last_lr()[0]]},
-        num_skipped_updates=skipped,
-        microbatch=size,
-    )
+    accumulate = functools.partial(
+        _accumulate_minibatch, model=model, batch=batch, cfg=cfg,
+        token_counts=forward_token_counts(batch.attention_mask, remove_padding), temperature=temperature,
+        device=device, remove_padding=remove_padding, dist=dist,
+    )  # fmt: skip
+    return run_update(
+        model, optimizer, scheduler, accumulate, name="actor", num_rows=len(batch), num_epochs=cfg.ppo_epochs,
+        rows_per_minibatch=rows_per_minibatch,
+        size=MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens_per_microbatch),
+        grad_clip=cfg.grad_clip, shuffle=cfg.shuffle, device=device, generator=generator, dist=dist,
+    )  # fmt: skip
 
 
 def _accumulate_minibatch(
-    model: nn.Module,
-    batch: ExperienceBatch,
     mini: torch.Tensor,
-    cfg: ActorConfig,
     accumulation: Accumulation,
     size: MicroBatchSize,
     *,
+    model: nn.Module,
+    batch: ExperienceBatch,
+    cfg: ActorConfig,
     token_counts: torch.Tensor | None,
     temperature: float,
     device: torch.device,

@@ -13,16 +13,11 @@ from relm.config.schema import CriticConfig
 from relm.distributed.balance import minibatch_split
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import Accumulation
-from relm.training.actor import UpdateResult
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_values
-from relm.training.microbatch_retry import MicroBatchSize, with_halving_on_oom
-from relm.training.minibatch import (
-    MinibatchMetrics,
-    forward_token_counts,
-    minibatch_indices,
-)
-from relm.training.optim import clip_and_step
+from relm.training.microbatch_retry import MicroBatchSize
+from relm.training.minibatch import forward_token_counts
+from relm.training.update_loop import UpdateResult, run_update
 
 
 def update_critic(
@@ -47,46 +42,27 @@ def update_critic(
     `update_actor`.
     """
     assert batch.values is not None and batch.returns is not None
-    value_model.train()
-    stats = MinibatchMetrics("critic")
-    skipped = 0
-    token_counts = forward_token_counts(batch.attention_mask, remove_padding)
-    size = MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens_per_microbatch)
-    single_process = dist is None or not dist.is_distributed
-    # FSDP: gradients reduced and weights gathered once per mini-batch (`relm.distributed.gathering`).
-    with Accumulation.planned(value_model, device) as accumulation:
-        for _ in range(num_epochs):
-            for mini in minibatch_indices(
-                len(batch), rows_per_minibatch, shuffle=bool(cfg.shuffle), generator=generator
-            ):
-                one_pass = functools.partial(
-                    _accumulate_minibatch, value_model, batch, mini, cfg, accumulation,
-                    token_counts=token_counts, device=device, remove_padding=remove_padding, dist=dist,
-                )  # fmt: skip
-                for micro_metrics in with_halving_on_oom(
-                    one_pass, size, value_model, "critic update", single_process
-                ):
-                    stats.add(micro_metrics)
-                accumulation.end_minibatch()
-                grad_norm, stepped = clip_and_step(value_model, optimizer, scheduler, cfg.grad_clip)
-                skipped += int(not stepped)
-                stats.end_minibatch({"grad_norm": grad_norm})
-    value_model.eval()
-    return UpdateResult(
-        metrics={**stats.result(), "critic/lr": [scheduler.get_last_lr()[0]]},
-        num_skipped_updates=skipped,
-        microbatch=size,
-    )
+    accumulate = functools.partial(
+        _accumulate_minibatch, value_model=value_model, batch=batch, cfg=cfg,
+        token_counts=forward_token_counts(batch.attention_mask, remove_padding), device=device,
+        remove_padding=remove_padding, dist=dist,
+    )  # fmt: skip
+    return run_update(
+        value_model, optimizer, scheduler, accumulate, name="critic", num_rows=len(batch),
+        num_epochs=num_epochs, rows_per_minibatch=rows_per_minibatch,
+        size=MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens_per_microbatch),
+        grad_clip=cfg.grad_clip, shuffle=bool(cfg.shuffle), device=device, generator=generator, dist=dist,
+    )  # fmt: skip
 
 
 def _accumulate_minibatch(
-    value_model: nn.Module,
-    batch: ExperienceBatch,
     mini: torch.Tensor,
-    cfg: CriticConfig,
     accumulation: Accumulation,
     size: MicroBatchSize,
     *,
+    value_model: nn.Module,
+    batch: ExperienceBatch,
+    cfg: CriticConfig,
     token_counts: torch.Tensor | None,
     device: torch.device,
     remove_padding: bool,

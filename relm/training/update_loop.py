@@ -1,0 +1,81 @@
+"""The loop the actor's and the critic's updates share: epochs of mini-batches, each accumulated over
+its micro-batches, clipped and stepped.
+
+What differs between the two is only how one mini-batch's micro-batches are computed (policy loss or
+value loss), passed in as `accumulate`; the rest is here once: train/eval mode, FSDP's once-per-
+mini-batch gathering and gradient sync (`relm.distributed.gathering`), redoing a mini-batch that ran
+out of GPU memory with smaller micro-batches (`relm.training.microbatch_retry`), skipping a step with
+a non-finite gradient norm, and the per-mini-batch metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from relm.distributed.context import DistContext
+from relm.distributed.gathering import Accumulation
+from relm.training.microbatch_retry import MicroBatchSize, with_halving_on_oom
+from relm.training.minibatch import MinibatchMetrics, minibatch_indices
+from relm.training.optim import clip_and_step
+
+Accumulate = Callable[[torch.Tensor, Accumulation, MicroBatchSize], list[dict]]
+"""(mini-batch row indices, the accumulation context, the micro-batch size) -> each micro-batch's
+metrics, after every micro-batch's backward."""
+
+
+@dataclass
+class UpdateResult:
+    """Per-metric lists (one entry per mini-batch) and how many optimizer steps were skipped."""
+
+    metrics: dict[str, list[float]]
+    num_skipped_updates: int
+    microbatch: MicroBatchSize | None = None
+    """The micro-batch size the update ended with: smaller than asked after an out-of-memory retry."""
+
+
+def run_update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    accumulate: Accumulate,
+    *,
+    name: str,
+    num_rows: int,
+    num_epochs: int,
+    rows_per_minibatch: int,
+    size: MicroBatchSize,
+    grad_clip: float,
+    shuffle: bool,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+    dist: DistContext | None = None,
+) -> UpdateResult:
+    """`num_epochs` passes over `num_rows` rows in mini-batches of `rows_per_minibatch`, one optimizer
+    step each; metrics are named `{name}/...`."""
+    model.train()
+    stats = MinibatchMetrics(name)
+    skipped = 0
+    single_process = dist is None or not dist.is_distributed
+    with Accumulation.planned(model, device) as accumulation:
+        for _ in range(num_epochs):
+            for mini in minibatch_indices(num_rows, rows_per_minibatch, shuffle=shuffle, generator=generator):
+                one_pass = functools.partial(accumulate, mini, accumulation)
+                for micro_metrics in with_halving_on_oom(
+                    one_pass, size, model, f"{name} update", single_process
+                ):
+                    stats.add(micro_metrics)
+                accumulation.end_minibatch()
+                grad_norm, stepped = clip_and_step(model, optimizer, scheduler, grad_clip)
+                skipped += int(not stepped)
+                stats.end_minibatch({"grad_norm": grad_norm})
+    model.eval()
+    return UpdateResult(
+        metrics={**stats.result(), f"{name}/lr": [scheduler.get_last_lr()[0]]},
+        num_skipped_updates=skipped,
+        microbatch=size,
+    )
