@@ -308,7 +308,12 @@ def build_components(
             critic_replicated="critic" in layouts and layouts["critic"].replicated,
         )  # fmt: skip
         if memory.plan is not None:
-            logger.info("%s", memory.plan.describe())
+            followers = [name for name in ("actor", "critic") if name in layouts and layouts[name].replicated]
+            logger.info(
+                "%s\n  data parallel: the replicated %s follow this plan; sharded models, the config's settings",
+                memory.plan.describe(),
+                " and ".join(followers),
+            )
     if memory.actor_checkpointing:
         actor.gradient_checkpointing_enable()
     if critic is not None and memory.critic_checkpointing:

@@ -90,7 +90,10 @@ def choose_memory(
     }
     precision = pick_precision(arr.model.dtype, device)
     explicit = [f"{key}={value}" for key, value in _explicit_precision(cfg).items()]
-    if any(user_moments.values()) and (sharded or precision.master not in (torch.float32, torch.bfloat16)):
+    # Sharded runs step with torch's AdamW (fp32 moments): asking for exactly that is fine.
+    compact_moments = any(dtype not in (None, torch.float32) for dtype in user_moments.values())
+    unsupported_weights = precision.master not in (torch.float32, torch.bfloat16)
+    if (sharded and compact_moments) or (any(user_moments.values()) and unsupported_weights):
         raise UserError(
             f"`{explicit[-1]}` applies to single-process runs with float32 or bfloat16 weights; "
             "remove it (sharded runs and float16 weights step with torch's AdamW)"

@@ -54,6 +54,9 @@ def stochastic_round_to_bf16(values: torch.Tensor, generator: torch.Generator | 
     return ((bits + noise) & _LOW_HALF_MASK).view(torch.float32).to(torch.bfloat16)
 
 
+_GENERATORS_KEY = "rounding_generators"
+
+
 class CompactAdamW(torch.optim.Optimizer):
     """AdamW with moments stored in `moments_dtype` and stochastically rounded bf16 parameters.
 
@@ -131,6 +134,23 @@ class CompactAdamW(torch.optim.Optimizer):
             if state[key].device != param.device:
                 state[key] = state[key].to(param.device, non_blocking=True)
         return state
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's optimizer state plus the rounding noise generators' states, so that a resumed run
+        draws the noise an uninterrupted one would."""
+        state = super().state_dict()
+        state[_GENERATORS_KEY] = {str(device): gen.get_state() for device, gen in self._generators.items()}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        generators = state_dict.pop(_GENERATORS_KEY, {})
+        super().load_state_dict(state_dict)
+        for name, rng_state in generators.items():
+            device = torch.device(name)
+            if device.type == "cuda" and not torch.cuda.is_available():
+                continue  # resumed on another kind of device: its noise starts from the seed
+            self._generator(device).set_state(rng_state)
 
     def _generator(self, device: torch.device) -> torch.Generator:
         generator = self._generators.get(device)

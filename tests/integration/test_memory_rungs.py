@@ -84,21 +84,32 @@ def test_each_rung_trains_a_ppo_step_with_finite_losses(
     assert record["actor/grad_norm"] > 0 and record["training/skipped_updates"] == 0
 
 
-def test_a_compact_run_resumes_from_its_checkpoint(train, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    usable, pinnable, _ = RUNGS["bf16 moments"]
+@pytest.mark.parametrize("rung", ["bf16 moments", "bf16 weights"])
+def test_a_compact_run_resumes_exactly(rung: str, train, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 step, save, resume for step 2 == 2 steps straight: the bf16 moments (and weights) and the
+    stochastic rounding's noise generators come back from the checkpoint as they were."""
+    usable, pinnable, _ = RUNGS[rung]
     pretend_gpu(monkeypatch, usable, pinnable)
-    run_dir = tmp_path / "compact"
+    whole = train(*GAE_WITH_SHORT_PROMPTS, "trainer.total_training_steps=2", run_dir=tmp_path / "whole")
+    run_dir = tmp_path / "split"
     first = train(
         *GAE_WITH_SHORT_PROMPTS, "trainer.total_training_steps=1", "trainer.save_freq=1", run_dir=run_dir
     )
-    assert first.exit_code == 0, first.stderr
+    assert whole.exit_code == 0 and first.exit_code == 0, whole.stderr + first.stderr
 
     resumed = train(*GAE_WITH_SHORT_PROMPTS, "trainer.total_training_steps=2", run_dir=run_dir)
 
     assert resumed.exit_code == 0, resumed.stderr
     assert "continuing at step 2 of 2" in resumed.stderr
     assert [r["step"] for r in resumed.metrics] == [1, 2]
-    assert math.isfinite(resumed.metrics[-1]["actor/pg_loss"])
+    for key in (
+        "actor/pg_loss",
+        "critic/vf_loss",
+        "actor/grad_norm",
+        "critic/grad_norm",
+        "critic/score/mean",
+    ):
+        assert resumed.metrics[-1][key] == whole.metrics[-1][key], key
 
 
 def test_explicit_fp32_moments_that_cannot_fit_exit_2_in_one_line(

@@ -160,3 +160,16 @@ def test_gathering_budget_and_a_plain_model_left_alone():
         assert torch.equal(p.grad, q.grad), name  # a plain model: loss.backward(), nothing else
     with gathered_for_passes(model, torch.device("cpu")) as held:
         assert not held
+
+
+def test_a_sharded_run_accepts_fp32_moments_and_refuses_bf16_ones():
+    """Sharded runs step with torch's AdamW: `moments_dtype=float32` asks for what runs anyway."""
+    from relm.models.loading import resolve_model_dir
+    from relm.trainer.memory import choose_memory
+
+    folder = resolve_model_dir("zoo:tiny/qwen2")
+    key = "actor_rollout_ref.actor.optim.moments_dtype"
+    fp32 = choose_memory(load_config([f"{key}=float32"]), folder, device=torch.device("cpu"), sharded=True)
+    assert fp32.actor_moments_dtype == torch.float32
+    with pytest.raises(UserError, match="single-process runs"):
+        choose_memory(load_config([f"{key}=bfloat16"]), folder, device=torch.device("cpu"), sharded=True)
