@@ -68,6 +68,15 @@ class GenerationOutput:
         return self.response_mask.sum(dim=-1)
 
 
+def check_generate_args(prompts: list[list[int]], params: SamplingParams) -> None:
+    """What every engine's `generate` refuses before any work: no prompts, an empty prompt, n or
+    max_new_tokens below 1."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate needs at least one prompt and no empty prompt")
+    if params.n < 1 or params.max_new_tokens < 1:
+        raise ValueError(f"n ({params.n}) and max_new_tokens ({params.max_new_tokens}) must be >= 1")
+
+
 def logprob_tolerance(dtype: torch.dtype) -> tuple[float, float]:
     """(max, mean) |engine - trainer| logprob allowed for the same tokens when the engine runs in `dtype`.
 

@@ -15,7 +15,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from relm.data.records import left_pad
-from relm.rollout.base import GenerationOutput, SamplingParams
+from relm.rollout.base import GenerationOutput, SamplingParams, check_generate_args
 from relm.rollout.sampling import SampledColumns, filter_top_k_top_p, sample_next_token
 
 # The sampling functions moved to relm.rollout.sampling (the native engine shares them); they stay
@@ -59,10 +59,7 @@ class HFRolloutEngine:
         CPU output is what every engine returns (vLLM's are Python lists), so the trainer does not
         depend on which engine ran; the copy is [N, R] ints and floats, negligible beside decoding.
         """
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("generate needs at least one prompt and no empty prompt")
-        if params.n < 1 or params.max_new_tokens < 1:
-            raise ValueError(f"n ({params.n}) and max_new_tokens ({params.max_new_tokens}) must be >= 1")
+        check_generate_args(prompts, params)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         was_training = self.model.training

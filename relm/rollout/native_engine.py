@@ -38,7 +38,7 @@ from torch import nn
 
 from relm.data.records import left_pad
 from relm.models.fused_layers import FusedLayers
-from relm.rollout.base import GenerationOutput, SamplingParams
+from relm.rollout.base import GenerationOutput, SamplingParams, check_generate_args
 from relm.rollout.cuda_graphs import DecodeGraphs
 from relm.rollout.decode_state import DecodeBuffers, Prompts, admit_rows, gather_rows
 from relm.rollout.hf_engine import HFRolloutEngine
@@ -135,10 +135,7 @@ class NativeRolloutEngine:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """Sample `params.n` responses per prompt, grouped prompt by prompt; tensors come back on CPU."""
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("generate needs at least one prompt and no empty prompt")
-        if params.n < 1 or params.max_new_tokens < 1:
-            raise ValueError(f"n ({params.n}) and max_new_tokens ({params.max_new_tokens}) must be >= 1")
+        check_generate_args(prompts, params)
         if self.fallback_reason:
             return self.reference.generate(prompts, params)
         if params.seed is not None:

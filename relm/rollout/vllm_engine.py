@@ -37,6 +37,7 @@ from relm.rollout.base import (
     FINISH_STOP,
     GenerationOutput,
     SamplingParams,
+    check_generate_args,
     logprob_tolerance,
 )
 from relm.rollout.checkpoint_format import checkpoint_format
@@ -236,10 +237,7 @@ class VLLMRolloutEngine:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """Sample `params.n` responses per prompt, grouped prompt by prompt; tensors come back on CPU."""
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("generate needs at least one prompt and no empty prompt")
-        if params.n < 1 or params.max_new_tokens < 1:
-            raise ValueError(f"n ({params.n}) and max_new_tokens ({params.max_new_tokens}) must be >= 1")
+        check_generate_args(prompts, params)
         self._wake()
         samples_per_request = 1 if params.greedy else params.n
         if params.greedy:  # vLLM refuses n > 1 when greedy: ask n times, one after the other (grouped)
