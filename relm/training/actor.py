@@ -8,15 +8,13 @@ import torch
 from torch import nn
 
 from relm.algorithms.kl import kl_estimate
-from relm.algorithms.losses import agg_loss, compute_policy_loss
+from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
 from relm.config.schema import ActorConfig
-from relm.distributed.balance import minibatch_split
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import Accumulation
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_logprobs
 from relm.training.microbatch_retry import MicroBatchSize
-from relm.training.minibatch import forward_token_counts
 from relm.training.update_loop import UpdateResult, run_update
 
 
@@ -48,38 +46,32 @@ def update_actor(
     if cfg.use_kl_loss:
         assert batch.ref_logprobs is not None, "use_kl_loss needs reference logprobs"
     accumulate = functools.partial(
-        _accumulate_minibatch, model=model, batch=batch, cfg=cfg,
-        token_counts=forward_token_counts(batch.attention_mask, remove_padding), temperature=temperature,
+        _accumulate_minibatch, model=model, batch=batch, cfg=cfg, temperature=temperature,
         device=device, remove_padding=remove_padding, dist=dist,
     )  # fmt: skip
     return run_update(
-        model, optimizer, scheduler, accumulate, name="actor", num_rows=len(batch), num_epochs=cfg.ppo_epochs,
+        model, optimizer, scheduler, batch, accumulate, name="actor", num_epochs=cfg.ppo_epochs,
         rows_per_minibatch=rows_per_minibatch,
         size=MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens_per_microbatch),
-        grad_clip=cfg.grad_clip, shuffle=cfg.shuffle, device=device, generator=generator, dist=dist,
+        grad_clip=cfg.grad_clip, shuffle=cfg.shuffle, remove_padding=remove_padding, device=device,
+        generator=generator, dist=dist,
     )  # fmt: skip
 
 
 def _accumulate_minibatch(
-    mini: torch.Tensor,
+    micros: list[torch.Tensor],
+    scale: AggScale,
     accumulation: Accumulation,
-    size: MicroBatchSize,
     *,
     model: nn.Module,
     batch: ExperienceBatch,
     cfg: ActorConfig,
-    token_counts: torch.Tensor | None,
     temperature: float,
     device: torch.device,
     remove_padding: bool,
     dist: DistContext | None,
 ) -> list[dict]:
-    """Forward and backward of one mini-batch's micro-batches (cut as `size` says); their metrics."""
-    scale, micros = minibatch_split(
-        batch.response_mask, mini, size.rows,
-        token_counts=token_counts, max_tokens=size.max_tokens, dist=dist,
-    )  # fmt: skip
-    size.largest_rows = max(len(micro) for micro in micros)
+    """Forward and backward of one mini-batch's micro-batches (`scale` normalises their losses); their metrics."""
     collected = []
     for index, micro in enumerate(micros):
         mb = batch.select(micro).to(device)

@@ -7,16 +7,14 @@ import functools
 import torch
 from torch import nn
 
-from relm.algorithms.losses import compute_value_loss
+from relm.algorithms.losses import AggScale, compute_value_loss
 from relm.algorithms.masked import masked_mean
 from relm.config.schema import CriticConfig
-from relm.distributed.balance import minibatch_split
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import Accumulation
 from relm.training.batch import ExperienceBatch
 from relm.training.forward import response_values
 from relm.training.microbatch_retry import MicroBatchSize
-from relm.training.minibatch import forward_token_counts
 from relm.training.update_loop import UpdateResult, run_update
 
 
@@ -43,38 +41,32 @@ def update_critic(
     """
     assert batch.values is not None and batch.returns is not None
     accumulate = functools.partial(
-        _accumulate_minibatch, value_model=value_model, batch=batch, cfg=cfg,
-        token_counts=forward_token_counts(batch.attention_mask, remove_padding), device=device,
+        _accumulate_minibatch, value_model=value_model, batch=batch, cfg=cfg, device=device,
         remove_padding=remove_padding, dist=dist,
     )  # fmt: skip
     return run_update(
-        value_model, optimizer, scheduler, accumulate, name="critic", num_rows=len(batch),
+        value_model, optimizer, scheduler, batch, accumulate, name="critic",
         num_epochs=num_epochs, rows_per_minibatch=rows_per_minibatch,
         size=MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens_per_microbatch),
-        grad_clip=cfg.grad_clip, shuffle=bool(cfg.shuffle), device=device, generator=generator, dist=dist,
+        grad_clip=cfg.grad_clip, shuffle=bool(cfg.shuffle), remove_padding=remove_padding,
+        device=device, generator=generator, dist=dist,
     )  # fmt: skip
 
 
 def _accumulate_minibatch(
-    mini: torch.Tensor,
+    micros: list[torch.Tensor],
+    scale: AggScale,
     accumulation: Accumulation,
-    size: MicroBatchSize,
     *,
     value_model: nn.Module,
     batch: ExperienceBatch,
     cfg: CriticConfig,
-    token_counts: torch.Tensor | None,
     device: torch.device,
     remove_padding: bool,
     dist: DistContext | None,
 ) -> list[dict]:
-    """Forward and backward of one mini-batch's micro-batches (cut as `size` says); their metrics."""
+    """Forward and backward of one mini-batch's micro-batches (`scale` normalises their losses); their metrics."""
     agg_mode = cfg.loss_agg_mode or "token-mean"
-    scale, micros = minibatch_split(
-        batch.response_mask, mini, size.rows,
-        token_counts=token_counts, max_tokens=size.max_tokens, dist=dist,
-    )  # fmt: skip
-    size.largest_rows = max(len(micro) for micro in micros)
     collected = []
     for index, micro in enumerate(micros):
         mb = batch.select(micro).to(device)

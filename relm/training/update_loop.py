@@ -2,10 +2,11 @@
 its micro-batches, clipped and stepped.
 
 What differs between the two is only how one mini-batch's micro-batches are computed (policy loss or
-value loss), passed in as `accumulate`; the rest is here once: train/eval mode, FSDP's once-per-
-mini-batch gathering and gradient sync (`relm.distributed.gathering`), redoing a mini-batch that ran
-out of GPU memory with smaller micro-batches (`relm.training.microbatch_retry`), skipping a step with
-a non-finite gradient norm, and the per-mini-batch metrics.
+value loss), passed in as `accumulate`; the rest is here once: train/eval mode, cutting each
+mini-batch into micro-batches with its loss normaliser (`relm.distributed.balance.minibatch_split`),
+FSDP's once-per-mini-batch gathering and gradient sync (`relm.distributed.gathering`), redoing a
+mini-batch that ran out of GPU memory with smaller micro-batches (`relm.training.microbatch_retry`),
+skipping a step with a non-finite gradient norm, and the per-mini-batch metrics.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from relm.algorithms.losses import AggScale
+from relm.distributed.balance import minibatch_split
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import Accumulation
+from relm.training.batch import ExperienceBatch
 from relm.training.microbatch_retry import MicroBatchSize, with_halving_on_oom
-from relm.training.minibatch import MinibatchMetrics, minibatch_indices
+from relm.training.minibatch import MinibatchMetrics, forward_token_counts, minibatch_indices
 from relm.training.optim import clip_and_step
 
-Accumulate = Callable[[torch.Tensor, Accumulation, MicroBatchSize], list[dict]]
-"""(mini-batch row indices, the accumulation context, the micro-batch size) -> each micro-batch's
-metrics, after every micro-batch's backward."""
+Accumulate = Callable[[list[torch.Tensor], AggScale, Accumulation], list[dict]]
+"""(each micro-batch's row indices, the mini-batch's loss normaliser, the accumulation context) ->
+each micro-batch's metrics, after every micro-batch's backward."""
 
 
 @dataclass
@@ -42,31 +46,44 @@ def run_update(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: ExperienceBatch,
     accumulate: Accumulate,
     *,
     name: str,
-    num_rows: int,
     num_epochs: int,
     rows_per_minibatch: int,
     size: MicroBatchSize,
     grad_clip: float,
     shuffle: bool,
+    remove_padding: bool,
     device: torch.device,
     generator: torch.Generator | None = None,
     dist: DistContext | None = None,
 ) -> UpdateResult:
-    """`num_epochs` passes over `num_rows` rows in mini-batches of `rows_per_minibatch`, one optimizer
-    step each; metrics are named `{name}/...`."""
+    """`num_epochs` passes over `batch` in mini-batches of `rows_per_minibatch` rows, one optimizer step
+    each; metrics are named `{name}/...`."""
     model.train()
     stats = MinibatchMetrics(name)
     skipped = 0
     single_process = dist is None or not dist.is_distributed
+    token_counts = forward_token_counts(batch.attention_mask, remove_padding)
+
+    def one_pass(mini: torch.Tensor, accumulation: Accumulation, size: MicroBatchSize) -> list[dict]:
+        scale, micros = minibatch_split(
+            batch.response_mask, mini, size.rows,
+            token_counts=token_counts, max_tokens=size.max_tokens, dist=dist,
+        )  # fmt: skip
+        size.largest_rows = max(len(micro) for micro in micros)
+        return accumulate(micros, scale, accumulation)
+
     with Accumulation.planned(model, device) as accumulation:
         for _ in range(num_epochs):
-            for mini in minibatch_indices(num_rows, rows_per_minibatch, shuffle=shuffle, generator=generator):
-                one_pass = functools.partial(accumulate, mini, accumulation)
+            for mini in minibatch_indices(
+                len(batch), rows_per_minibatch, shuffle=shuffle, generator=generator
+            ):
+                this_minibatch = functools.partial(one_pass, mini, accumulation)
                 for micro_metrics in with_halving_on_oom(
-                    one_pass, size, model, f"{name} update", single_process
+                    this_minibatch, size, model, f"{name} update", single_process
                 ):
                     stats.add(micro_metrics)
                 accumulation.end_minibatch()
