@@ -81,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --max-num-seqs: one lock-step call per max-num-seqs prompts",
     )
+    parser.add_argument(
+        "--compile-mode",
+        help="native: torch.compile mode of the compiled pieces, e.g. max-autotune-no-cudagraphs",
+    )
+    parser.add_argument(
+        "--no-fused-projections",
+        action="store_true",
+        help="native: keep q/k/v and gate/up as separate products (fused by default)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results (a list of rows) to this file")
     return parser
@@ -132,6 +141,9 @@ def _run(args: argparse.Namespace) -> int:
             row["cuda_graphs"] = engine.graphs is not None and engine.graphs.disabled_reason is None
             row["graphs_disabled_reason"] = engine.graphs.disabled_reason if engine.graphs else None
             row["fallback_reason"] = engine.fallback_reason
+            row["fused_projections"] = len(engine.projections.groups)
+            row["compile_mode"] = args.compile_mode
+            row["prefill_s"] = engine.last_stats["prefill_s"]
             engine.release_memory()
         rows.append(row)
         del engine
@@ -152,7 +164,8 @@ def build_random_model(path: str, dtype: torch.dtype, device: torch.device, seed
         model = transformers.AutoModelForCausalLM.from_config(
             config, dtype=dtype, attn_implementation="eager" if capped else "sdpa"
         )
-    return model.eval()
+    # What the trainer generates with on a GPU is a frozen bf16 copy of the actor.
+    return model.eval().requires_grad_(False)
 
 
 def eos_share(vocab: int, rate: float, generator: torch.Generator) -> list[int]:
@@ -178,6 +191,8 @@ def make_engine(
         gpu_memory_utilization=args.gpu_memory_utilization,
         use_cuda_graphs=graphs,
         max_num_seqs=args.max_num_seqs,
+        compile_mode=args.compile_mode,
+        fuse_projections=not args.no_fused_projections,
     )
 
 

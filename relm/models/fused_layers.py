@@ -44,12 +44,18 @@ class FusedLayers:
         model: the HF causal LM the engine drives.
         enabled: compile at all (False on CPU, or when the user asks for eager generation).
         backend: torch.compile's backend.
+        mode: torch.compile's mode (None: its default).
     """
 
     def __init__(
-        self, model: nn.Module, enabled: bool, backend: str | Callable[..., Any] = "inductor"
+        self,
+        model: nn.Module,
+        enabled: bool,
+        backend: str | Callable[..., Any] = "inductor",
+        mode: str | None = None,
     ) -> None:
         self.backend = backend
+        self.mode = mode
         self.disabled_reason: str | None = None if enabled else "disabled"
         self._targets = _find_targets(model) if enabled else []
         self._compiled: dict[tuple[Any, str], Callable[..., Any]] = {}
@@ -76,7 +82,7 @@ class FusedLayers:
             key = (owner, name)
             if key not in self._compiled:
                 self._compiled[key] = self._guarded(
-                    torch.compile(original, dynamic=None, backend=self.backend), original
+                    torch.compile(original, dynamic=None, backend=self.backend, mode=self.mode), original
                 )
             setattr(owner, name, self._compiled[key])
         try:
@@ -89,7 +95,8 @@ class FusedLayers:
         """A compiled copy of a pure `function` under the same failure rule, or None when disabled."""
         if self.disabled_reason is not None:
             return None
-        return self._guarded(torch.compile(function, dynamic=None, backend=self.backend), function)
+        compiled = torch.compile(function, dynamic=None, backend=self.backend, mode=self.mode)
+        return self._guarded(compiled, function)
 
     def _guarded(self, compiled: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
         """`compiled`, or `original` once any compilation has failed (compilers fail on first call)."""

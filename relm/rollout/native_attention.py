@@ -23,6 +23,10 @@ from transformers import AttentionInterface
 NATIVE_ATTENTION = "relm_native"
 """The name the engine sets as the model's attention implementation during generation."""
 
+CAUSAL_PREFILL = "relm_causal_prefill"
+"""Keyword the engine passes through the model's forward when a prefill chunk has no padding and
+starts at column 0, so its boolean mask is the plain causal one."""
+
 # Keyword arguments that change the attention's math in ways this function does not implement
 # (attention sinks, relative position biases, sparse or packed layouts). Seeing one means the
 # architecture needs its own kernel; the engine then falls back to the HF engine.
@@ -82,6 +86,13 @@ def native_attention(
             f"{query.shape[1]} query heads do not group over {key.shape[1]} KV heads"
         )
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if kwargs.get(CAUSAL_PREFILL) and _plain_causal(query, key, sliding_window, softcap):
+        # Unpadded prompts from column 0: the mask is exactly causal, so sdpa may take its flash
+        # kernel (grouped-query aware, no mask read, no KV copy) instead of a masked one.
+        out = F.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scaling, enable_gqa=True
+        )
+        return out.transpose(1, 2).contiguous(), None
     mask = attention_mask
     if sliding_window:
         mask = restrict_to_window(mask, sliding_window)
@@ -97,6 +108,15 @@ def native_attention(
     else:
         out = repeated_kv_sdpa(query, key, value, mask, scaling)
     return out, None
+
+
+def _plain_causal(
+    query: torch.Tensor, key: torch.Tensor, sliding_window: int | None, softcap: float | None
+) -> bool:
+    """Whether is_causal attention computes what the mask says: queries and keys the same columns,
+    no window cutting inside them, no soft-capping (sdpa has none)."""
+    columns = key.shape[2]
+    return query.shape[2] == columns and not softcap and (not sliding_window or sliding_window >= columns)
 
 
 def restrict_to_window(mask: torch.Tensor, window: int) -> torch.Tensor:

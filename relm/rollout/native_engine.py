@@ -41,9 +41,11 @@ from relm.models.fused_layers import FusedLayers
 from relm.rollout.base import GenerationOutput, SamplingParams, check_generate_args
 from relm.rollout.cuda_graphs import DecodeGraphs
 from relm.rollout.decode_state import DecodeBuffers, Prompts, admit_rows, gather_rows
+from relm.rollout.fused_projections import FusedProjections
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.memory_budget import check_rollout_memory, rows_within_budget
 from relm.rollout.native_attention import (
+    CAUSAL_PREFILL,
     NATIVE_ATTENTION,
     NativeAttentionUnsupported,
     register_native_attention,
@@ -78,6 +80,10 @@ class NativeRolloutEngine:
             and 8 on CUDA, where each check stalls the launch queue.
         max_num_seqs: rows decoded at once (`actor_rollout_ref.rollout.max_num_seqs`); a batch with
             more rows is continuously batched. None: no limit but memory.
+        compile_mode: torch.compile's mode for the compiled pieces (None: its default; the
+            benchmark compares "max-autotune-no-cudagraphs", which also tunes the MLP products).
+        fuse_projections: compute q/k/v and gate/up as one product each when the model is frozen
+            (`relm.rollout.fused_projections`); False keeps them separate.
     """
 
     def __init__(
@@ -94,6 +100,8 @@ class NativeRolloutEngine:
         max_prefill_tokens: int = 8192,
         eos_check_interval: int | None = None,
         max_num_seqs: int | None = None,
+        compile_mode: str | None = None,
+        fuse_projections: bool = True,
     ) -> None:
         if max_num_seqs is not None and max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
@@ -121,7 +129,9 @@ class NativeRolloutEngine:
             raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
         self.graphs = DecodeGraphs(self._decode_step, self._weight_tensors) if use_cuda_graphs else None
         compile_layers = self.device.type == "cuda" if compile_layers is None else compile_layers
-        self.fused = FusedLayers(model, enabled=compile_layers)
+        self.fused = FusedLayers(model, enabled=compile_layers, mode=compile_mode)
+        # A frozen generator copy (the trainer's on GPU) gets its q/k/v and gate/up weights fused.
+        self.projections = FusedProjections(model, enabled=fuse_projections)
         self._race = self.fused.compiled(exponential_race)
         self._buffers: DecodeBuffers | None = None
         self.fallback_reason = _native_blocker(model)
@@ -145,7 +155,7 @@ class NativeRolloutEngine:
         self.model.eval()
         self.model.set_attn_implementation(NATIVE_ATTENTION)
         try:
-            with self.fused.applied():
+            with self.projections.applied(), self.fused.applied():
                 return self._generate(prompts, params)
         except NativeAttentionUnsupported as exc:
             # Raised by the first prefill forward, before any sampling, so the fallback draws the
@@ -306,6 +316,7 @@ class NativeRolloutEngine:
                 # [u, 1, q, end]: queries first..end-1 over every column up to theirs
                 mask = (valid[rows, None, None, :end] & causal[first:end, :end]) | own[first:end, :end]
                 buffers.cache.begin_prefill(targets[rows], first)
+                causal = {CAUSAL_PREFILL: True} if first == 0 and bool(valid[rows, :end].all()) else {}
                 logits = self.model(
                     input_ids=prompt_ids[rows, first:end],
                     attention_mask=mask,
@@ -313,6 +324,7 @@ class NativeRolloutEngine:
                     past_key_values=buffers.cache,
                     use_cache=True,
                     **logits_kwargs,
+                    **causal,
                 ).logits[:, -1]  # [u, V]
             self._store_logits(logits, targets[rows])
 

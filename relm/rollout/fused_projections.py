@@ -1,0 +1,160 @@
+"""One matrix product for the projections that read the same input (q/k/v, gate/up) while generating.
+
+At decode batch sizes a layer's products are small: for the Qwen2.5-1.5B shape at 256 rows the key
+and value projections are [256 x 1536] @ [1536 x 256], a few microseconds each of mostly fixed cost,
+and the query projection is not much bigger. Concatenating the weights of projections that take the
+same input turns three products into one (and gate/up into one), which keeps more of the GPU busy
+per launch; vLLM and TensorRT-LLM store those weights fused for the same reason.
+
+relm keeps the HF module (its names are what weight syncing and checkpoints speak), so the fusion is
+done in storage: each group's weights are copied into one buffer and every member's parameter is
+re-pointed at its rows (`.data` views), so in-place updates (`sync_weights`) keep writing where the
+fused product reads. While `applied()` is active, the first member called with an input computes the
+whole group's product and hands the other members their columns when they are called with the same
+input; any other call computes its own product as before, so an architecture that calls its
+projections differently gets the same numbers, just unfused.
+
+Only a model nobody trains is fused (every parameter frozen: the GPU generator copy). A trained
+model's parameters as views of one buffer would be saved as that whole buffer by `torch.save` and
+refused by safetensors. Something that replaces parameters' storage (parking in CPU memory, a
+`load_state_dict(assign=True)`) breaks the views; `applied()` notices and fuses again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Sibling projections that transformers' decoder layers call on one input, by their HF names."""
+
+
+class ProjectionGroup:
+    """Sibling `nn.Linear`s of one module whose weights live in one buffer, and their shared product."""
+
+    def __init__(self, linears: list[nn.Linear]) -> None:
+        self.linears = linears
+        self.sizes = [linear.out_features for linear in linears]
+        self.weight: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        self._input: torch.Tensor | None = None
+        self._pending: list[torch.Tensor | None] = []
+
+    def ensure_fused(self) -> bool:
+        """Make the members' weights views of one buffer (again, if something moved them); True if it had to."""
+        if self.weight is not None and self._members_are_views():
+            return False
+        self.weight = _concatenate([linear.weight for linear in self.linears])
+        has_bias = self.linears[0].bias is not None
+        self.bias = _concatenate([linear.bias for linear in self.linears]) if has_bias else None
+        start = 0
+        for linear, size in zip(self.linears, self.sizes, strict=True):
+            linear.weight.data = self.weight[start : start + size]
+            if self.bias is not None:
+                linear.bias.data = self.bias[start : start + size]
+            start += size
+        return True
+
+    def _members_are_views(self) -> bool:
+        start = 0
+        for linear, size in zip(self.linears, self.sizes, strict=True):
+            if linear.weight.data_ptr() != self.weight[start].data_ptr():
+                return False
+            if self.bias is not None and linear.bias.data_ptr() != self.bias[start:].data_ptr():
+                return False
+            start += size
+        return True
+
+    def member_forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Member `index`'s output for `x`: its columns of the group's product when a sibling was just
+        called with this same input, else the group's product now (the siblings' columns kept)."""
+        if self._input is x:
+            out = self._pending[index]
+            if out is None:
+                # The same member twice on one input: not the pattern fusion is for; compute it alone.
+                linear = self.linears[index]
+                return F.linear(x, linear.weight, linear.bias)
+        else:
+            product = F.linear(x, self.weight, self.bias)
+            self._pending = list(product.split(self.sizes, dim=-1))
+            self._input = x
+            out = self._pending[index]
+        self._pending[index] = None
+        if all(p is None for p in self._pending):
+            self._input = None  # every member served: hold no activations between calls
+        return out
+
+    def reset(self) -> None:
+        self._input, self._pending = None, [None] * len(self.linears)
+
+
+class FusedProjections:
+    """The projection groups of a frozen model, switched in around generation.
+
+    Args:
+        model: the engine's model; nothing is fused when any parameter requires grad.
+        enabled: False fuses nothing (for comparisons).
+    """
+
+    def __init__(self, model: nn.Module, enabled: bool = True) -> None:
+        frozen = not any(p.requires_grad for p in model.parameters())
+        self.groups = find_groups(model) if enabled and frozen else []
+
+    @property
+    def active(self) -> bool:
+        return bool(self.groups)
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """Fuse (or re-fuse) the weights and route the members' calls through their groups."""
+        for group in self.groups:
+            group.ensure_fused()
+            group.reset()
+            for index, linear in enumerate(group.linears):
+                linear.forward = _bound(group, index)
+        try:
+            yield
+        finally:
+            for group in self.groups:
+                group.reset()
+                for linear in group.linears:
+                    del linear.forward  # the class's own forward again
+
+
+def find_groups(model: nn.Module) -> list[ProjectionGroup]:
+    """Every module's `GROUPS` whose members are plain linears over the same input size and dtype."""
+    groups = []
+    for module in model.modules():
+        for names in GROUPS:
+            linears = [getattr(module, name, None) for name in names]
+            if all(_fusable(linear, linears[0]) for linear in linears):
+                groups.append(ProjectionGroup(linears))
+    return groups
+
+
+def _fusable(linear: object, first: object) -> bool:
+    if type(linear) is not nn.Linear or type(first) is not nn.Linear:
+        return False
+    same = (
+        linear.in_features == first.in_features
+        and linear.weight.dtype == first.weight.dtype
+        and linear.weight.device == first.weight.device
+        and (linear.bias is None) == (first.bias is None)
+    )
+    # Hooks (adapters, quantization observers) expect their own module's product.
+    return same and not linear._forward_hooks and not linear._forward_pre_hooks
+
+
+def _concatenate(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach() for t in tensors], dim=0)
+
+
+def _bound(group: ProjectionGroup, index: int):  # noqa: ANN202 - a closure standing in for Linear.forward
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return group.member_forward(index, x)
+
+    return forward
