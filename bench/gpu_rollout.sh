@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One-call GPU check of the native rollout engine: the CUDA tests, then `relm bench rollout` runs.
 #
-# Usage (repository root, on the GPU machine):  bash bench/gpu_rollout.sh [quick|full|tests|cbatch]
+# Usage (repository root, on the GPU machine):  bash bench/gpu_rollout.sh [quick|full|tests|cbatch|variants]
 #   tests  only the tests marked gpu in tests/unit/test_native_engine.py
 #   quick  tests + Qwen2.5-1.5B shape, batch 256, 256+256, native and hf            (~3 min)
 #   full   quick + batch 64/1024, 0.5B/3B/7B, Llama-3.2-3B, Gemma-2-2b shapes        (~9 min)
 #   cbatch continuous batching: its gpu tests, the fixed-length 1.5B batch-256 native row (lock-step,
 #          to compare with docs/benchmarks.md), then 512 prompts of 256 + up to 512 tokens with eos
 #          active (mean ~125): all rows at once, 128 slots refilled, 4 lock-step waves of 128 (~3 min)
+#   variants  decode products one by one (bench/decode_gemms.py), then the 1.5B batch-256 row with
+#          q/k/v and gate/up unfused, fused (with hf), fused + max-autotune, and a decode profile (~9 min)
 # Results: one JSON file per bench run and summary.md under $OUT (or bench/results/ when unset).
 # Every step runs under its own time limit; a failing step is reported and the next one still runs.
 set -u
@@ -35,6 +37,8 @@ fi
 
 if ! "$PY" -c "import pytest" 2>/dev/null; then
   STATUS+=("gpu_tests: skipped (no pytest; carry its wheels in .whl)")
+elif [ "$MODE" = "variants" ]; then
+  STATUS+=("gpu_tests: not in this mode")
 elif [ "$MODE" = "cbatch" ]; then
   step gpu_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -k "continuous and not moe and not gemma2" \
     tests/unit/test_native_engine.py
@@ -51,6 +55,14 @@ if [ "$MODE" = "cbatch" ]; then
   bench qwen1.5b_eos_all_rows 90 "${EOS[@]}"
   bench qwen1.5b_eos_128_slots 90 "${EOS[@]}" --max-num-seqs 128
   bench qwen1.5b_eos_waves_128 90 "${EOS[@]}" --max-num-seqs 128 --waves
+fi
+if [ "$MODE" = "variants" ]; then
+  B256=(--model zoo:Qwen/Qwen2.5-1.5B --batch 256 --prompt-len 256 --response-len 256)
+  step decode_gemms 90 "$PY" bench/decode_gemms.py --rows 256 --autotune
+  bench qwen1.5b_b256_unfused 100 "${B256[@]}" --no-fused-projections
+  bench qwen1.5b_b256 150 "${B256[@]}" --engine both
+  bench qwen1.5b_b256_autotune 140 "${B256[@]}" --compile-mode max-autotune-no-cudagraphs
+  step profile 80 "$PY" bench/profile_native_decode.py --rows 25
 fi
 if [ "$MODE" = "full" ]; then
   bench qwen1.5b_b64 90 --model zoo:Qwen/Qwen2.5-1.5B --batch 64 --prompt-len 256 --response-len 256 --engine both
