@@ -58,7 +58,7 @@ if [ "$MODE" = "cbatch" ]; then
 fi
 if [ "$MODE" = "variants" ]; then
   B256=(--model zoo:Qwen/Qwen2.5-1.5B --batch 256 --prompt-len 256 --response-len 256)
-  step decode_gemms 90 "$PY" bench/decode_gemms.py --rows 256 --autotune
+  step decode_gemms 60 "$PY" bench/decode_gemms.py --rows 64 256 1024
   bench qwen1.5b_b256_unfused 100 "${B256[@]}" --no-fused-projections
   bench qwen1.5b_b256 150 "${B256[@]}" --engine both
   bench qwen1.5b_b256_autotune 140 "${B256[@]}" --compile-mode max-autotune-no-cudagraphs

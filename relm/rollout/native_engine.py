@@ -316,7 +316,7 @@ class NativeRolloutEngine:
                 # [u, 1, q, end]: queries first..end-1 over every column up to theirs
                 mask = (valid[rows, None, None, :end] & causal[first:end, :end]) | own[first:end, :end]
                 buffers.cache.begin_prefill(targets[rows], first)
-                causal = {CAUSAL_PREFILL: True} if first == 0 and bool(valid[rows, :end].all()) else {}
+                unpadded = {CAUSAL_PREFILL: True} if first == 0 and bool(valid[rows, :end].all()) else {}
                 logits = self.model(
                     input_ids=prompt_ids[rows, first:end],
                     attention_mask=mask,
@@ -324,7 +324,7 @@ class NativeRolloutEngine:
                     past_key_values=buffers.cache,
                     use_cache=True,
                     **logits_kwargs,
-                    **causal,
+                    **unpadded,
                 ).logits[:, -1]  # [u, V]
             self._store_logits(logits, targets[rows])
 

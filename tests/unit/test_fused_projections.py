@@ -118,3 +118,15 @@ def test_gpu_fused_bf16_copy_graphs_equal_unfused_eager(name):
     same = (fused.response_ids == unfused.response_ids).all(dim=1)
     assert same.float().mean() >= 0.5
     torch.testing.assert_close(fused.logprobs[same], unfused.logprobs[same], atol=0.05, rtol=0)
+
+
+@pytest.mark.parametrize("budget", [6, 14, 1000])  # column chunks of 6, rows of 2 prompts, one forward
+def test_unpadded_prompts_prefill_through_causal_attention_in_any_chunking(budget):
+    # Equal-length prompts: the first column chunk of each row chunk has no padding, so it takes sdpa's
+    # plain causal path; later column chunks read the cache under the mask.
+    model = zoo_model("tiny/llama").requires_grad_(False)
+    prompts, params = prompts_for(model, [7, 7, 7, 7, 7]), greedy(n=2, max_new_tokens=8)
+    ours = native(model, eos=[], max_prefill_tokens=budget).generate(prompts, params)
+    theirs = reference(model, eos=[]).generate(prompts, params)
+    assert torch.equal(ours.response_ids, theirs.response_ids)
+    torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-5, rtol=0)
