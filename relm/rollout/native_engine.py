@@ -28,10 +28,11 @@ warning naming why.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -155,7 +156,7 @@ class NativeRolloutEngine:
         self.model.eval()
         self.model.set_attn_implementation(NATIVE_ATTENTION)
         try:
-            with self.projections.applied(), self.fused.applied():
+            with self.projections.applied(), self.fused.applied(), _contiguous_head_input(self.model):
                 return self._generate(prompts, params)
         except NativeAttentionUnsupported as exc:
             # Raised by the first prefill forward, before any sampling, so the fallback draws the
@@ -450,6 +451,26 @@ def _native_blocker(model: nn.Module) -> str | None:
         return f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface"
     register_native_attention()
     return None
+
+
+@contextlib.contextmanager
+def _contiguous_head_input(model: nn.Module) -> Iterator[None]:
+    """Make the output head's input contiguous while generating.
+
+    A prefill keeps the last position's hidden states only (`logits_to_keep=1`): a [u, 1, hidden]
+    slice of [u, q, hidden], not contiguous, which `F.linear` runs as a batched product with the head's
+    weight expanded per prompt, reading all of it (467 MB at Qwen's 152k vocabulary) once per prompt:
+    3.3 ms of each 8k-token prefill chunk on an H200. Contiguous, it is one product reading it once.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Module):
+        yield
+        return
+    handle = head.register_forward_pre_hook(lambda _, args: (args[0].contiguous(), *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:

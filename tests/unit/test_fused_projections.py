@@ -130,3 +130,14 @@ def test_unpadded_prompts_prefill_through_causal_attention_in_any_chunking(budge
     theirs = reference(model, eos=[]).generate(prompts, params)
     assert torch.equal(ours.response_ids, theirs.response_ids)
     torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-5, rtol=0)
+
+
+def test_the_output_head_reads_contiguous_hidden_states_in_prefill():
+    # A [u, 1, hidden] slice of the prompts' last positions would run as a batched product reading the
+    # head's weight once per prompt; the engine makes it contiguous (one product).
+    model = zoo_model("tiny/qwen2").requires_grad_(False)
+    seen = []
+    model.lm_head.register_forward_hook(lambda _, args, out: seen.append(args[0].is_contiguous()))
+    native(model, eos=[]).generate(prompts_for(model), greedy(max_new_tokens=3))
+    assert seen and all(seen)
+    assert not model.lm_head._forward_pre_hooks  # removed after the call
