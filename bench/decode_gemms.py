@@ -2,8 +2,9 @@
 
 For a zoo shape and a row count (the decode batch) it times, CUDA-graph replayed, each product of one
 decoder layer separately (q, k, v, o, gate, up, down) and fused (qkv, gate_up), plus the output head,
-and reports microseconds, TFLOP/s and weight-read TB/s; `--autotune` adds inductor's max-autotune
-choice for each shape (Triton templates against cuBLAS). Usage (repository root):
+and reports microseconds, TFLOP/s and weight-read TB/s, with two alternatives per shape: the
+transposed product (weight @ x^T, which lets cuBLAS pick other tiles) and cuBLASLt as the preferred
+library; `--autotune` adds inductor's max-autotune choice (Triton templates against cuBLAS). Usage (repository root):
 
     python bench/decode_gemms.py --model zoo:Qwen/Qwen2.5-1.5B --rows 256 [--autotune]
 """
@@ -69,13 +70,19 @@ def main() -> None:
     parser.add_argument("--autotune", action="store_true")
     args = parser.parse_args()
     config = zoo_config(args.model)
-    print("| rows | product | out x in | cuBLAS us | TFLOP/s | weight TB/s | autotuned us |")
-    print("| ---: | --- | --- | ---: | ---: | ---: | ---: |")
+    print(
+        "| rows | product | out x in | cuBLAS us | TFLOP/s | weight TB/s | transposed us | cuBLASLt us | autotuned us |"
+    )
+    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for rows in args.rows:
         for name, (out_f, in_f) in shapes(config).items():
             weight = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) * 0.02
             x = torch.randn(rows, in_f, device="cuda", dtype=torch.bfloat16)
             us = replay_us(lambda w=weight, x=x: F.linear(x, w))
+            transposed = replay_us(lambda w=weight, x=x: torch.mm(w, x.t()))
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+            lt = replay_us(lambda w=weight, x=x: F.linear(x, w))
+            torch.backends.cuda.preferred_blas_library("cublas")
             tuned = float("nan")
             if args.autotune:
                 compiled = torch.compile(
@@ -86,7 +93,7 @@ def main() -> None:
             flops = 2 * rows * out_f * in_f
             print(
                 f"| {rows} | {name} | {out_f} x {in_f} | {us:.1f} | {flops / us / 1e6:.0f} "
-                f"| {weight.numel() * 2 / us / 1e6:.2f} | {tuned:.1f} |"
+                f"| {weight.numel() * 2 / us / 1e6:.2f} | {transposed:.1f} | {lt:.1f} | {tuned:.1f} |"
             )
 
 

@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # One-call GPU check of the native rollout engine: the CUDA tests, then `relm bench rollout` runs.
 #
-# Usage (repository root, on the GPU machine):  bash bench/gpu_rollout.sh [quick|full|tests|cbatch|variants]
-#   tests  only the tests marked gpu in tests/unit/test_native_engine.py
-#   quick  tests + Qwen2.5-1.5B shape, batch 256, 256+256, native and hf            (~3 min)
-#   full   quick + batch 64/1024, 0.5B/3B/7B, Llama-3.2-3B, Gemma-2-2b shapes        (~9 min)
-#   cbatch continuous batching: its gpu tests, the fixed-length 1.5B batch-256 native row (lock-step,
-#          to compare with docs/benchmarks.md), then 512 prompts of 256 + up to 512 tokens with eos
-#          active (mean ~125): all rows at once, 128 slots refilled, 4 lock-step waves of 128 (~3 min)
-#   variants  decode products one by one (bench/decode_gemms.py), then the 1.5B batch-256 row with
-#          q/k/v and gate/up unfused, fused (with hf), fused + max-autotune, and a decode profile (~9 min)
+# Usage (repository root, on the GPU machine):  bash bench/gpu_rollout.sh PART [PART ...]
+#   tests     the tests marked gpu of the native engine, fused projections and decode attention (~4 min)
+#   kernels   decode attention per layer (bench/decode_attention_bench.py) and the decode products one
+#             by one (bench/decode_gemms.py)                                                   (~1 min)
+#   headline  Qwen2.5-1.5B shape, 256+256: batch 256 and 64 with native and hf, 1024 native    (~3 min)
+#   shapes    batch 256 at the 0.5B, 3B, 7B (memory share 0.5), Llama-3.2-3B, Gemma-2-2b shapes (~4 min)
+#   cbatch    continuous batching: 512 prompts of 256 + up to 512 tokens with eos active (mean ~125):
+#             all rows at once, 128 slots refilled, 4 lock-step waves of 128               (~2 min)
+#   variants  the 1.5B batch-256 row with q/k/v and gate/up unfused, fused + max-autotune, and a
+#             decode profile                                                                (~4 min)
+#   quick = tests headline; full = tests kernels headline shapes
 # Results: one JSON file per bench run and summary.md under $OUT (or bench/results/ when unset).
 # Every step runs under its own time limit; a failing step is reported and the next one still runs.
 set -u
-MODE="${1:-quick}"
+PARTS=" ${*:-quick} "
+PARTS="${PARTS// quick / tests headline }"
+PARTS="${PARTS// full / tests kernels headline shapes }"
+has() { [[ "$PARTS" == *" $1 "* ]]; }
 RESULTS="${OUT:-bench/results}"
 mkdir -p "$RESULTS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -35,45 +40,43 @@ if ! "$PY" -c "import pytest" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-if ! "$PY" -c "import pytest" 2>/dev/null; then
-  STATUS+=("gpu_tests: skipped (no pytest; carry its wheels in .whl)")
-elif [ "$MODE" = "variants" ]; then
-  STATUS+=("gpu_tests: not in this mode")
-elif [ "$MODE" = "cbatch" ]; then
-  step gpu_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -k "continuous and not moe and not gemma2" \
-    tests/unit/test_native_engine.py
-else
-  step gpu_tests 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_native_engine.py
+GPU_TESTS=(tests/unit/test_native_engine.py tests/unit/test_fused_projections.py)
+[ -f tests/unit/test_decode_attention.py ] && GPU_TESTS+=(tests/unit/test_decode_attention.py)
+if has tests; then
+  if "$PY" -c "import pytest" 2>/dev/null; then
+    step gpu_tests 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu "${GPU_TESTS[@]}"
+  else
+    STATUS+=("gpu_tests: skipped (no pytest; carry its wheels in .whl)")
+  fi
 fi
-
-if [ "$MODE" = "quick" ] || [ "$MODE" = "full" ]; then
-  bench qwen1.5b_b256 150 --model zoo:Qwen/Qwen2.5-1.5B --batch 256 --prompt-len 256 --response-len 256 --engine both
+SHAPE=(--prompt-len 256 --response-len 256)
+QWEN15=(--model zoo:Qwen/Qwen2.5-1.5B "${SHAPE[@]}")
+if has kernels; then
+  [ -f bench/decode_attention_bench.py ] && step decode_attention 60 "$PY" bench/decode_attention_bench.py
+  step decode_gemms 60 "$PY" bench/decode_gemms.py --rows 64 256 1024
 fi
-if [ "$MODE" = "cbatch" ]; then
-  bench qwen1.5b_b256_native 90 --model zoo:Qwen/Qwen2.5-1.5B --batch 256 --prompt-len 256 --response-len 256
+if has headline; then
+  bench qwen1.5b_b256 150 "${QWEN15[@]}" --batch 256 --engine both
+  bench qwen1.5b_b64 90 "${QWEN15[@]}" --batch 64 --engine both
+  bench qwen1.5b_b1024 90 "${QWEN15[@]}" --batch 1024
+fi
+if has shapes; then
+  bench qwen0.5b_b256 60 --model zoo:Qwen/Qwen2.5-0.5B --batch 256 "${SHAPE[@]}"
+  bench qwen3b_b256 60 --model zoo:Qwen/Qwen2.5-3B-Instruct --batch 256 "${SHAPE[@]}"
+  bench qwen7b_b256 90 --model zoo:Qwen/Qwen2.5-7B-Instruct --batch 256 "${SHAPE[@]}" --gpu-memory-utilization 0.5
+  bench llama3b_b256 60 --model zoo:meta-llama/Llama-3.2-3B-Instruct --batch 256 "${SHAPE[@]}"
+  bench gemma2b_b256 60 --model zoo:google/gemma-2-2b-it --batch 256 "${SHAPE[@]}"
+fi
+if has cbatch; then
   EOS=(--model zoo:Qwen/Qwen2.5-1.5B --batch 512 --prompt-len 256 --response-len 512 --eos-rate 0.008)
   bench qwen1.5b_eos_all_rows 90 "${EOS[@]}"
   bench qwen1.5b_eos_128_slots 90 "${EOS[@]}" --max-num-seqs 128
   bench qwen1.5b_eos_waves_128 90 "${EOS[@]}" --max-num-seqs 128 --waves
 fi
-if [ "$MODE" = "variants" ]; then
-  B256=(--model zoo:Qwen/Qwen2.5-1.5B --batch 256 --prompt-len 256 --response-len 256)
-  step decode_gemms 60 "$PY" bench/decode_gemms.py --rows 64 256 1024
-  bench qwen1.5b_b256_unfused 100 "${B256[@]}" --no-fused-projections
-  bench qwen1.5b_b256 150 "${B256[@]}" --engine both
-  bench qwen1.5b_b256_autotune 140 "${B256[@]}" --compile-mode max-autotune-no-cudagraphs
+if has variants; then
+  bench qwen1.5b_b256_unfused 100 "${QWEN15[@]}" --batch 256 --no-fused-projections
+  bench qwen1.5b_b256_autotune 140 "${QWEN15[@]}" --batch 256 --compile-mode max-autotune-no-cudagraphs
   step profile 80 "$PY" bench/profile_native_decode.py --rows 25
-fi
-if [ "$MODE" = "full" ]; then
-  bench qwen1.5b_b64 90 --model zoo:Qwen/Qwen2.5-1.5B --batch 64 --prompt-len 256 --response-len 256 --engine both
-  bench qwen1.5b_b1024 90 --model zoo:Qwen/Qwen2.5-1.5B --batch 1024 --prompt-len 256 --response-len 256
-  bench qwen0.5b_b256 60 --model zoo:Qwen/Qwen2.5-0.5B --batch 256 --prompt-len 256 --response-len 256
-  bench qwen3b_b256 60 --model zoo:Qwen/Qwen2.5-3B-Instruct --batch 256 --prompt-len 256 --response-len 256
-  bench qwen7b_b256 90 --model zoo:Qwen/Qwen2.5-7B-Instruct --batch 256 --prompt-len 256 --response-len 256 \
-    --gpu-memory-utilization 0.5
-  bench llama3b_b256 60 --model zoo:meta-llama/Llama-3.2-3B-Instruct --batch 256 --prompt-len 256 --response-len 256
-  bench gemma2b_b256 60 --model zoo:google/gemma-2-2b-it --batch 256 --prompt-len 256 --response-len 256
-  step attention_variants 60 "$PY" bench/attention_variants.py
 fi
 
 summary
