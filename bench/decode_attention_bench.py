@@ -19,6 +19,7 @@ max|diff| is against the fp32 torch reference.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
@@ -94,23 +95,25 @@ def variants(batch: int, columns: int) -> dict[str, object]:
     chosen = default_config(batch * KV_HEADS, columns, HEAD_DIM, torch.bfloat16, torch.device("cuda"))
     result = {"sdpa gqa + mask": sdpa, f"triton {describe(chosen)}": triton_variant(None)}
     if chosen.num_splits > 1:
-        unsplit = KernelConfig(chosen.block_n, 1)
+        unsplit = dataclasses.replace(chosen, num_splits=1)
         result[f"triton {describe(unsplit)}"] = triton_variant(unsplit)
-    unskipped = KernelConfig(chosen.block_n, chosen.num_splits, skip_masked=False)
+    unskipped = dataclasses.replace(chosen, skip_masked=False)
     result[f"triton {describe(unskipped)}"] = triton_variant(unskipped)
     return result
 
 
 def sweep() -> dict[str, object]:
-    """Launch parameters around the defaults, at batch 256 x 384 columns (the docs' reference shape)."""
+    """Launch parameters around the defaults (64 columns, 4 warps, 3 stages) at batch 256 x 384 columns."""
     configs = [
         KernelConfig(32, 1),
-        KernelConfig(64, 1, num_stages=3),
+        KernelConfig(32, 1, num_stages=4),
+        KernelConfig(32, 2),
+        KernelConfig(64, 1, num_stages=2),  # Triton does not pipeline the loop at 2 stages
+        KernelConfig(64, 1, num_stages=4),
         KernelConfig(64, 1, num_warps=8),
-        KernelConfig(128, 1),
-        KernelConfig(128, 1, num_warps=8, num_stages=3),
         KernelConfig(64, 2),
         KernelConfig(64, 3),
+        KernelConfig(128, 1, num_warps=8),
     ]
     return {f"triton {describe(c)}": triton_variant(c) for c in configs}
 

@@ -34,8 +34,9 @@ class KernelConfig:
     """Programs per (row, KV head) along the columns; above 1 a second kernel merges their results."""
     num_warps: int = 4
     """Warps per program."""
-    num_stages: int = 2
-    """Tiles Triton keeps in flight per program (software pipelining of the column loop)."""
+    num_stages: int = 3
+    """Pipeline depth of the column loop: with 3, Triton copies the next two tiles into shared memory
+    (cp.async) while one is computed; with 2 or less it does not pipeline this loop (sm_90 PTX)."""
     skip_masked: bool = True
     """Predicate the K/V loads on the mask, so masked columns are not read (False: read every column
     up to K, the loads then not waiting on the mask's; a benchmark knob)."""
@@ -124,17 +125,23 @@ def default_config(
 ) -> KernelConfig:
     """Launch parameters for `num_programs` (rows x KV heads) over `num_columns` columns.
 
-    Tiles of 64 columns (32 for wide heads or fp32, to bound the registers the [G_PAD, D] products
-    hold). Split-K only while rows x KV heads leave the GPU short of programs: below two per
-    streaming multiprocessor each split adds a partial result to write and merge, above it the
-    GPU is already busy (at batch 256, 2 KV heads: 512 programs on an H200's 132 SMs).
+    Tiles and warps from Triton 3.6's sm_90 compilation (ptxas register and shared-memory counts,
+    no GPU timing yet): bf16/fp16 tiles of 64 columns (32 for 256-wide heads) take 86-138 registers
+    and 37-75 KB of shared memory at 4 warps and 3 stages, so 3 programs fit on an SM. fp32 (ieee
+    products on CUDA cores) spills at 32-column tiles, so it takes 16 (8 warps for 256-wide heads).
+
+    Split-K only while rows x KV heads leave the GPU short of programs: below two per streaming
+    multiprocessor each split adds a partial result to write and merge, above it the GPU is busy
+    (at batch 256 and 2 KV heads, 512 programs on an H200's 132 SMs).
     """
-    wide = head_dim > 128 or dtype == torch.float32
-    block_n = 32 if wide else 64
+    if dtype == torch.float32:
+        block_n, num_warps = 16, 8 if head_dim > 128 else 4
+    else:
+        block_n, num_warps = (32 if head_dim > 128 else 64), 4
     target = 2 * _multiprocessors(device)
     num_tiles = max(1, -(-num_columns // block_n))
     num_splits = 1 if num_programs >= target else min(num_tiles, -(-target // num_programs))
-    return KernelConfig(block_n=block_n, num_splits=num_splits)
+    return KernelConfig(block_n=block_n, num_splits=num_splits, num_warps=num_warps)
 
 
 def reference_decode_attention(

@@ -18,10 +18,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+# Globals a kernel reads must be constexpr objects (Triton refuses plain module floats).
+LOG2E = tl.constexpr(1.4426950408889634)
 """log2(e): scores are scaled by it once so the kernel can use exp2."""
 
-NO_MAX = -1.0e30
+NO_MAX = tl.constexpr(-1.0e30)
 """Running maximum before any attended column: finite, so a tile whose columns are all masked
 gives exp2(-inf - NO_MAX) = 0 rather than exp2(-inf - -inf) = NaN."""
 

@@ -90,7 +90,10 @@ def interpreter() -> None:
     """
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs the compiled kernel (the gpu tests)")
-    pytest.importorskip("triton")
+    triton = pytest.importorskip("triton")
+    if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 9):
+        # 3.6's interpreter turns program ids into 1-element arrays that numpy 2 refuses as loop bounds.
+        pytest.skip(f"Triton {triton.__version__}'s interpreter cannot run the kernel; 3.9 can")
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("set TRITON_INTERPRET=1 to run the kernel through Triton's interpreter")
 
@@ -202,7 +205,7 @@ def test_default_config_splits_only_small_batches():
     assert default_config(1, 1000, 128, torch.bfloat16, cpu) == KernelConfig(block_n=64, num_splits=2)
     assert default_config(1, 10, 128, torch.bfloat16, cpu).num_splits == 1  # one tile: nothing to split
     assert default_config(1, 1000, 256, torch.bfloat16, cpu).block_n == 32
-    assert default_config(1, 1000, 128, torch.float32, cpu).block_n == 32
+    assert default_config(1, 1000, 128, torch.float32, cpu).block_n == 16
 
 
 def poisoned_columns_are_skipped(device: str) -> None:
