@@ -38,7 +38,7 @@ L2_FLUSH_BYTES = 256 << 20  # several times an H200's L2 (60 MB)
 
 
 def decode_inputs(batch: int, columns: int, copies: int) -> list[tuple[torch.Tensor, ...]]:
-    """`copies` sets of (query [B, H, 1, D], key, value [B, Hkv, K, D], mask [B, 1, 1, K]) as engine slices."""
+    """`copies` sets of query [B, H, 1, D], key/value [B, Hkv, K, D], mask [B, 1, 1, K], as engine slices."""
     sets = []
     for _ in range(copies):
         cache = torch.randn(2, batch, KV_HEADS, MAX_LENGTH, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
@@ -108,7 +108,7 @@ def sweep() -> dict[str, object]:
         KernelConfig(32, 1),
         KernelConfig(32, 1, num_stages=4),
         KernelConfig(32, 2),
-        KernelConfig(64, 1, num_stages=2),  # Triton does not pipeline the loop at 2 stages
+        KernelConfig(64, 1, num_stages=2),
         KernelConfig(64, 1, num_stages=4),
         KernelConfig(64, 1, num_warps=8),
         KernelConfig(64, 2),

@@ -15,6 +15,7 @@ with. Triton is imported only when a kernel first runs (`relm.rollout.decode_att
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from dataclasses import dataclass
@@ -35,8 +36,8 @@ class KernelConfig:
     num_warps: int = 4
     """Warps per program."""
     num_stages: int = 3
-    """Pipeline depth of the column loop: with 3, Triton copies the next two tiles into shared memory
-    (cp.async) while one is computed; with 2 or less it does not pipeline this loop (sm_90 PTX)."""
+    """Pipeline depth of the column loop: Triton copies the next `num_stages - 1` tiles into shared
+    memory (cp.async) while one is computed; 1 does not pipeline."""
     skip_masked: bool = True
     """Predicate the K/V loads on the mask, so masked columns are not read (False: read every column
     up to K, the loads then not waiting on the mask's; a benchmark knob)."""
@@ -66,7 +67,7 @@ def decode_attention(
     softcap: float | None = None,
     config: KernelConfig | None = None,
 ) -> torch.Tensor:
-    """Attention of one query per row over the cached columns: [B, H, 1, D] x [B, Hkv, K, D(v)] -> [B, 1, H, Dv].
+    """One query per row over its cached columns: [B, H, 1, D] x [B, Hkv, K, D(v)] -> [B, 1, H, Dv].
 
     Args:
         query: [B, H, 1, D], any strides (transformers hands it transposed).
@@ -99,24 +100,28 @@ def decode_attention(
     else:
         partial_out = partial_stats = out  # not written: the kernel stores into `out` directly
     group_pad = max(16, 1 << (group - 1).bit_length())
-    kernels.decode_attention_kernel[(batch * num_kv_heads, num_splits)](
-        query, key, value, mask_bytes, out, partial_out, partial_stats,
-        *query.stride()[:2], query.stride(3),
-        *key.stride(),
-        *value.stride(),
-        *mask_bytes.stride(),
-        num_columns, tiles_per_split, float(scale), float(softcap or 1.0),
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, VALUE_DIM=value_dim,
-        BLOCK_N=config.block_n, SPLIT=split, HAS_SOFTCAP=bool(softcap), SKIP_MASKED=config.skip_masked,
-        # fp32 products stay fp32 (TF32 would miss the reference by ~1e-3); fp16/bf16 ignore it.
-        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
-    if split:
-        kernels.combine_splits_kernel[(batch * num_kv_heads,)](
-            partial_out, partial_stats, out, num_splits,
-            GROUP=group, GROUP_PAD=group_pad, VALUE_DIM=value_dim, num_warps=4,
+    # Triton launches on the current CUDA device, which need not be the tensors' one.
+    on_device = torch.cuda.device(query.device) if query.is_cuda else contextlib.nullcontext()
+    with on_device:
+        kernels.decode_attention_kernel[(batch * num_kv_heads, num_splits)](
+            query, key, value, mask_bytes, out, partial_out, partial_stats,
+            *query.stride()[:2], query.stride(3),
+            *key.stride(),
+            *value.stride(),
+            *mask_bytes.stride(),
+            num_columns, tiles_per_split, float(scale), float(softcap or 1.0),
+            NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=group_pad,
+            HEAD_DIM=head_dim, VALUE_DIM=value_dim,
+            BLOCK_N=config.block_n, SPLIT=split, HAS_SOFTCAP=bool(softcap), SKIP_MASKED=config.skip_masked,
+            # fp32 products stay fp32 (TF32 would miss the reference by ~1e-3); fp16/bf16 ignore it.
+            PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
+        if split:
+            kernels.combine_splits_kernel[(batch * num_kv_heads,)](
+                partial_out, partial_stats, out, num_splits,
+                GROUP=group, GROUP_PAD=group_pad, VALUE_DIM=value_dim, num_warps=4,
+            )  # fmt: skip
     return out
 
 
@@ -152,7 +157,7 @@ def reference_decode_attention(
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """`decode_attention`'s math in fp32 torch (the grouped products of the CPU path), in the query's dtype."""
+    """`decode_attention`'s math in fp32 torch (the CPU path's grouped products), in the query's dtype."""
     # Imported here: native_attention imports this module to dispatch to the kernel.
     from relm.rollout.native_attention import grouped_attention
 
