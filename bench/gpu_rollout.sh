@@ -40,8 +40,7 @@ if ! "$PY" -c "import pytest" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-GPU_TESTS=(tests/unit/test_native_engine.py tests/unit/test_fused_projections.py)
-[ -f tests/unit/test_decode_attention.py ] && GPU_TESTS+=(tests/unit/test_decode_attention.py)
+GPU_TESTS=(tests/unit/test_decode_attention.py tests/unit/test_fused_projections.py tests/unit/test_native_engine.py)
 if has tests; then
   if "$PY" -c "import pytest" 2>/dev/null; then
     step gpu_tests 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu "${GPU_TESTS[@]}"
@@ -77,6 +76,7 @@ if has variants; then
   bench qwen1.5b_b256_unfused 100 "${QWEN15[@]}" --batch 256 --no-fused-projections
   bench qwen1.5b_b256_autotune 140 "${QWEN15[@]}" --batch 256 --compile-mode max-autotune-no-cudagraphs
   step profile 80 "$PY" bench/profile_native_decode.py --rows 25
+  step profile_prefill 60 "$PY" bench/profile_native_decode.py --prefill --rows 20
 fi
 
 summary

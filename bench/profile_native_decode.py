@@ -28,12 +28,29 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rows", type=int, default=30, help="kernel rows to print")
+    parser.add_argument("--prefill", action="store_true", help="profile the prefill (a 1-token call) instead")
     args = parser.parse_args()
     model = build_random_model(args.model, torch.bfloat16, torch.device("cuda"), seed=0)
     vocab = model.config.get_text_config().vocab_size
     prompts = torch.randint(0, vocab, (args.batch, args.prompt_len)).tolist()
     params = SamplingParams(max_new_tokens=args.steps, ignore_eos=True, seed=0)
 
+    if args.prefill:
+        engine = NativeRolloutEngine(model, pad_token_id=0, eos_token_ids=[], device="cuda")
+        one = SamplingParams(max_new_tokens=1, ignore_eos=True, seed=0)
+        engine.generate(prompts, one)
+        with profile(activities=[ProfilerActivity.CUDA], record_shapes=True) as prof:
+            engine.generate(prompts, one)
+            torch.cuda.synchronize()
+        table = prof.key_averages(group_by_input_shape=True).table(
+            sort_by="cuda_time_total",
+            row_limit=args.rows,
+            max_name_column_width=40,
+            max_shapes_column_width=70,
+        )
+        print(table)
+        print(f"prefill: {engine.last_stats['prefill_s'] * 1e3:.1f} ms")
+        return
     eager = NativeRolloutEngine(model, pad_token_id=0, eos_token_ids=[], device="cuda", use_cuda_graphs=False)
     eager.generate(prompts, params)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
