@@ -201,8 +201,8 @@ def test_unavailable_shapes_keep_the_callers_path():
 
 def test_default_config_splits_only_small_batches():
     cpu = torch.device("cpu")  # counts as one multiprocessor: 2 programs fill it
-    assert default_config(2, 1000, 128, torch.bfloat16, cpu) == KernelConfig(block_n=64, num_splits=1)
-    assert default_config(1, 1000, 128, torch.bfloat16, cpu) == KernelConfig(block_n=64, num_splits=2)
+    assert default_config(2, 1000, 128, torch.bfloat16, cpu) == KernelConfig(block_n=32, num_splits=1)
+    assert default_config(1, 1000, 128, torch.bfloat16, cpu) == KernelConfig(block_n=32, num_splits=2)
     assert default_config(1, 10, 128, torch.bfloat16, cpu).num_splits == 1  # one tile: nothing to split
     assert default_config(1, 1000, 256, torch.bfloat16, cpu).block_n == 32
     assert default_config(1, 1000, 128, torch.float32, cpu).block_n == 16
