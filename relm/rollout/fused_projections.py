@@ -16,8 +16,9 @@ projections differently gets the same numbers, just unfused.
 
 Only a model nobody trains is fused (every parameter frozen: the GPU generator copy). A trained
 model's parameters as views of one buffer would be saved as that whole buffer by `torch.save` and
-refused by safetensors. Something that replaces parameters' storage (parking in CPU memory, a
-`load_state_dict(assign=True)`) breaks the views; `applied()` notices and fuses again.
+refused by safetensors. Nothing here holds the buffer between calls: `applied()` finds it again from
+the members' storage, so parking the generator in CPU memory (which replaces each parameter's `.data`)
+frees it, and the next `applied()` fuses the returned weights again.
 """
 
 from __future__ import annotations
@@ -45,27 +46,23 @@ class ProjectionGroup:
         self._pending: list[torch.Tensor | None] = []
 
     def ensure_fused(self) -> bool:
-        """Make the members' weights views of one buffer (again, if something moved them); True if it had to."""
-        if self.weight is not None and self._members_are_views():
+        """Make the members' weights views of one buffer (again, if something moved them); True if it had to.
+
+        The buffer is found again from the members' storage on every call rather than kept: a reference
+        held between calls would keep it on the GPU after parking has moved the members to CPU memory.
+        """
+        self.weight = _adjacent_view([linear.weight for linear in self.linears])
+        has_bias = self.linears[0].bias is not None
+        self.bias = _adjacent_view([linear.bias for linear in self.linears]) if has_bias else None
+        if self.weight is not None and (self.bias is not None or not has_bias):
             return False
         self.weight = _concatenate([linear.weight for linear in self.linears])
-        has_bias = self.linears[0].bias is not None
         self.bias = _concatenate([linear.bias for linear in self.linears]) if has_bias else None
         start = 0
         for linear, size in zip(self.linears, self.sizes, strict=True):
             linear.weight.data = self.weight[start : start + size]
             if self.bias is not None:
                 linear.bias.data = self.bias[start : start + size]
-            start += size
-        return True
-
-    def _members_are_views(self) -> bool:
-        start = 0
-        for linear, size in zip(self.linears, self.sizes, strict=True):
-            if linear.weight.data_ptr() != self.weight[start].data_ptr():
-                return False
-            if self.bias is not None and linear.bias.data_ptr() != self.bias[start:].data_ptr():
-                return False
             start += size
         return True
 
@@ -90,6 +87,11 @@ class ProjectionGroup:
 
     def reset(self) -> None:
         self._input, self._pending = None, [None] * len(self.linears)
+
+    def release(self) -> None:
+        """Drop every reference to the buffer and activations; the members' views keep the weights."""
+        self.reset()
+        self.weight = self.bias = None
 
 
 class FusedProjections:
@@ -120,7 +122,7 @@ class FusedProjections:
             yield
         finally:
             for group in self.groups:
-                group.reset()
+                group.release()
                 for linear in group.linears:
                     del linear.forward  # the class's own forward again
 
@@ -147,6 +149,29 @@ def _fusable(linear: object, first: object) -> bool:
     )
     # Hooks (adapters, quantization observers) expect their own module's product.
     return same and not linear._forward_hooks and not linear._forward_pre_hooks
+
+
+def _adjacent_view(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The tensors as one [sum of rows, ...] tensor when they already lie back to back in one storage
+    (what `ensure_fused` left them as), else None."""
+    first = tensors[0]
+    storage = first.untyped_storage().data_ptr()
+    expected = first.data_ptr()
+    for tensor in tensors:
+        if (
+            not tensor.is_contiguous()
+            or tensor.untyped_storage().data_ptr() != storage
+            or tensor.data_ptr() != expected
+            or tensor.shape[1:] != first.shape[1:]
+        ):
+            return None
+        expected += tensor.numel() * tensor.element_size()
+    rows = sum(tensor.shape[0] for tensor in tensors)
+    return (
+        first.detach()
+        .new_empty(0)
+        .set_(first.untyped_storage(), first.storage_offset(), (rows, *first.shape[1:]), first.stride())
+    )
 
 
 def _concatenate(tensors: list[torch.Tensor]) -> torch.Tensor:

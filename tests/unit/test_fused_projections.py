@@ -141,3 +141,28 @@ def test_the_output_head_reads_contiguous_hidden_states_in_prefill():
     native(model, eos=[]).generate(prompts_for(model), greedy(max_new_tokens=3))
     assert seen and all(seen)
     assert not model.lm_head._forward_pre_hooks  # removed after the call
+
+
+def test_parking_frees_the_fused_buffers_and_the_next_call_fuses_again():
+    from relm.training.offload import ParkedModel
+
+    model = zoo_model("tiny/qwen2").requires_grad_(False)
+    engine = native(model, eos=[])
+    prompts, params = prompts_for(model), greedy(n=2, max_new_tokens=8)
+    first = engine.generate(prompts, params)
+    q_proj = model.model.layers[0].self_attn.q_proj
+    fused_storage = q_proj.weight.untyped_storage()
+    assert all(group.weight is None for group in engine.projections.groups)  # nothing held between calls
+    engine.generate(prompts, params)
+    assert q_proj.weight.untyped_storage().data_ptr() == fused_storage.data_ptr()  # found again, not re-fused
+    parked = ParkedModel(model, torch.device("cpu"))
+    parked.park()
+    # No parameter lives in the fused buffer any more, and the engine holds none: it can be freed.
+    storages = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    assert fused_storage.data_ptr() not in storages
+    parked.unpark()
+    again = engine.generate(prompts, params)
+    assert torch.equal(again.response_ids, first.response_ids)
+    assert engine.projections.groups[0].linears[1].weight.untyped_storage().data_ptr() == (
+        q_proj.weight.untyped_storage().data_ptr()
+    )
