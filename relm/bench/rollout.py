@@ -37,7 +37,7 @@ from relm.models.zoo import zoo_config
 from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.memory_budget import kv_bytes_per_token
-from relm.rollout.native_engine import NativeRolloutEngine
+from relm.rollout.native_engine import COMPILE_MODES, NativeRolloutEngine
 
 ENGINES = ("native", "hf")
 TABLE_HEADER = (
@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--compile-mode",
-        help="native: torch.compile mode of the compiled pieces, e.g. max-autotune-no-cudagraphs",
+        choices=[mode for mode in COMPILE_MODES if mode],
+        help="native: torch.compile mode of the compiled pieces",
     )
     parser.add_argument(
         "--no-fused-projections",
@@ -136,14 +137,16 @@ def _run(args: argparse.Namespace) -> int:
         if isinstance(engine, NativeRolloutEngine):
             # With waves the engine's last call may be a smaller remainder: the calls' size instead.
             row["slots"] = (
-                min(args.max_num_seqs, args.batch) if args.waves else int(engine.last_stats["slots"])
+                min(args.max_num_seqs, args.batch)
+                if args.waves
+                else int(engine.last_stats.get("slots", args.batch))
             )
             row["cuda_graphs"] = engine.graphs is not None and engine.graphs.disabled_reason is None
             row["graphs_disabled_reason"] = engine.graphs.disabled_reason if engine.graphs else None
             row["fallback_reason"] = engine.fallback_reason
             row["fused_projections"] = len(engine.projections.groups)
             row["compile_mode"] = args.compile_mode
-            row["prefill_s"] = engine.last_stats["prefill_s"]
+            row["prefill_s"] = engine.last_stats.get("prefill_s")
             engine.release_memory()
         rows.append(row)
         del engine
@@ -223,7 +226,9 @@ def measure_engine(
         outputs = []
         for wave in waves:
             outputs.append(engine.generate(wave, _params(max_new_tokens, eos)))
-            decode_steps.append(engine.last_stats["decode_steps"] if native else float("nan"))
+            decode_steps.append(
+                engine.last_stats.get("decode_steps", float("nan")) if native else float("nan")
+            )
         return outputs
 
     for _ in range(warmup):

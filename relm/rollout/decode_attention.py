@@ -95,8 +95,12 @@ def decode_attention(
     num_splits = -(-num_tiles // tiles_per_split)  # no split left without a column
     split = num_splits > 1
     if split:
-        partial_out = torch.empty(batch * num_kv_heads, num_splits, group, value_dim, device=query.device)
-        partial_stats = torch.empty(batch * num_kv_heads, num_splits, 2, group, device=query.device)
+        partial_out = torch.empty(
+            batch * num_kv_heads, num_splits, group, value_dim, dtype=torch.float32, device=query.device
+        )
+        partial_stats = torch.empty(
+            batch * num_kv_heads, num_splits, 2, group, dtype=torch.float32, device=query.device
+        )
     else:
         partial_out = partial_stats = out  # not written: the kernel stores into `out` directly
     group_pad = max(16, 1 << (group - 1).bit_length())

@@ -9,16 +9,17 @@ per launch; vLLM and TensorRT-LLM store those weights fused for the same reason.
 relm keeps the HF module (its names are what weight syncing and checkpoints speak), so the fusion is
 done in storage: each group's weights are copied into one buffer and every member's parameter is
 re-pointed at its rows (`.data` views), so in-place updates (`sync_weights`) keep writing where the
-fused product reads. While `applied()` is active, the first member called with an input computes the
+fused product reads. While `applied()` is active, the first member (q_proj, gate_proj) computes the
 whole group's product and hands the other members their columns when they are called with the same
 input; any other call computes its own product as before, so an architecture that calls its
 projections differently gets the same numbers, just unfused.
 
 Only a model nobody trains is fused (every parameter frozen: the GPU generator copy). A trained
-model's parameters as views of one buffer would be saved as that whole buffer by `torch.save` and
-refused by safetensors. Nothing here holds the buffer between calls: `applied()` finds it again from
-the members' storage, so parking the generator in CPU memory (which replaces each parameter's `.data`)
-frees it, and the next `applied()` fuses the returned weights again.
+model's parameters are what its optimizer, sharding and checkpoints hold; re-pointing them at one
+shared buffer would change their storage under all of those. Nothing here holds the buffer between
+calls: `applied()` finds it again from the members' storage, so parking the generator in CPU memory
+(which replaces each parameter's `.data`) frees it, and the next `applied()` fuses the returned
+weights again.
 """
 
 from __future__ import annotations
@@ -67,21 +68,25 @@ class ProjectionGroup:
         return True
 
     def member_forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        """Member `index`'s output for `x`: its columns of the group's product when a sibling was just
-        called with this same input, else the group's product now (the siblings' columns kept)."""
-        if self._input is x:
+        """Member `index`'s output for `x`.
+
+        The first member (q_proj, gate_proj) computes the whole group's product and keeps the others'
+        columns for `x`; a later member called with that same input takes its columns. Any other call
+        (a member on another input, as cross-attention calls k/v on the encoder's states) computes its
+        own product only, so an architecture that does not follow the pattern pays nothing extra.
+        """
+        if self._input is x and self._pending[index] is not None:
             out = self._pending[index]
-            if out is None:
-                # The same member twice on one input: not the pattern fusion is for; compute it alone.
-                linear = self.linears[index]
-                return F.linear(x, linear.weight, linear.bias)
-        else:
+        elif index == 0:
             product = F.linear(x, self.weight, self.bias)
             self._pending = list(product.split(self.sizes, dim=-1))
             self._input = x
-            out = self._pending[index]
+            out = self._pending[0]
+        else:
+            linear = self.linears[index]
+            return F.linear(x, linear.weight, linear.bias)
         self._pending[index] = None
-        if all(p is None for p in self._pending):
+        if all(p is None for p in self._pending[1:]):
             self._input = None  # every member served: hold no activations between calls
         return out
 
@@ -98,13 +103,13 @@ class FusedProjections:
     """The projection groups of a frozen model, switched in around generation.
 
     Args:
-        model: the engine's model; nothing is fused when any parameter requires grad.
+        model: the engine's model; nothing is fused while any parameter requires grad.
         enabled: False fuses nothing (for comparisons).
     """
 
     def __init__(self, model: nn.Module, enabled: bool = True) -> None:
-        frozen = not any(p.requires_grad for p in model.parameters())
-        self.groups = find_groups(model) if enabled and frozen else []
+        self.model = model
+        self.groups = find_groups(model) if enabled and _frozen(model) else []
 
     @property
     def active(self) -> bool:
@@ -113,29 +118,45 @@ class FusedProjections:
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
         """Fuse (or re-fuse) the weights and route the members' calls through their groups."""
-        for group in self.groups:
-            group.ensure_fused()
-            group.reset()
-            for index, linear in enumerate(group.linears):
-                linear.forward = _bound(group, index)
+        # Checked per call too: a model frozen when the engine was built may be trained since.
+        groups = self.groups if _frozen(self.model) else []
         try:
+            for group in groups:
+                group.ensure_fused()
+                group.reset()
+                for index, linear in enumerate(group.linears):
+                    linear.forward = _bound(group, index)
             yield
         finally:
-            for group in self.groups:
+            # Also after a failure half-way through the set-up (out of memory re-fusing after parking).
+            for group in groups:
                 group.release()
                 for linear in group.linears:
-                    del linear.forward  # the class's own forward again
+                    linear.__dict__.pop("forward", None)  # the class's own forward again
 
 
 def find_groups(model: nn.Module) -> list[ProjectionGroup]:
-    """Every module's `GROUPS` whose members are plain linears over the same input size and dtype."""
+    """Every module's `GROUPS` whose members are distinct plain linears over one input size and dtype,
+    none of them shared with another group (a shared weight cannot be a view of two buffers)."""
     groups = []
+    claimed: set[int] = set()
     for module in model.modules():
         for names in GROUPS:
             linears = [getattr(module, name, None) for name in names]
-            if all(_fusable(linear, linears[0]) for linear in linears):
-                groups.append(ProjectionGroup(linears))
+            if not all(_fusable(linear, linears[0]) for linear in linears):
+                continue
+            tensors = {
+                id(t) for linear in linears for t in (linear, linear.weight, linear.bias) if t is not None
+            }
+            if len(tensors) < len(linears) * (2 + (linears[0].bias is not None)) or tensors & claimed:
+                continue
+            claimed |= tensors
+            groups.append(ProjectionGroup(linears))
     return groups
+
+
+def _frozen(model: nn.Module) -> bool:
+    return not any(p.requires_grad for p in model.parameters())
 
 
 def _fusable(linear: object, first: object) -> bool:
@@ -146,9 +167,20 @@ def _fusable(linear: object, first: object) -> bool:
         and linear.weight.dtype == first.weight.dtype
         and linear.weight.device == first.weight.device
         and (linear.bias is None) == (first.bias is None)
+        and (
+            linear.bias is None
+            or (linear.bias.dtype == first.weight.dtype and linear.bias.device == first.weight.device)
+        )
     )
-    # Hooks (adapters, quantization observers) expect their own module's product.
-    return same and not linear._forward_hooks and not linear._forward_pre_hooks
+    # Hooks and forwards set on the instance (adapters, quantization observers, accelerate's
+    # offloading) expect their own module's product.
+    own_code = (
+        linear._forward_hooks
+        or linear._forward_pre_hooks
+        or "forward" in vars(linear)
+        or hasattr(linear, "_hf_hook")
+    )
+    return same and not own_code
 
 
 def _adjacent_view(tensors: list[torch.Tensor]) -> torch.Tensor | None:

@@ -56,6 +56,9 @@ from relm.rollout.slot_scheduler import SlotScheduler
 
 logger = logging.getLogger("relm")
 
+COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")
+"""torch.compile modes the compiled pieces may use: those that leave CUDA graphs to the engine."""
+
 
 class NativeRolloutEngine:
     """`RolloutEngine` over an HF causal LM with a preallocated cache, grouped attention and CUDA graphs.
@@ -106,6 +109,9 @@ class NativeRolloutEngine:
     ) -> None:
         if max_num_seqs is not None and max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if compile_mode not in COMPILE_MODES:
+            # The others capture CUDA graphs of their own, inside the engine's graph capture.
+            raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
         self.model = model
         self.pad_token_id = pad_token_id
         self.device = torch.device(device)

@@ -55,7 +55,7 @@ def test_only_frozen_models_are_fused_and_members_become_views():
         assert "forward" not in vars(getattr(attention, name))  # the class's forward is back
 
 
-def test_in_place_sync_reaches_the_fused_product_and_moved_weights_are_refused():
+def test_in_place_sync_reaches_the_fused_product_and_moved_weights_are_fused_again():
     model = zoo_model("tiny/llama").requires_grad_(False)
     fused = FusedProjections(model)
     mlp = model.model.layers[1].mlp
@@ -73,6 +73,62 @@ def test_in_place_sync_reaches_the_fused_product_and_moved_weights_are_refused()
         assert mlp.gate_proj.weight.data_ptr() == group.weight.data_ptr()
         got = mlp(x)
     assert torch.allclose(got, mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)), atol=1e-6)
+
+
+def linear_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Records (weight data_ptr, output features) of every F.linear call from now on."""
+    calls: list[tuple[int, int]] = []
+    original = torch.nn.functional.linear
+
+    def spy(x, weight, bias=None):
+        calls.append((weight.data_ptr(), weight.shape[0]))
+        return original(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", spy)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["tiny/qwen2", "tiny/gemma2"])
+def test_each_group_runs_one_product_per_forward(name, monkeypatch):
+    model = zoo_model(name).requires_grad_(False)
+    engine = native(model, eos=[])
+    calls = linear_calls(monkeypatch)
+    engine.generate(prompts_for(model, [5, 9]), greedy(max_new_tokens=4))
+    forwards = len([c for c in calls if c[1] == model.config.vocab_size])  # one output head each
+    assert forwards >= 4
+    for group in engine.projections.groups:
+        first = group.linears[0].weight.data_ptr()
+        assert calls.count((first, sum(group.sizes))) == forwards  # the group's one product
+        assert calls.count((first, group.sizes[0])) == 0  # never a member alone
+        for linear in group.linears[1:]:
+            assert calls.count((linear.weight.data_ptr(), linear.out_features)) == 0
+
+
+def test_setup_failure_leaves_no_patched_forward(monkeypatch):
+    model = zoo_model("tiny/qwen2").requires_grad_(False)
+    fused = FusedProjections(model)
+    last = fused.groups[-1]
+    monkeypatch.setattr(last, "ensure_fused", lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("no")))
+    with pytest.raises(torch.OutOfMemoryError), fused.applied():
+        pass
+    for group in fused.groups:
+        assert group.weight is None
+        assert all("forward" not in vars(linear) for linear in group.linears)
+
+
+def test_shared_hooked_or_since_trained_linears_are_not_fused():
+    model = zoo_model("tiny/qwen2").requires_grad_(False)
+    attention = model.model.layers[0].self_attn
+    attention.v_proj = attention.k_proj  # one module twice in a group
+    other = model.model.layers[1].self_attn
+    other.q_proj.forward = other.q_proj.forward  # a forward set on the instance (accelerate's hooks do)
+    groups = find_groups(model)
+    assert all(g.linears[0] not in (attention.q_proj, other.q_proj) for g in groups)
+    fused = FusedProjections(model)
+    assert fused.active
+    model.model.layers[1].mlp.up_proj.weight.requires_grad_(True)  # trained after the engine was built
+    with fused.applied():
+        assert all("forward" not in vars(g.linears[1]) for g in fused.groups)
 
 
 def test_a_member_called_on_another_input_computes_its_own_product():
@@ -166,3 +222,33 @@ def test_parking_frees_the_fused_buffers_and_the_next_call_fuses_again():
     assert engine.projections.groups[0].linears[1].weight.untyped_storage().data_ptr() == (
         q_proj.weight.untyped_storage().data_ptr()
     )
+
+
+def sdpa_causal_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Records is_causal of every sdpa call from now on."""
+    calls: list[bool] = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(bool(kwargs.get("is_causal", False)))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("name", "lengths", "causal"),
+    [
+        ("tiny/llama", [7, 7, 7], True),
+        ("tiny/llama", [7, 5, 7], False),  # left padding: the mask decides
+        ("tiny/gemma2", [7, 7, 7], False),  # soft-capped: sdpa has no soft-capping
+        ("tiny/mistral", [30, 30], False),  # a 16-column window inside the prompt
+        ("tiny/mistral", [9, 9], True),  # ... or not
+    ],
+)
+def test_prefill_takes_the_causal_path_only_where_it_is_exact(name, lengths, causal, monkeypatch):
+    model = zoo_model(name).requires_grad_(False)
+    calls = sdpa_causal_calls(monkeypatch)
+    native(model, eos=[]).generate(prompts_for(model, lengths), greedy(max_new_tokens=2))
+    assert calls.count(True) == (model.config.num_hidden_layers if causal else 0)
