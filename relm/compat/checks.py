@@ -178,7 +178,9 @@ def _load(
     if not tokenizer.chat_template:
         report.decisions.append("no chat template: prompts are plain text")
     dtype = pick_dtype(options.dtype, device)
-    model = load_causal_lm(folder, dtype=dtype, device=device, seed=options.seed)
+    # Frozen: the load and rollout checks never train it, and the native engine then generates with
+    # fused q/k/v and gate/up products, as with the trainer's GPU generator copy.
+    model = load_causal_lm(folder, dtype=dtype, device=device, seed=options.seed).requires_grad_(False)
     metrics["num_parameters"] = float(sum(p.numel() for p in model.parameters()))
     attn = getattr(model.config, "_attn_implementation", "?")
     capped = report.architecture is not None and report.architecture.attn_logit_softcapping
