@@ -58,15 +58,17 @@ class PreallocatedKVCache(Cache):
         self._mode: tuple[Any, ...] | None = None
         self._seen_columns = 0
 
-    def begin_prefill(self, targets: torch.Tensor, first_column: int = 0) -> None:
+    def begin_prefill(self, targets: torch.Tensor, first_column: int = 0, start_column: int = 0) -> None:
         """The next forward is a prefill of prompts [u, q] at columns `first_column .. + q - 1`;
         prompt i fills the rows `targets[i]` ([u, r] long, on the cache's device; a row may repeat).
 
-        With `first_column` > 0 (a later chunk of long prompts) attention reads the columns before
-        it from the rows `targets[:, 0]`, which earlier chunks filled.
+        Columns before `start_column` are left padding in every one of these prompts: never written,
+        never read. With `first_column` > `start_column` (a later chunk of long prompts) attention
+        reads columns `start_column .. first_column - 1` from the rows `targets[:, 0]`, which earlier
+        chunks filled.
         """
         # [r, u]: one contiguous index of rows per repeat, what index_copy_ and index_select take.
-        self._mode = ("prefill", targets.t().contiguous(), first_column)
+        self._mode = ("prefill", targets.t().contiguous(), first_column, start_column)
         self._seen_columns = first_column
 
     def begin_decode(self, num_rows: int, kv_length: int, per_row: bool = False) -> None:
@@ -95,16 +97,17 @@ class PreallocatedKVCache(Cache):
         if self._mode is None:
             raise RuntimeError("PreallocatedKVCache.update outside begin_prefill/begin_decode")
         if self._mode[0] == "prefill":
-            _, repeats, first_column = self._mode
+            _, repeats, first_column, start_column = self._mode
             end = first_column + key_states.shape[2]
             self._write_prefill(layer_idx, key_states, value_states, repeats, first_column)
             self._seen_columns = end
-            if first_column == 0:
+            if first_column == start_column:
                 # A first chunk attends within itself only, so it reads the fresh states.
                 return key_states, value_states
             rows = repeats[0]
             keys, values = self.key_buffers[layer_idx], self.value_buffers[layer_idx]
-            return keys[:, :, :end].index_select(0, rows), values[:, :, :end].index_select(0, rows)
+            columns = slice(start_column, end)
+            return keys[:, :, columns].index_select(0, rows), values[:, :, columns].index_select(0, rows)
         _, num_rows, kv_length, per_row = self._mode
         keys, values = self.key_buffers[layer_idx], self.value_buffers[layer_idx]
         # Writes through a device index keep the write position out of the captured graph's

@@ -302,11 +302,17 @@ class NativeRolloutEngine:
         return output, prefill_done, decode_steps, scheduler.num_admissions - 1
 
     def _prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, targets: torch.Tensor) -> None:
-        """Run prompts [u, P] through the model, in chunks of at most `max_prefill_tokens` tokens (rows,
-        then columns for prompts longer than that); write prompt i's states and first logits into
-        the rows `targets[i]` ([u, r]) of the cache and of `logits`."""
+        """Run prompts [u, P] through the model and write prompt i's states and first logits into the rows
+        `targets[i]` ([u, r]) of the cache and of `logits`.
+
+        Prompts go through in forwards of at most `max_prefill_tokens` tokens, grouped by length
+        (`prefill_chunks`): a forward covers only the columns its longest prompt uses, so the left
+        padding that a batch of varied lengths carries is mostly not computed, and a forward of
+        equal-length prompts has none and attends through the plain causal path. A prompt longer than
+        the budget goes in chunks of columns.
+        """
         buffers = self._buffers
-        num_prompts, prompt_width = prompt_ids.shape
+        prompt_width = prompt_ids.shape[1]
         valid = prompt_mask.bool()  # [u, P]
         positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
         causal = torch.ones(prompt_width, prompt_width, dtype=torch.bool, device=self.device).tril()
@@ -314,26 +320,34 @@ class NativeRolloutEngine:
         # in softmax), and its own column is the last one it attends, as native_attention assumes.
         own = torch.eye(prompt_width, dtype=torch.bool, device=self.device)
         logits_kwargs = {"logits_to_keep": 1} if _accepts_logits_to_keep(self.model) else {}
-        rows_per_chunk = max(1, self.max_prefill_tokens // prompt_width)
         columns_per_chunk = min(prompt_width, self.max_prefill_tokens)
-        for start in range(0, num_prompts, rows_per_chunk):
-            rows = slice(start, min(start + rows_per_chunk, num_prompts))
-            for first in range(0, prompt_width, columns_per_chunk):
+        lengths = valid.sum(dim=1).tolist()  # one host sync a prefill
+        for rows, start in prefill_chunks(lengths, prompt_width, self.max_prefill_tokens):
+            index = torch.tensor(rows, device=self.device)
+            ids, mask_rows, pos, row_targets = (
+                prompt_ids[index],
+                valid[index],
+                positions[index],
+                targets[index],
+            )
+            for first in range(start, prompt_width, columns_per_chunk):
                 end = min(first + columns_per_chunk, prompt_width)
-                # [u, 1, q, end]: queries first..end-1 over every column up to theirs
-                mask = (valid[rows, None, None, :end] & causal[first:end, :end]) | own[first:end, :end]
-                buffers.cache.begin_prefill(targets[rows], first)
-                unpadded = {CAUSAL_PREFILL: True} if first == 0 and bool(valid[rows, :end].all()) else {}
+                # [u, 1, q, end - start]: queries first..end-1 over columns start..end-1, up to theirs
+                mask = (mask_rows[:, None, None, start:end] & causal[first:end, start:end]) | own[
+                    first:end, start:end
+                ]
+                buffers.cache.begin_prefill(row_targets, first, start)
+                unpadded = first == start and bool(mask_rows[:, start:end].all())
                 logits = self.model(
-                    input_ids=prompt_ids[rows, first:end],
+                    input_ids=ids[:, first:end],
                     attention_mask=mask,
-                    position_ids=positions[rows, first:end],
+                    position_ids=pos[:, first:end],
                     past_key_values=buffers.cache,
                     use_cache=True,
                     **logits_kwargs,
-                    **unpadded,
+                    **({CAUSAL_PREFILL: True} if unpadded else {}),
                 ).logits[:, -1]  # [u, V]
-            self._store_logits(logits, targets[rows])
+            self._store_logits(logits, row_targets)
 
     def _store_logits(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
         """Write first-token logits [u, V] into the rows `targets` [u, r] of the logits buffer."""
@@ -457,6 +471,28 @@ def _native_blocker(model: nn.Module) -> str | None:
         return f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface"
     register_native_attention()
     return None
+
+
+def prefill_chunks(lengths: list[int], width: int, budget: int) -> list[tuple[list[int], int]]:
+    """Prompts (by index) grouped into prefill forwards of at most `budget` tokens, longest first.
+
+    Prompts are left-padded to `width` columns; a forward over prompts of at most L tokens needs only
+    the last L columns, so each group comes with its first column, width - L. Sorting by length puts
+    prompts of similar length together (less padding computed) and equal lengths together (none).
+    A prompt longer than the budget is a group of its own, chunked by columns by the caller.
+
+    Returns:
+        [(prompt indices, first column)] covering every index once.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    chunks: list[tuple[list[int], int]] = []
+    at = 0
+    while at < len(order):
+        longest = max(1, lengths[order[at]])
+        count = max(1, min(budget // longest, len(order) - at))
+        chunks.append((order[at : at + count], width - longest))
+        at += count
+    return chunks
 
 
 @contextlib.contextmanager

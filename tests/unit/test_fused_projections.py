@@ -12,7 +12,7 @@ from torch import nn
 
 from relm.rollout.base import SamplingParams
 from relm.rollout.fused_projections import FusedProjections, find_groups
-from relm.rollout.native_engine import NativeRolloutEngine
+from relm.rollout.native_engine import NativeRolloutEngine, prefill_chunks
 from tests.unit.test_native_engine import (
     ARCHITECTURES,
     greedy,
@@ -252,3 +252,36 @@ def test_prefill_takes_the_causal_path_only_where_it_is_exact(name, lengths, cau
     calls = sdpa_causal_calls(monkeypatch)
     native(model, eos=[]).generate(prompts_for(model, lengths), greedy(max_new_tokens=2))
     assert calls.count(True) == (model.config.num_hidden_layers if causal else 0)
+
+
+def test_prefill_chunks_group_prompts_by_length_within_the_budget():
+    # Lengths 3, 8, 5, 8, 2 left-padded to 8 columns, 16 tokens a forward: the two 8s (16 tokens),
+    # then 5 and 3 (up to 3 prompts of 5 columns), then 2 alone.
+    assert prefill_chunks([3, 8, 5, 8, 2], width=8, budget=16) == [([1, 3], 0), ([2, 0, 4], 3)]
+    assert prefill_chunks([3, 8, 5, 8, 2], width=8, budget=10) == [([1], 0), ([3], 0), ([2, 0], 3), ([4], 6)]
+    assert prefill_chunks([20, 4], width=20, budget=8) == [([0], 0), ([1], 16)]  # over budget: alone
+    assert prefill_chunks([], width=4, budget=8) == []
+
+
+@pytest.mark.parametrize("budget", [8, 15, 8192])
+def test_varied_prompts_prefill_only_the_columns_their_group_uses(budget, monkeypatch):
+    model = zoo_model("tiny/mistral").requires_grad_(False)  # a 16-column window: long prompts cross it
+    lengths = [5, 23, 2, 30, 5, 5]
+    seen_tokens = []
+    hook = model.model.embed_tokens.register_forward_hook(
+        lambda _, args, out: seen_tokens.append(args[0].numel())
+    )
+    calls = sdpa_causal_calls(monkeypatch)
+    prompts, params = prompts_for(model, lengths), greedy(n=2, max_new_tokens=10)
+    ours = native(model, eos=[], max_prefill_tokens=budget).generate(prompts, params)
+    hook.remove()
+    theirs = reference(model, eos=[]).generate(prompts, params)
+    assert torch.equal(ours.response_ids, theirs.response_ids)
+    torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-5, rtol=0)
+    prefill_tokens = sum(seen_tokens[: len(seen_tokens) - (params.max_new_tokens - 1)])
+    chunks = prefill_chunks(lengths, 30, budget)
+    assert prefill_tokens == sum(len(rows) * (30 - start) for rows, start in chunks)
+    if budget == 8:  # every prompt in a forward of its own: no padding computed at all
+        assert prefill_tokens == sum(lengths)
+    if budget == 15:  # the three 5-token prompts share a forward with no padding: causal path
+        assert ([0, 4, 5], 25) in chunks and calls.count(True) >= model.config.num_hidden_layers
