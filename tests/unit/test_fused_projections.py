@@ -285,3 +285,15 @@ def test_varied_prompts_prefill_only_the_columns_their_group_uses(budget, monkey
         assert prefill_tokens == sum(lengths)
     if budget == 15:  # the three 5-token prompts share a forward with no padding: causal path
         assert ([0, 4, 5], 25) in chunks and calls.count(True) >= model.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_length_grouped_prefill_keeps_every_architectures_tokens(name):
+    # A 12-token budget over prompts of 5, 23, 2 and 30 tokens: every forward starts past some left
+    # padding, the long prompts go in column chunks that read earlier chunks from the cache.
+    model = zoo_model(name).requires_grad_(False)
+    prompts, params = prompts_for(model), greedy(n=2, max_new_tokens=12)
+    ours = native(model, eos=[], max_prefill_tokens=12).generate(prompts, params)
+    theirs = reference(model, eos=[]).generate(prompts, params)
+    assert torch.equal(ours.response_ids, theirs.response_ids)
+    torch.testing.assert_close(ours.logprobs, theirs.logprobs, atol=1e-5, rtol=0)
