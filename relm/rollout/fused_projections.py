@@ -46,8 +46,8 @@ class ProjectionGroup:
         self._input: torch.Tensor | None = None
         self._pending: list[torch.Tensor | None] = []
 
-    def ensure_fused(self) -> bool:
-        """Make the members' weights views of one buffer (again, if something moved them); True if it had to.
+    def ensure_fused(self) -> None:
+        """Make the members' weights views of one buffer (again, if something moved them).
 
         The buffer is found again from the members' storage on every call rather than kept: a reference
         held between calls would keep it on the GPU after parking has moved the members to CPU memory.
@@ -56,7 +56,7 @@ class ProjectionGroup:
         has_bias = self.linears[0].bias is not None
         self.bias = _adjacent_view([linear.bias for linear in self.linears]) if has_bias else None
         if self.weight is not None and (self.bias is not None or not has_bias):
-            return False
+            return
         self.weight = _concatenate([linear.weight for linear in self.linears])
         self.bias = _concatenate([linear.bias for linear in self.linears]) if has_bias else None
         start = 0
@@ -65,7 +65,6 @@ class ProjectionGroup:
             if self.bias is not None:
                 linear.bias.data = self.bias[start : start + size]
             start += size
-        return True
 
     def member_forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Member `index`'s output for `x`.

@@ -27,8 +27,8 @@ NATIVE_ATTENTION = "relm_native"
 """The name the engine sets as the model's attention implementation during generation."""
 
 CAUSAL_PREFILL = "relm_causal_prefill"
-"""Keyword the engine passes through the model's forward when a prefill chunk has no padding and
-starts at column 0, so its boolean mask is the plain causal one."""
+"""Keyword the engine passes through the model's forward when a prefill forward's prompts have no
+padding in its columns and it is their first chunk, so its boolean mask is the plain causal one."""
 
 # Keyword arguments that change the attention's math in ways this function does not implement
 # (attention sinks, relative position biases, sparse or packed layouts). Seeing one means the
@@ -91,7 +91,7 @@ def native_attention(
         )
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if kwargs.get(CAUSAL_PREFILL) and _plain_causal(query, key, sliding_window, softcap):
-        # Unpadded prompts from column 0: the mask is exactly causal, so sdpa may take its flash
+        # Unpadded prompts, first chunk: the mask is exactly causal, so sdpa may take its flash
         # kernel (grouped-query aware, no mask read, no KV copy) instead of a masked one.
         out = F.scaled_dot_product_attention(
             query, key, value, is_causal=True, scale=scaling, enable_gqa=True
