@@ -121,16 +121,21 @@ class Accumulation:
     each micro-batch's loss, saying whether it is the mini-batch's last, and `acc.end_minibatch()`
     after the last one, before clipping and stepping. For a model that is not FSDP, `backward` is
     `loss.backward()` and the rest does nothing.
+
+    With `world_size` ranks each loss is multiplied by it before backward: the losses are normalised
+    by the global mini-batch's counts, so the global gradient is the ranks' sum, while FSDP's
+    reduction averages them.
     """
 
-    def __init__(self, model: nn.Module, choice: GatherChoice) -> None:
+    def __init__(self, model: nn.Module, choice: GatherChoice, world_size: int = 1) -> None:
         self.model = model
         self.choice = choice
+        self.world_size = world_size
         self._units = fsdp_units(model) if choice != NO_CHANGE else []
 
     @classmethod
-    def planned(cls, model: nn.Module, device: torch.device) -> Accumulation:
-        return cls(model, choose_for_update(model, device))
+    def planned(cls, model: nn.Module, device: torch.device, world_size: int = 1) -> Accumulation:
+        return cls(model, choose_for_update(model, device), world_size)
 
     def __enter__(self) -> Accumulation:
         if self.choice.keep_gathered:
@@ -141,6 +146,8 @@ class Accumulation:
         """Backpropagate one micro-batch's loss; gradients are reduced over ranks only when `last`."""
         if self.choice.defer_grad_sync:
             self.model.set_requires_gradient_sync(last)
+        if self.world_size > 1:
+            loss = loss * self.world_size
         loss.backward()
 
     def end_minibatch(self) -> None:

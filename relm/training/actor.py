@@ -47,7 +47,7 @@ def update_actor(
         assert batch.ref_logprobs is not None, "use_kl_loss needs reference logprobs"
     accumulate = functools.partial(
         _accumulate_minibatch, model=model, batch=batch, cfg=cfg, temperature=temperature,
-        device=device, remove_padding=remove_padding, dist=dist,
+        device=device, remove_padding=remove_padding,
     )  # fmt: skip
     return run_update(
         model, optimizer, scheduler, batch, accumulate, name="actor", num_epochs=cfg.ppo_epochs,
@@ -69,7 +69,6 @@ def _accumulate_minibatch(
     temperature: float,
     device: torch.device,
     remove_padding: bool,
-    dist: DistContext | None,
 ) -> list[dict]:
     """Forward and backward of one mini-batch's micro-batches (`scale` normalises their losses); their metrics."""
     collected = []
@@ -108,9 +107,6 @@ def _accumulate_minibatch(
             kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, scale)
             loss = loss + cfg.kl_loss_coef * kl_loss
             micro_metrics.update(kl_loss=kl_loss.detach(), kl_coef=cfg.kl_loss_coef)
-        if dist is not None and dist.is_distributed:
-            # FSDP averages the ranks' gradients; the global gradient is their sum.
-            loss = loss * dist.world_size
         accumulation.backward(loss, last=index == len(micros) - 1)
         collected.append(micro_metrics)
     return collected

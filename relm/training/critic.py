@@ -42,7 +42,7 @@ def update_critic(
     assert batch.values is not None and batch.returns is not None
     accumulate = functools.partial(
         _accumulate_minibatch, value_model=value_model, batch=batch, cfg=cfg, device=device,
-        remove_padding=remove_padding, dist=dist,
+        remove_padding=remove_padding,
     )  # fmt: skip
     return run_update(
         value_model, optimizer, scheduler, batch, accumulate, name="critic",
@@ -63,7 +63,6 @@ def _accumulate_minibatch(
     cfg: CriticConfig,
     device: torch.device,
     remove_padding: bool,
-    dist: DistContext | None,
 ) -> list[dict]:
     """Forward and backward of one mini-batch's micro-batches (`scale` normalises their losses); their metrics."""
     agg_mode = cfg.loss_agg_mode or "token-mean"
@@ -87,9 +86,7 @@ def _accumulate_minibatch(
             loss_agg_mode=agg_mode,
             agg_scale=scale,
         )
-        # FSDP averages the ranks' gradients; the global gradient is their sum.
-        ranks = dist.world_size if dist is not None and dist.is_distributed else 1
-        accumulation.backward(vf_loss * ranks, last=index == len(micros) - 1)
+        accumulation.backward(vf_loss, last=index == len(micros) - 1)
         vpred = masked_mean(values.detach(), mb.response_mask)
         collected.append({"vf_loss": vf_loss.detach(), "vpred_mean": vpred, **vf_metrics})
     return collected

@@ -76,7 +76,8 @@ def run_update(
         size.largest_rows = max(len(micro) for micro in micros)
         return accumulate(micros, scale, accumulation)
 
-    with Accumulation.planned(model, device) as accumulation:
+    world_size = 1 if single_process else dist.world_size
+    with Accumulation.planned(model, device, world_size) as accumulation:
         for _ in range(num_epochs):
             for mini in minibatch_indices(
                 len(batch), rows_per_minibatch, shuffle=shuffle, generator=generator
