@@ -25,7 +25,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from relm.rollout.decode_attention import (
+from relm.rollout.native.decode_attention import (
     KernelConfig,
     decode_attention,
     default_config,

@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from relm.bench.rollout import build_random_model
 from relm.rollout.base import SamplingParams
-from relm.rollout.native_engine import NativeRolloutEngine
+from relm.rollout.native.engine import NativeRolloutEngine
 from relm.rollout.sampling import sample_next_token
 
 

@@ -49,8 +49,8 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 from relm.config.schema import RelmConfig
 from relm.errors import UserError
 from relm.models.loading import load_causal_lm
+from relm.models.precision import pick_precision
 from relm.rewards.registry import default_compute_score
-from relm.training.precision import pick_precision
 
 WARMUP_RESPONSE_LEN = 8
 """Response length of the warm-up trainer: a full-length TRL warm-up step would double the run."""

@@ -32,12 +32,12 @@ import transformers
 from torch import nn
 
 from relm.errors import UserError, run_guarded
+from relm.memory.rollout_budget import kv_bytes_per_token
 from relm.models.loading import pick_dtype
 from relm.models.zoo import zoo_config
 from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.memory_budget import kv_bytes_per_token
-from relm.rollout.native_engine import COMPILE_MODES, NativeRolloutEngine
+from relm.rollout.native.engine import COMPILE_MODES, NativeRolloutEngine
 
 ENGINES = ("native", "hf")
 TABLE_HEADER = (

@@ -57,7 +57,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
     """Random tokens with response lengths uniform in [response_len / 4, response_len]."""
-    from relm.training.batch import ExperienceBatch
+    from relm.learner.batch import ExperienceBatch
 
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(max(1, response_len // 4), response_len + 1, (rows,), generator=g)
@@ -80,13 +80,13 @@ def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, s
 def bench_update(argv: list[str]) -> int:
     args = parse_args(argv)
     from relm.config.schema import ActorConfig
+    from relm.learner.actor import update_actor
+    from relm.learner.optim import build_optimizer
     from relm.models.fused_layers import FusedLayers
     from relm.models.loading import load_causal_lm, resolve_model_dir
+    from relm.models.precision import pick_precision
     from relm.trainer.components import pick_device, use_varlen_attention
     from relm.trainer.flops import peak_flops, training_flops
-    from relm.training.actor import update_actor
-    from relm.training.optim import build_optimizer
-    from relm.training.precision import pick_precision
 
     if args.rows < 1 or args.response_len < 4 or args.prompt_len < 1:
         raise UserError("--rows, --prompt-len must be >= 1 and --response-len >= 4")

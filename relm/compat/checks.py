@@ -287,7 +287,7 @@ def _rollout_engine(
         )
         return VLLMRolloutEngine(model, folder, settings=settings, **common)
     if options.rollout == "native":
-        from relm.rollout.native_engine import NativeRolloutEngine
+        from relm.rollout.native.engine import NativeRolloutEngine
 
         return NativeRolloutEngine(model, seed=options.seed, **common)
     return HFRolloutEngine(model, seed=options.seed, **common)
@@ -300,10 +300,10 @@ def _update(
     from relm.config.loader import load_config
     from relm.config.validate import validate_config
     from relm.data.demo_task import write_demo_parquet
+    from relm.learner.compact_adamw import CompactAdamW
     from relm.models.zoo import default_cache_dir
     from relm.trainer.components import build_components
     from relm.trainer.ppo import ppo_step
-    from relm.training.compact_adamw import CompactAdamW
 
     train_file, _ = write_demo_parquet(default_cache_dir() / "demo")
     with tempfile.TemporaryDirectory(prefix="relm-compat-") as run_dir:

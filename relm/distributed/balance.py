@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from relm.algorithms.losses import AggScale
-from relm.training.minibatch import microbatch_indices
+from relm.learner.minibatch import microbatch_indices
 
 if TYPE_CHECKING:
     from relm.distributed.context import DistContext

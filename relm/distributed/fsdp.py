@@ -27,7 +27,7 @@ from torch import nn
 
 from relm.distributed.context import DistContext
 from relm.errors import UserError
-from relm.training.precision import Precision
+from relm.models.precision import Precision
 
 logger = logging.getLogger("relm")
 

@@ -12,7 +12,7 @@ sharded over; the copies replicate it over the rest (world size / fsdp_size of t
 - a divisor in between: copies of `fsdp_size` ranks each (HSDP), sharded within a copy and replicated
   across copies.
 - unset (relm's default): planned. When the memory plan of a single-GPU run of the same config
-  (`relm.training.memory_plan`) keeps every model on its GPU, each rank holds the whole model and
+  (`relm.memory.plan`) keeps every model on its GPU, each rank holds the whole model and
   runs that plan on its own rows (its gradient-checkpointing choice and token budgets); otherwise the
   model is sharded over all ranks, as verl does. On CPU there is no plan: sharded.
 
@@ -96,7 +96,7 @@ def decide_layout(
         value: the model's `fsdp_size` (None: unset).
         key: its config key, for messages.
         world_size: data-parallel ranks.
-        plan_fits: a single-GPU run keeps every model on one GPU (`relm.trainer.memory`).
+        plan_fits: a single-GPU run keeps every model on one GPU (`relm.memory.choices`).
         plan_reason: what the plan found, said in the start-up line.
     """
     check_fsdp_size(value, key=key, world_size=world_size)

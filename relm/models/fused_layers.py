@@ -159,7 +159,7 @@ def _find_targets(model: nn.Module) -> list[tuple[Any, str]]:
         targets.extend((modeling, name) for name in _FUNCTIONS if callable(getattr(modeling, name, None)))
     # The trainer's fp32 log-softmax/entropy over vocabulary chunks: eager, each of its lines is a
     # pass over [positions, vocab] fp32 values (152k columns for Qwen); compiled, about one.
-    from relm.training import forward
+    from relm.learner import forward
 
     targets.extend((forward, name) for name in _TRAINER_FUNCTIONS)
     return targets

@@ -8,12 +8,12 @@ import torch
 
 from relm.algorithms.filtering import groups_with_variance
 from relm.data.records import PromptBatch
+from relm.learner.batch import ExperienceBatch
 from relm.rewards.manager import RewardResult, place_on_last_token
 from relm.rewards.shaping import overlong_penalty
 from relm.rollout.base import SamplingParams
 from relm.trainer.components import RunComponents
 from relm.trainer.experience import build_experience
-from relm.training.batch import ExperienceBatch
 
 logger = logging.getLogger("relm")
 

@@ -24,8 +24,16 @@ from relm.data.loader import PromptLoader
 from relm.distributed.context import DistContext
 from relm.distributed.layout import Layout
 from relm.errors import UserError
+from relm.learner.varlen_attention import (
+    VARLEN_ATTENTION,
+    register_varlen_attention,
+    varlen_kernel_available,
+)
+from relm.memory.choices import MemoryChoices, build_residency, choose_memory, data_parallel_choices
+from relm.memory.offload import OffloadedOptimizerStates, Residency
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype
+from relm.models.precision import Precision
 from relm.models.tokenizer import load_tokenizer
 from relm.models.value_model import load_value_model
 from relm.models.zoo import default_cache_dir
@@ -33,16 +41,8 @@ from relm.rewards.custom import ComputeScore, resolve_compute_score
 from relm.rewards.manager import RewardManager
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.native_engine import NativeRolloutEngine
+from relm.rollout.native.engine import NativeRolloutEngine
 from relm.rollout.watchdog import WatchedEngine
-from relm.trainer.memory import MemoryChoices, build_residency, choose_memory, data_parallel_choices
-from relm.training.offload import OffloadedOptimizerStates, Residency
-from relm.training.precision import Precision
-from relm.training.varlen_attention import (
-    VARLEN_ATTENTION,
-    register_varlen_attention,
-    varlen_kernel_available,
-)
 
 logger = logging.getLogger("relm")
 
@@ -87,7 +87,7 @@ class RunComponents:
     fused: FusedLayers
     """Compiled norm/MLP/rotary pieces the training forwards run under (`actor.use_torch_compile`)."""
     memory: MemoryChoices
-    """Gradient checkpointing and micro-batch token budgets, planned on a GPU (`relm.trainer.memory`)."""
+    """Gradient checkpointing and micro-batch token budgets, planned on a GPU (`relm.memory.choices`)."""
     residency: Residency
     """Which models wait on the CPU outside their phases (none unless the plan parks them)."""
     actor_optimizer_offload: OffloadedOptimizerStates | None = None
@@ -172,7 +172,7 @@ def build_components(
     context of a torchrun process (`relm.distributed.context.init_distributed`): with it the models are
     sharded with FSDP2 and the engine generates this rank's share of each batch.
     """
-    from relm.training.optim import build_optimizer
+    from relm.learner.optim import build_optimizer
 
     arr = cfg.actor_rollout_ref
     dist = dist or DistContext()

@@ -24,10 +24,10 @@ from relm.config.schema import RelmConfig
 from relm.distributed.balance import partition_rows
 from relm.distributed.context import DistContext
 from relm.distributed.layout import FSDP_SIZE_KEYS, Layout, decide_layout, describe_layouts
-from relm.trainer.memory import data_parallel_plan
-from relm.training.batch import ExperienceBatch
-from relm.training.memory_plan import MemoryPlan
-from relm.training.minibatch import ADDITIVE_METRICS
+from relm.learner.batch import ExperienceBatch
+from relm.learner.minibatch import ADDITIVE_METRICS
+from relm.memory.choices import data_parallel_plan
+from relm.memory.plan import MemoryPlan
 
 if TYPE_CHECKING:
     from relm.trainer.components import RunComponents

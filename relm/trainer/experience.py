@@ -12,10 +12,10 @@ from relm.data.records import PromptBatch, left_pad
 from relm.distributed.balance import same_group_count
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import gathered_for_passes, passes_are_collective
+from relm.learner.batch import ExperienceBatch
+from relm.learner.forward import response_logprobs, response_values
+from relm.learner.minibatch import forward_token_counts, microbatch_indices
 from relm.rollout.base import GenerationOutput
-from relm.training.batch import ExperienceBatch
-from relm.training.forward import response_logprobs, response_values
-from relm.training.minibatch import forward_token_counts, microbatch_indices
 
 logger = logging.getLogger("relm")
 

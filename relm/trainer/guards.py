@@ -1,6 +1,6 @@
 """Run-level guards read from each step's metrics: diverged updates and degenerate response batches.
 
-One skipped update (a non-finite gradient norm; see `training/optim.py::clip_and_step`) is noise a run
+One skipped update (a non-finite gradient norm; see `learner/optim.py::clip_and_step`) is noise a run
 survives. Many steps in a row with skips mean the run has diverged: every further step only burns
 compute, so the run stops with one line naming the knob to turn.
 """

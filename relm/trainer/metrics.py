@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from relm.learner.batch import ExperienceBatch
 from relm.rollout.base import FINISH_LENGTH
-from relm.training.batch import ExperienceBatch
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:

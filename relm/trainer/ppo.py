@@ -21,6 +21,9 @@ from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
 from relm.data.records import PromptBatch
 from relm.errors import UserError
+from relm.learner.actor import update_actor
+from relm.learner.batch import ExperienceBatch
+from relm.learner.critic import update_critic
 from relm.rollout.watchdog import engine_stage
 from relm.trainer.checkpoint import (
     find_resume_checkpoint,
@@ -40,9 +43,6 @@ from relm.trainer.metrics import data_metrics, mean_of_lists, memory_metrics
 from relm.trainer.plot import CURVES_FILE, plot_curves
 from relm.trainer.signals import stop_on_signals
 from relm.trainer.validation import build_val_params, is_validation_step, make_val_dataset, run_validation
-from relm.training.actor import update_actor
-from relm.training.batch import ExperienceBatch
-from relm.training.critic import update_critic
 
 logger = logging.getLogger("relm")
 

@@ -47,7 +47,7 @@ def worker(rank: int, store: str, out: str) -> None:
     from relm.distributed.context import DistContext
     from relm.distributed.fsdp import full_tensor, shard_model
     from relm.distributed.gathering import Accumulation, GatherChoice, gathered_for_passes
-    from relm.training.precision import pick_precision
+    from relm.models.precision import pick_precision
     from tests.tiny_models import tiny_lm
 
     torch.set_num_threads(1)

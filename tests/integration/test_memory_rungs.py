@@ -17,8 +17,8 @@ import math
 
 import pytest
 
-from relm.trainer import memory
-from relm.training import memory_plan
+from relm.memory import choices as memory
+from relm.memory import plan as memory_plan
 
 pytestmark = pytest.mark.integration
 

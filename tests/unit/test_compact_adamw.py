@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relm.training import compact_adamw
-from relm.training.compact_adamw import CompactAdamW, stochastic_round_to_bf16
-from relm.training.offload import OffloadedOptimizerStates
+from relm.learner import compact_adamw
+from relm.learner.compact_adamw import CompactAdamW, stochastic_round_to_bf16
+from relm.memory.offload import OffloadedOptimizerStates
 from tests.tiny_models import tiny_lm
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

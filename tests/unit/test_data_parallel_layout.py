@@ -1,5 +1,5 @@
 """Which layout each model of a data-parallel run takes (`relm.distributed.layout`), what memory settings
-follow from it (`relm.trainer.memory`), and the single-process side of `relm.distributed.gathering`.
+follow from it (`relm.memory.choices`), and the single-process side of `relm.distributed.gathering`.
 
 The plan figures use test_memory_plan's made-up shape (1e9 parameters): a 100 GiB GPU keeps everything
 with checkpointing off and 65,536-token micro-batches, a 27 GiB GPU parks the reference, a 20 GiB GPU
@@ -17,9 +17,9 @@ from relm.config.validate import validate_config
 from relm.distributed.gathering import NO_CHANGE, Accumulation, choose_for_update, fits, gathered_for_passes
 from relm.distributed.layout import Layout, decide_layout, describe_layouts
 from relm.errors import UserError
-from relm.trainer.memory import data_parallel_choices, data_parallel_plan, whole_model_plan
-from relm.training.memory_plan import GIB, ModelShape, PlanRequest
-from relm.training.precision import pick_precision
+from relm.memory.choices import data_parallel_choices, data_parallel_plan, whole_model_plan
+from relm.memory.plan import GIB, ModelShape, PlanRequest
+from relm.models.precision import pick_precision
 from tests.tiny_models import tiny_lm
 
 SHAPE = ModelShape(
@@ -132,8 +132,8 @@ def test_a_plan_that_parks_or_does_not_fit_makes_the_run_shard():
 
 def test_a_data_parallel_run_plans_from_the_model_folders_config(monkeypatch):
     """The layout is decided before anything loads: the plan reads the shapes from the configs."""
+    from relm.memory import choices as memory
     from relm.models.loading import resolve_model_dir
-    from relm.trainer import memory
 
     folder = resolve_model_dir("zoo:tiny/qwen2")
     cfg = load_config(["algorithm.adv_estimator=gae"])
@@ -164,8 +164,8 @@ def test_gathering_budget_and_a_plain_model_left_alone():
 
 def test_a_sharded_run_accepts_fp32_moments_and_refuses_bf16_ones():
     """Sharded runs step with torch's AdamW: `moments_dtype=float32` asks for what runs anyway."""
+    from relm.memory.choices import choose_memory
     from relm.models.loading import resolve_model_dir
-    from relm.trainer.memory import choose_memory
 
     folder = resolve_model_dir("zoo:tiny/qwen2")
     key = "actor_rollout_ref.actor.optim.moments_dtype"

@@ -8,8 +8,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from relm.data.records import left_pad
+from relm.learner.forward import response_logprobs, response_values
 from relm.models.value_model import ValueModel
-from relm.training.forward import response_logprobs, response_values
 from tests.tiny_models import tiny_lm
 
 PAD = 0

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from relm.models.fused_layers import FusedLayers
 from relm.models.zoo import zoo_config
 from relm.rollout.base import SamplingParams
-from relm.rollout.native_engine import NativeRolloutEngine
+from relm.rollout.native.engine import NativeRolloutEngine
 from tests.tiny_models import tiny_lm
 
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
@@ -19,8 +19,8 @@ PROMPTS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
 def test_targets_are_norms_dense_mlps_rotary_and_the_trainers_vocabulary_chunks():
     fused = FusedLayers(tiny_lm(seed=0), enabled=True)
     assert fused.describe() == (
-        "Qwen2MLP.forward, Qwen2RMSNorm.forward, relm.training.forward._token_entropy, "
-        "relm.training.forward._token_logprobs, transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"
+        "Qwen2MLP.forward, Qwen2RMSNorm.forward, relm.learner.forward._token_entropy, "
+        "relm.learner.forward._token_logprobs, transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"
     )
 
 
@@ -84,7 +84,7 @@ def test_a_failing_compiler_falls_back_to_the_models_own_code():
 def test_compiled_training_forward_backward_matches_eager(remove_padding, checkpointing):
     """Training through the compiled pieces (norms, MLP, rotary and the checkpointed vocabulary chunks,
     recomputed in backward): same logprobs, entropy and gradients as eager (aot_eager keeps CPU fast)."""
-    from relm.training.forward import response_logprobs
+    from relm.learner.forward import response_logprobs
 
     ids = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7], [0, 0, 8, 9, 10, 11, 12, 0]])
     mask = (ids != 0).long()

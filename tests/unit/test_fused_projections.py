@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up products (`relm.rollout.fused_projections`) in a frozen generator copy.
+"""Fused q/k/v and gate/up products (`relm.rollout.native.fused_projections`) in a frozen generator copy.
 
 The fused product computes every output element from the same weights and inputs as the separate
 ones, so in fp32 the native engine's greedy tokens stay those of the HF engine on the unfused model.
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from relm.rollout.base import SamplingParams
-from relm.rollout.fused_projections import FusedProjections, find_groups
-from relm.rollout.native_engine import NativeRolloutEngine
+from relm.rollout.native.engine import NativeRolloutEngine
+from relm.rollout.native.fused_projections import FusedProjections, find_groups
 from tests.unit.test_native_engine import (
     ARCHITECTURES,
     greedy,
@@ -177,7 +177,7 @@ def test_gpu_fused_bf16_copy_graphs_equal_unfused_eager(name):
 
 
 def test_parking_frees_the_fused_buffers_and_the_next_call_fuses_again():
-    from relm.training.offload import ParkedModel
+    from relm.memory.offload import ParkedModel
 
     model = zoo_model("tiny/qwen2").requires_grad_(False)
     engine = native(model, eos=[])

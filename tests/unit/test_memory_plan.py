@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relm.training.memory_plan import GIB, ModelShape, PlanDoesNotFit, PlanRequest, Rung, plan_memory
+from relm.memory.plan import GIB, ModelShape, PlanDoesNotFit, PlanRequest, Rung, plan_memory
 
 SHAPE = ModelShape(
     num_params=10**9, num_layers=10, hidden_size=1000, intermediate_size=4000, vocab_size=10_000
@@ -247,8 +247,8 @@ def test_mixtral_8x7b_does_not_fit_one_h200():
 
 def test_cpu_runs_follow_the_users_settings_without_a_plan():
     from relm.config.loader import load_config
+    from relm.memory.choices import build_residency, choose_memory
     from relm.models.loading import resolve_model_dir
-    from relm.trainer.memory import build_residency, choose_memory
     from tests.tiny_models import tiny_lm
 
     cfg = load_config(["actor_rollout_ref.actor.use_dynamic_bsz=true"])
@@ -275,7 +275,7 @@ def test_cpu_runs_follow_the_users_settings_without_a_plan():
 def test_moment_dtype_keys_are_checked_before_anything_loads():
     from relm.config.loader import load_config
     from relm.errors import UserError
-    from relm.trainer.memory import choose_memory
+    from relm.memory.choices import choose_memory
 
     cfg = load_config(["critic.optim.moments_dtype=float16"])
     with pytest.raises(UserError, match="`critic.optim.moments_dtype=float16`: choose float32 or bfloat16"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from relm.training.minibatch import forward_token_counts, microbatch_indices, token_budget_bins
+from relm.learner.minibatch import forward_token_counts, microbatch_indices, token_budget_bins
 
 
 def test_token_budget_bins_first_fit_decreasing_by_hand():

@@ -16,19 +16,19 @@ from transformers import AutoModelForCausalLM, GptOssConfig, PreTrainedModel, Qw
 
 from relm.data.records import left_pad
 from relm.errors import UserError
-from relm.models.loading import load_causal_lm
-from relm.models.zoo import ZOO, materialize_zoo
-from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, SamplingParams
-from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.memory_budget import (
+from relm.learner.forward import response_logprobs
+from relm.memory.rollout_budget import (
     bytes_per_row,
     check_rollout_memory,
     kv_bytes_per_token,
     rows_within_budget,
 )
-from relm.rollout.native_attention import grouped_attention, restrict_to_window
-from relm.rollout.native_engine import NativeRolloutEngine
-from relm.training.forward import response_logprobs
+from relm.models.loading import load_causal_lm
+from relm.models.zoo import ZOO, materialize_zoo
+from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, SamplingParams
+from relm.rollout.hf_engine import HFRolloutEngine
+from relm.rollout.native.attention import grouped_attention, restrict_to_window
+from relm.rollout.native.engine import NativeRolloutEngine
 
 # Lengths around the tiny zoo's sliding window (16): the 30-token prompt and 20 new tokens make the
 # window cut in both prefill and decode; the 2-token prompt gives 28 columns of left padding.

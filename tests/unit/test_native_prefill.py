@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relm.rollout.native_engine import prefill_chunks
+from relm.rollout.native.engine import prefill_chunks
 from tests.unit.test_native_engine import ARCHITECTURES, greedy, native, prompts_for, reference, zoo_model
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relm.training.offload import PHASE_NEEDS, OffloadedOptimizerStates, ParkedModel, Residency
+from relm.memory.offload import PHASE_NEEDS, OffloadedOptimizerStates, ParkedModel, Residency
 from tests.tiny_models import tiny_lm
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -82,7 +82,7 @@ def test_chunked_offloaded_adamw_steps_exactly_like_adamw():
 def test_host_buffers_fill_power_of_two_slabs_instead_of_rounding_each_tensor(
     monkeypatch: pytest.MonkeyPatch,
 ):
-    from relm.training.offload import HostBuffers
+    from relm.memory.offload import HostBuffers
 
     monkeypatch.setattr(HostBuffers, "SLAB_BYTES", 1 << 20)
     buffers = HostBuffers()

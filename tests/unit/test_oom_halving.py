@@ -54,7 +54,7 @@ def test_an_update_that_runs_out_of_memory_is_redone_with_smaller_micro_batches(
     """The mini-batch is redone from zero gradients with half-size micro-batches: the step equals a run
     that used the smaller size from the start, and the smaller size is returned to be kept."""
     from relm.config.schema import ActorConfig
-    from relm.training.actor import update_actor
+    from relm.learner.actor import update_actor
     from tests.unit.test_update_accumulation import batch_with_uneven_lengths, sgd, tiny_lm
 
     cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, use_kl_loss=True, grad_clip=1e9)
@@ -87,7 +87,7 @@ def test_an_update_that_runs_out_of_memory_is_redone_with_smaller_micro_batches(
 
 def test_an_update_whose_single_row_does_not_fit_raises():
     from relm.config.schema import ActorConfig
-    from relm.training.actor import update_actor
+    from relm.learner.actor import update_actor
     from tests.unit.test_update_accumulation import batch_with_uneven_lengths, sgd, tiny_lm
 
     model = tiny_lm()

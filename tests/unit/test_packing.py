@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relm.learner.forward import response_logprobs, response_values
+from relm.learner.packing import pack
+from relm.learner.varlen_attention import VARLEN_ATTENTION, register_varlen_attention
 from relm.models.loading import load_causal_lm, resolve_model_dir
 from relm.models.value_model import ValueModel
 from relm.models.zoo import ZOO
-from relm.training.forward import response_logprobs, response_values
-from relm.training.packing import pack
-from relm.training.varlen_attention import VARLEN_ATTENTION, register_varlen_attention
 
 TINY = sorted(name for name in ZOO if name.startswith("tiny/") and name != "tiny/starling")
 # tiny/starling is tiny/mistral under an unregistered architecture name; the registry test covers it.

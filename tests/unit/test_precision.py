@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from relm.training.precision import Precision, pick_precision
+from relm.models.precision import Precision, pick_precision
 
 
 def test_auto_keeps_fp32_master_weights_and_computes_in_bf16_on_cuda_only():
@@ -42,7 +42,7 @@ def test_a_step_inside_one_autocast_context_is_seen_by_the_next_forward():
     """The trainer runs a whole step (several mini-batches) in one autocast context; autocast caches
     its casts of the weights, so `clip_and_step` must drop them or the next mini-batch computes with
     the weights from before the update."""
-    from relm.training.optim import clip_and_step
+    from relm.learner.optim import clip_and_step
 
     torch.manual_seed(0)
     layer = torch.nn.Linear(16, 16)

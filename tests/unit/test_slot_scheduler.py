@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relm.rollout.slot_scheduler import SlotScheduler
+from relm.rollout.native.slot_scheduler import SlotScheduler
 
 
 def test_three_slots_six_rows_by_hand():

@@ -7,10 +7,10 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from relm.config.schema import ActorConfig, CriticConfig
+from relm.learner.actor import update_actor
+from relm.learner.batch import ExperienceBatch
+from relm.learner.critic import update_critic
 from relm.models.value_model import ValueModel
-from relm.training.actor import update_actor
-from relm.training.batch import ExperienceBatch
-from relm.training.critic import update_critic
 
 AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relm.models.loading import load_causal_lm, resolve_model_dir
-from relm.training.forward import response_logprobs
-from relm.training.varlen_attention import (
+from relm.learner.forward import response_logprobs
+from relm.learner.varlen_attention import (
     VARLEN_ATTENTION,
     register_varlen_attention,
     varlen_kernel_available,
 )
+from relm.models.loading import load_causal_lm, resolve_model_dir
 from tests.unit.test_packing import padded_batch
 
 pytestmark = [

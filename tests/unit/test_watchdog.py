@@ -17,7 +17,7 @@ from torch import nn
 
 from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.native_engine import NativeRolloutEngine
+from relm.rollout.native.engine import NativeRolloutEngine
 from relm.rollout.watchdog import RolloutStalled, WatchedEngine, engine_stage
 from tests.tiny_models import tiny_lm
 

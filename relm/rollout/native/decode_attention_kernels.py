@@ -1,4 +1,4 @@
-"""Triton kernels of the grouped-query decode attention (`relm.rollout.decode_attention` launches them).
+"""Triton kernels of the grouped-query decode attention (`relm.rollout.native.decode_attention` launches them).
 
 Kept apart from the launcher because defining a `triton.jit` function imports Triton: this module
 is imported only once a CUDA decode step (or a test through Triton's interpreter) asks for it, so

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from relm.config.schema import OptimConfig
-from relm.training.compact_adamw import CompactAdamW
+from relm.learner.compact_adamw import CompactAdamW
 
 
 def num_warmup_steps(cfg: OptimConfig, total_steps: int) -> int:

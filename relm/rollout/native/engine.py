@@ -4,17 +4,17 @@ The model stays the HF module (usually the actor's own, colocated), so every arc
 transformers runs keeps its exact math: soft-capping, sliding windows, MoE routing, q/k norms.
 What changes while it generates:
 
-- attention goes through `relm.rollout.native_attention` (grouped-query products that read each KV
+- attention goes through `relm.rollout.native.attention` (grouped-query products that read each KV
   head once, instead of HF's per-layer copy of the KV heads);
 - the KV cache is preallocated (`PreallocatedKVCache`), and the `n` samples of a prompt share one
   prefill: unique prompts are prefilled and their states written into n rows; a prompt longer than
   `max_prefill_tokens` is prefilled in chunks of columns;
-- on CUDA each decode step is a replayed CUDA graph (`relm.rollout.cuda_graphs`), per row bucket
+- on CUDA each decode step is a replayed CUDA graph (`relm.rollout.native.cuda_graphs`), per row bucket
   and length bucket, so Python launch overhead disappears, and the layers' norms, MLPs and rotary
   embeddings run as compiled, fused kernels (`relm.models.fused_layers`);
 - when the batch has more rows than slots (`max_num_seqs`, or what fits in
   `gpu_memory_utilization`), it is continuously batched: a slot whose row finished takes the next
-  waiting row between steps (`relm.rollout.slot_scheduler`, `relm.rollout.decode_state`).
+  waiting row between steps (`relm.rollout.native.slot_scheduler`, `relm.rollout.native.decode_state`).
   When every row has a slot the batch decodes in lock-step, with one write column for all rows,
   exactly as before continuous batching existed: same graphs, same host checks;
 - sampling, eos handling and logprobs are the HF engine's (`relm.rollout.sampling`), so with the
@@ -38,21 +38,21 @@ import torch
 from torch import nn
 
 from relm.data.records import left_pad
+from relm.memory.rollout_budget import check_rollout_memory, rows_within_budget
 from relm.models.fused_layers import FusedLayers
 from relm.rollout.base import GenerationOutput, SamplingParams, check_generate_args
-from relm.rollout.cuda_graphs import DecodeGraphs
-from relm.rollout.decode_state import DecodeBuffers, Prompts, admit_rows, gather_rows
-from relm.rollout.fused_projections import FusedProjections
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.memory_budget import check_rollout_memory, rows_within_budget
-from relm.rollout.native_attention import (
+from relm.rollout.native.attention import (
     CAUSAL_PREFILL,
     NATIVE_ATTENTION,
     NativeAttentionUnsupported,
     register_native_attention,
 )
+from relm.rollout.native.cuda_graphs import DecodeGraphs
+from relm.rollout.native.decode_state import DecodeBuffers, Prompts, admit_rows, gather_rows
+from relm.rollout.native.fused_projections import FusedProjections
+from relm.rollout.native.slot_scheduler import SlotScheduler
 from relm.rollout.sampling import SampledColumns, exponential_race
-from relm.rollout.slot_scheduler import SlotScheduler
 
 logger = logging.getLogger("relm")
 
@@ -87,7 +87,7 @@ class NativeRolloutEngine:
         compile_mode: torch.compile's mode for the compiled pieces (None: its default; the
             benchmark compares "max-autotune-no-cudagraphs", which also tunes the MLP products).
         fuse_projections: compute q/k/v and gate/up as one product each when the model is frozen
-            (`relm.rollout.fused_projections`); False keeps them separate.
+            (`relm.rollout.native.fused_projections`); False keeps them separate.
     """
 
     def __init__(
@@ -244,7 +244,7 @@ class NativeRolloutEngine:
         self, buffers: DecodeBuffers, prompts: Prompts, params: SamplingParams, slots: int
     ) -> tuple[GenerationOutput, float, int, int]:
         """More rows than slots: each step decodes the slots' rows, each at its own column; between
-        steps finished rows leave and waiting rows enter (see `relm.rollout.slot_scheduler`).
+        steps finished rows leave and waiting rows enter (see `relm.rollout.native.slot_scheduler`).
 
         Finishing by length is known to the host without looking at tokens; finishing by eos is
         seen at the host checks every `eos_check_interval` steps, which are also when freed slots

@@ -10,7 +10,7 @@ preallocated cache, whatever their strides.
 
 `decode_attention` is what `native_attention` calls for a CUDA decode step when `available` says
 the shapes fit; `reference_decode_attention` is the same math in fp32 torch, what tests compare it
-with. Triton is imported only when a kernel first runs (`relm.rollout.decode_attention_kernels`).
+with. Triton is imported only when a kernel first runs (`relm.rollout.native.decode_attention_kernels`).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def decode_attention(
     Returns:
         [B, 1, H, Dv] contiguous in the query's dtype, the layout `native_attention` returns.
     """
-    kernels = importlib.import_module("relm.rollout.decode_attention_kernels")
+    kernels = importlib.import_module("relm.rollout.native.decode_attention_kernels")
     batch, num_heads, _, head_dim = query.shape
     num_kv_heads, num_columns, value_dim = key.shape[1], key.shape[2], value.shape[-1]
     group = num_heads // num_kv_heads
@@ -163,7 +163,7 @@ def reference_decode_attention(
 ) -> torch.Tensor:
     """`decode_attention`'s math in fp32 torch (the CPU path's grouped products), in the query's dtype."""
     # Imported here: native_attention imports this module to dispatch to the kernel.
-    from relm.rollout.native_attention import grouped_attention
+    from relm.rollout.native.attention import grouped_attention
 
     out = grouped_attention(query.float(), key.float(), value.float(), mask, scale, softcap)
     return out.to(query.dtype)  # [B, 1, H, Dv]
@@ -172,7 +172,7 @@ def reference_decode_attention(
 @functools.cache
 def _triton_importable() -> bool:
     try:
-        importlib.import_module("relm.rollout.decode_attention_kernels")
+        importlib.import_module("relm.rollout.native.decode_attention_kernels")
     except ImportError:
         return False
     return True

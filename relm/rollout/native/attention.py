@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
 
-from relm.rollout.decode_attention import available as decode_attention_available
-from relm.rollout.decode_attention import decode_attention
+from relm.rollout.native.decode_attention import available as decode_attention_available
+from relm.rollout.native.decode_attention import decode_attention
 
 NATIVE_ATTENTION = "relm_native"
 """The name the engine sets as the model's attention implementation during generation."""
@@ -67,7 +67,7 @@ def native_attention(
 ) -> tuple[torch.Tensor, None]:
     """Causal attention of query [B, H, Q, D] over key/value [B, Hkv, K, D(v)] -> ([B, Q, H, Dv], None).
 
-    CUDA decode steps take relm's Triton kernel (`relm.rollout.decode_attention`), soft-capped
+    CUDA decode steps take relm's Triton kernel (`relm.rollout.native.decode_attention`), soft-capped
     models included, or sdpa in its grouped-query mode with the mask where Triton is missing or the
     head size does not fit it; soft-capped models otherwise (sdpa has no soft-capping) and CPU
     decode steps take the grouped matrix-product path; a prefill takes sdpa over repeated KV heads

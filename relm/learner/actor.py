@@ -12,10 +12,10 @@ from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
 from relm.config.schema import ActorConfig
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import Accumulation
-from relm.training.batch import ExperienceBatch
-from relm.training.forward import response_logprobs
-from relm.training.microbatch_retry import MicroBatchSize
-from relm.training.update_loop import UpdateResult, run_update
+from relm.learner.batch import ExperienceBatch
+from relm.learner.forward import response_logprobs
+from relm.learner.microbatch_retry import MicroBatchSize
+from relm.learner.update_loop import UpdateResult, run_update
 
 
 def update_actor(

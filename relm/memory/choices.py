@@ -1,6 +1,6 @@
 """The memory plan of a run: computed from the models' configs before any weight is loaded, applied, printed.
 
-The arithmetic is `relm.training.memory_plan`; this module reads the run's side of it (shapes from
+The arithmetic is `relm.memory.plan`; this module reads the run's side of it (shapes from
 the configs, lengths, the GPU's and the host's memory, the user's explicit settings) and turns the
 decisions into the dtype the models load in, the optimizers' moment dtype, gradient checkpointing,
 micro-batch token budgets and the phases' `Residency`. The plan comes first because its last rung
@@ -25,11 +25,11 @@ from torch import nn
 
 from relm.config.schema import RelmConfig
 from relm.errors import UserError
+from relm.memory.model_shape import ModelShape
+from relm.memory.offload import ParkedModel, Residency
+from relm.memory.plan import MemoryPlan, PlanDoesNotFit, PlanRequest, plan_memory
 from relm.models.loading import load_config, pick_dtype, resolve_model_dir
-from relm.training.memory_plan import MemoryPlan, PlanDoesNotFit, PlanRequest, plan_memory
-from relm.training.model_shape import ModelShape
-from relm.training.offload import ParkedModel, Residency
-from relm.training.precision import Precision, pick_precision
+from relm.models.precision import Precision, pick_precision
 
 logger = logging.getLogger("relm")
 MOMENTS_DTYPES = {

@@ -5,7 +5,7 @@ autocast. Storing the weights themselves in bf16 with a plain optimizer is not a
 the learning rates RL uses (1e-6), an update is far below bf16's spacing near a typical weight (about
 1e-4 at 0.02), so AdamW's steps round away and the run reports finite losses while the policy does not
 move. Where bf16 weights are needed to fit (the memory plan's last rung, or `model.dtype=bfloat16`),
-`relm.training.compact_adamw` steps them in fp32 and rounds the result stochastically instead.
+`relm.learner.compact_adamw` steps them in fp32 and rounds the result stochastically instead.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The training-side forward: per-token logprobs, entropy and values of the response block.
 
-Layout (see `relm.training.batch`): `input_ids` is `[prompt | response]` with the boundary at column
+Layout (see `relm.learner.batch`): `input_ids` is `[prompt | response]` with the boundary at column
 P = T - R, so response token t sits at column P + t and is predicted by the logits at column
 P + t - 1. These are pure functions of a model and tensors; the actor and critic updates call them
 under autograd, the experience stage under `torch.no_grad`.
@@ -34,7 +34,7 @@ def response_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob (and entropy) of each response token under `softmax(logits / temperature)`.
 
-    With `remove_padding` the rows are packed into one sequence first (`relm.training.packing`),
+    With `remove_padding` the rows are packed into one sequence first (`relm.learner.packing`),
     which skips every padded position; the results are equal up to float rounding.
 
     Memory: the model returns logits only for the last R + 1 columns (`logits_to_keep`, which every
@@ -67,7 +67,7 @@ def response_logprobs(
             f"response_width {response_width} must be in [1, {width - 1}] for sequences of {width}"
         )
     if remove_padding and _accepts_logits_to_keep(model):
-        from relm.training.packing import packed_response_logprobs
+        from relm.learner.packing import packed_response_logprobs
 
         return packed_response_logprobs(
             model, input_ids, attention_mask, response_width, temperature=temperature,
@@ -195,7 +195,7 @@ def response_values(
     `values[:, -R - 1 : -1]`). It lines up with the logprob of token t for GAE.
     """
     if remove_padding:
-        from relm.training.packing import packed_response_values
+        from relm.learner.packing import packed_response_values
 
         return packed_response_values(value_model, input_ids, attention_mask, response_width)
     values = value_model(

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput
-from relm.rollout.kv_cache import PreallocatedKVCache
-from relm.rollout.slot_scheduler import Admission, SlotScheduler
+from relm.rollout.native.kv_cache import PreallocatedKVCache
+from relm.rollout.native.slot_scheduler import Admission, SlotScheduler
 
 
 @dataclass
@@ -111,7 +111,7 @@ def admit_rows(
 
     Args:
         finished: [slots] bool, reset to False for the admitted slots.
-        stash: [V] first logits of the split prompt (see `relm.rollout.slot_scheduler`), or None.
+        stash: [V] first logits of the split prompt (see `relm.rollout.native.slot_scheduler`), or None.
         prefill: the engine's prefill(ids [u, P], mask [u, P], target slots [u, r]).
 
     Returns:

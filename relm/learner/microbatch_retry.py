@@ -1,6 +1,6 @@
 """An update's micro-batches that run out of GPU memory are made smaller, and the mini-batch is redone.
 
-The memory plan's token budgets are estimates (`relm.training.memory_plan`). A logprob or value
+The memory plan's token budgets are estimates (`relm.memory.plan`). A logprob or value
 forward that does not fit is split in halves on the spot (`relm.trainer.experience`); an update
 cannot do that mid-way, because the failed micro-batch's backward may already have added part of its
 gradient. So the whole mini-batch starts again: gradients dropped, micro-batches half as large (by

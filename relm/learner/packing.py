@@ -7,7 +7,7 @@ its response are contiguous in the `[prompt | response]` layout) into a single s
 transformers 5 reads the restarts from the position ids and builds a block-diagonal causal mask
 (`masking_utils.find_packed_sequence_indices`) for every attention implementation, so sequences do
 not attend to each other and the result equals the padded forward (tested per architecture).
-That mask is dense ([S, S]); models switched to `relm.training.varlen_attention` instead read the
+That mask is dense ([S, S]); models switched to `relm.learner.varlen_attention` instead read the
 rows' boundaries from `cu_seq_lens_q` / `max_length_q`, which every packed forward here passes (other
 attention implementations ignore them).
 """
@@ -94,7 +94,7 @@ def packed_response_logprobs(
     Only the K positions that predict a response token go through the output head
     (`logits_to_keep` as an index tensor), and their fp32 log-softmax runs in checkpointed chunks.
     """
-    from relm.training.forward import _DEFAULT_CHUNK_VALUES, vocab_chunk_stats
+    from relm.learner.forward import _DEFAULT_CHUNK_VALUES, vocab_chunk_stats
 
     num_rows = input_ids.shape[0]
     layout = pack(input_ids, attention_mask, response_width)
@@ -110,7 +110,7 @@ def packed_response_logprobs(
     chunk = positions_per_chunk or max(1, _DEFAULT_CHUNK_VALUES // logits.shape[-1])
     use_checkpoint = torch.is_grad_enabled() and logits.requires_grad
     logprob_parts, entropy_parts = [], []
-    # `split`, not slicing: see `relm.training.forward.response_logprobs` (one gradient concatenation
+    # `split`, not slicing: see `relm.learner.forward.response_logprobs` (one gradient concatenation
     # instead of a zero-filled full-size gradient per chunk).
     for chunk_logits, chunk_targets in zip(
         logits.split(chunk, dim=1), layout.targets.split(chunk), strict=True

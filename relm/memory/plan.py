@@ -28,7 +28,7 @@ transfer cost: park the reference, then the generator copy, then the critic (eac
 then keep the actor's moments in CPU memory, then the critic's too (moved every optimizer step):
 
 1. fp32 master weights and fp32 moments (nothing given up);
-2. fp32 master weights, bf16 moments (`relm.training.compact_adamw`: fp32 step, bf16 storage);
+2. fp32 master weights, bf16 moments (`relm.learner.compact_adamw`: fp32 step, bf16 storage);
 3. bf16 weights with stochastically rounded updates and bf16 moments, no generator copy.
 
 The first arrangement that leaves room for a comfortable actor micro-batch (one sequence plus 8,192
@@ -47,7 +47,7 @@ is kept; the plan only reports what it estimates for it.
 The per-token activation constants are calibrated on an H200 (Qwen2.5-1.5B shape, 16,384 packed
 tokens, fp32 master weights under bf16 autocast: 86 GB peak without checkpointing) and rounded up;
 a plan is an estimate, so a phase that still runs out of memory is retried with half the micro-batch
-(forwards: `relm.trainer.experience`; updates: `relm.training.microbatch_retry`).
+(forwards: `relm.trainer.experience`; updates: `relm.learner.microbatch_retry`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relm.training.model_shape import ModelShape
+from relm.memory.model_shape import ModelShape
 
 __all__ = ["MemoryPlan", "ModelShape", "PlanDoesNotFit", "PlanRequest", "Rung", "plan_memory"]
 

@@ -1,7 +1,7 @@
 """AdamW that stores its moments in bf16 and updates bf16 weights with stochastic rounding.
 
 fp32 AdamW keeps 16 bytes a parameter (weights, gradients, two moments), which is more than one GPU
-and its host hold for a 7B actor beside a 7B critic. The memory plan (`relm.training.memory_plan`)
+and its host hold for a 7B actor beside a 7B critic. The memory plan (`relm.memory.plan`)
 gives precision up in two rungs, and this optimizer is both of them:
 
 - **bf16 moments** (fp32 weights kept): the moments are stored in bf16, halving them, and the step
