@@ -193,3 +193,52 @@ def encode_prompt(
         return list(tokenizer.encode(text, add_special_tokens=False))
     text = "\n".join(str(message["content"]) for message in messages)
     return list(tokenizer.encode(text, add_special_tokens=True))
+
+
+_TURN_MARKER = "relm-end-of-turn-probe"
+
+
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase, generation_config: Any = None) -> list[int]:
+    """Every token id that ends an assistant turn: eos, the generation config's eos ids, and the
+    special token the chat template writes right after an assistant message.
+
+    The end of a turn is not always `eos_token`: Phi-3's template closes a turn with `<|end|>` while its
+    eos is `<|endoftext|>`, and Llama 3's closes with `<|eot_id|>`. Asking the template (render one
+    assistant message and read the special token that follows its text) finds these without a table of
+    families; generation_config.json adds the ids the model's authors stop on (an int or a list).
+
+    Args:
+        tokenizer: The loaded tokenizer (its chat template, if any, is rendered).
+        generation_config: A `GenerationConfig`, or anything with an `eos_token_id` attribute, or None.
+
+    Returns:
+        Sorted distinct ids, empty when the tokenizer names no eos and the template writes no special token.
+    """
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    config_eos = getattr(generation_config, "eos_token_id", None)
+    if config_eos is not None:
+        ids.update(int(i) for i in ([config_eos] if isinstance(config_eos, int) else config_eos))
+    turn_end = _template_turn_end(tokenizer)
+    if turn_end is not None:
+        ids.add(turn_end)
+    return sorted(ids)
+
+
+def _template_turn_end(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """The special token id the chat template writes right after an assistant message's text, if any."""
+    if not tokenizer.chat_template:
+        return None
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _TURN_MARKER}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # a template that refuses this shape (e.g. demands a system turn) tells us nothing
+        return None
+    if not isinstance(text, str) or _TURN_MARKER not in text:
+        return None
+    tail = text.split(_TURN_MARKER, 1)[1].lstrip(" ")
+    following = tokenizer.encode(tail, add_special_tokens=False)[:1]
+    if following and following[0] in set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder):
+        return int(following[0])
+    return None
