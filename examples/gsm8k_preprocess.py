@@ -1,14 +1,16 @@
-"""Turn GSM8K rows into relm's (verl's) parquet layout, from a file you already have.
+"""Turn GSM8K rows into relm's (verl's) parquet layout, from files you already have.
 
-    python examples/gsm8k_preprocess.py --input train.jsonl --output data/gsm8k/train.parquet --split train
+    python examples/gsm8k_preprocess.py --local_dataset_path ../shared/realworld/data/gsm8k \\
+        --local_save_dir data/gsm8k
     python examples/gsm8k_preprocess.py --input test-00000-of-00001.parquet \\
         --output data/gsm8k/test.parquet --split test
 
-The input is a `.jsonl` or `.parquet` file with GSM8K's `question` and `answer` columns (as the Hugging
-Face dataset `openai/gsm8k` ships them; nothing is downloaded here). Each output row asks the question
-with verl's instruction to end on `#### <answer>`, names `openai/gsm8k` as its data source (scored by
-relm's built-in gsm8k scorer), and keeps the number after the reference's `####` as the ground truth.
-Train on it with
+The first form reads a folder holding `train` and `test` files (`.jsonl` as GSM8K's repository ships them,
+or `.parquet` as the Hugging Face dataset `openai/gsm8k` does) and writes `train.parquet` and
+`test.parquet` into `--local_save_dir` (`--local_dir`, verl's older name, works too); the second converts
+one file. Nothing is downloaded. Each output row asks the question with verl's instruction to end on
+`#### <answer>`, names `openai/gsm8k` as its data source (scored by relm's built-in gsm8k scorer), and
+keeps the number after the reference's `####` as the ground truth. Train on it with
 `relm train data.train_files=data/gsm8k/train.parquet data.val_files=data/gsm8k/test.parquet`.
 """
 
@@ -26,6 +28,7 @@ import pyarrow.parquet as pq
 from relm.rewards.registry import extract_gsm8k_answer
 
 DATA_SOURCE = "openai/gsm8k"
+SPLITS = ("train", "test")
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
@@ -60,22 +63,60 @@ def convert_row(row: dict[str, Any], index: int, split: str) -> dict[str, Any]:
     }
 
 
+def split_files(folder: Path) -> dict[str, Path]:
+    """`train` and `test` files of a dataset folder: `<split>.jsonl`, `<split>.parquet` or `<split>-*.parquet`."""
+    found: dict[str, Path] = {}
+    for split in SPLITS:
+        candidates = [
+            folder / f"{split}.jsonl",
+            folder / f"{split}.parquet",
+            *sorted(folder.glob(f"{split}-*.parquet")),
+        ]
+        existing = [path for path in candidates if path.is_file()]
+        if existing:
+            found[split] = existing[0]
+    if not found:
+        raise ValueError(f"--local_dataset_path '{folder}' holds no train/test .jsonl or .parquet file")
+    return found
+
+
+def convert_file(source: Path, output: Path, split: str) -> int:
+    """Convert one file; returns the number of rows written."""
+    if not source.is_file():
+        raise ValueError(f"--input '{source}' does not exist")
+    rows = [convert_row(row, index, split) for index, row in enumerate(read_rows(source))]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), output)
+    return len(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", required=True, type=Path, help="GSM8K rows: .jsonl or .parquet")
-    parser.add_argument("--output", required=True, type=Path, help="parquet file to write")
-    parser.add_argument("--split", default="train", help="split name stored in extra_info (train/test)")
+    parser.add_argument("--local_dataset_path", type=Path, help="folder with GSM8K's train/test files")
+    parser.add_argument("--local_save_dir", "--local_dir", type=Path, help="folder for train/test.parquet")
+    parser.add_argument("--input", type=Path, help="one file of GSM8K rows: .jsonl or .parquet")
+    parser.add_argument("--output", type=Path, help="parquet file to write (with --input)")
+    parser.add_argument("--split", default="train", help="split name stored in extra_info (with --input)")
     args = parser.parse_args(argv)
+    if (args.input is None) == (args.local_dataset_path is None):
+        parser.error("give either --local_dataset_path (and --local_save_dir) or --input and --output")
+    if args.input is not None and args.output is None:
+        parser.error("--input needs --output")
+    jobs = [(args.input, args.output, args.split)] if args.input is not None else None
     try:
-        if not args.input.is_file():
-            raise ValueError(f"--input '{args.input}' does not exist")
-        rows = [convert_row(row, index, args.split) for index, row in enumerate(read_rows(args.input))]
+        if jobs is None:
+            save_dir = args.local_save_dir or Path("data/gsm8k")
+            jobs = [
+                (source, save_dir / f"{split}.parquet", split)
+                for split, source in split_files(args.local_dataset_path).items()
+            ]
+        for source, output, split in jobs:
+            # Every row of a file is checked before it is written: a bad row leaves no half-written file.
+            count = convert_file(source, output, split)
+            print(f"wrote {count} rows to {output}")
     except (ValueError, OSError, pa.ArrowException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), args.output)
-    print(f"wrote {len(rows)} rows to {args.output}")
     return 0
 
 

@@ -470,6 +470,14 @@ class TrainerConfig:
     """Validate every this many steps (-1: never)."""
     val_before_train: bool = True
     """Validate before the first step when validation files are given."""
+    val_only: bool = False
+    """Run validation alone (of the model, or of the resumed checkpoint's weights), log its metrics and exit."""
+    log_val_generations: int = 0
+    """Validation samples (input, output, score) to show at each validation: console, val_generations.jsonl, W&B/TensorBoard."""
+    rollout_data_dir: str | None = None
+    """Folder for one `{step}.jsonl` per step of the training responses (prompt and response text, score)."""
+    validation_data_dir: str | None = None
+    """Folder for one `{step}.jsonl` per validation of every validation response (verl's layout)."""
     critic_warmup: int = 0
     """Steps that update only the critic before the actor starts."""
     n_gpus_per_node: int = 1

@@ -8,7 +8,7 @@ one warning line that says why relm ignores it.
 The table covers every key of verl's default PPO trainer config (ppo_trainer.yaml of verl 0.3-0.4 and
 the flattened `_generated_ppo_trainer.yaml` of 0.5), plus the Megatron sections and Hydra's own keys.
 A key ending in `.*` stands for a whole subtree. Keys that would change what is trained if relm
-ignored them (LoRA, multi-turn, validation-only runs) are listed in `UNSUPPORTED_WHEN_ENABLED`: they
+ignored them (LoRA, multi-turn) are listed in `UNSUPPORTED_WHEN_ENABLED`: they
 are accepted at their off value and are an error when turned on.
 """
 
@@ -164,11 +164,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "algorithm.pf_ppo.*": "PF-PPO (policy filtration) reweighting is not implemented",
     "algorithm.rollout_correction.*": _ROLLOUT_CORRECTION,
     # trainer
-    "trainer.log_val_generations": "validation samples are not logged yet",
-    "trainer.rollout_data_dir": "rollout dumps are not implemented",
-    "trainer.validation_data_dir": "validation dumps are not implemented",
     "trainer.esi_redundant_time": "elastic-server checkpoint timing is specific to verl's cluster setup",
-    "trainer.val_only": "validation-only runs are not supported yet",
     "trainer.default_hdfs_dir": _HDFS,
     "trainer.del_local_ckpt_after_load": _HDFS,
     "trainer.ray_wait_register_center_timeout": _RAY,
@@ -185,7 +181,6 @@ UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
     "critic.model.lora_rank": "LoRA is not supported yet; set it to 0 (full fine-tuning)",
     "actor_rollout_ref.rollout.multi_turn.enable": "multi-turn rollouts are not supported yet",
     "algorithm.use_pf_ppo": "PF-PPO (policy filtration) is not supported yet",
-    "trainer.val_only": "validation-only runs are not supported yet",
     "algorithm.rollout_correction.rollout_is": "rollout importance sampling is not implemented yet",
     "algorithm.rollout_correction.rollout_rs": "rollout rejection sampling is not implemented yet",
     "algorithm.rollout_correction.rollout_token_veto_threshold": "rollout rejection sampling is not implemented yet",

@@ -31,6 +31,8 @@ class ExperienceBatch:
     ground_truths: list[Any]
     extra_infos: list[dict[str, Any]]
     finish_reasons: list[str]
+    reward_extras: list[dict[str, float]] | None = None
+    """N dicts: the numbers the reward function returned beside each score (for the sample dumps)."""
     rollout_logprobs: torch.Tensor | None = None
     """[N, R] logprobs reported by the rollout engine."""
     baseline_scores: torch.Tensor | None = None

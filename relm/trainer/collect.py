@@ -72,6 +72,7 @@ def generate_and_score(
         token_scores = token_scores + place_on_last_token(penalty, batch.response_mask)
         extras["overlong_penalty"] = penalty
     batch.token_scores = token_scores
+    batch.reward_extras = [{k: float(v[row]) for k, v in extras.items()} for row in range(len(batch))]
     if c.cfg.algorithm.adv_estimator == "remax":
         batch.baseline_scores = _greedy_baseline(c, prompts, params.n)
     return batch, extras

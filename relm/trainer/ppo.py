@@ -41,6 +41,7 @@ from relm.trainer.guards import DegenerateBatchReporter, SkipGuard
 from relm.trainer.loggers import make_loggers
 from relm.trainer.metrics import data_metrics, mean_of_lists, memory_metrics
 from relm.trainer.plot import CURVES_FILE, plot_curves
+from relm.trainer.samples import ValidationSamples, dump_rollout
 from relm.trainer.signals import stop_on_signals
 from relm.trainer.validation import build_val_params, is_validation_step, make_val_dataset, run_validation
 
@@ -69,6 +70,8 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
         batch: ExperienceBatch = collect_experience(c, prompts, step, metrics)
         if c.cfg.actor_rollout_ref.rollout.free_cache_engine:
             c.engine.release_memory()
+    if c.dist.is_main and c.cfg.trainer.rollout_data_dir:
+        dump_rollout(c.cfg.trainer.rollout_data_dir, c.tokenizer, batch, step)  # every rank holds every row
 
     # Forward and backward passes compute in bf16 on a GPU; weights and optimizer states stay fp32.
     # There the layers' norms, MLPs and rotary embeddings also run as compiled, fused kernels.
@@ -254,23 +257,31 @@ def train(c: RunComponents) -> None:
         start = restored.step
         guard.load_state_dict(restored.loop_state.get("skip_guard", {}))
         logger.info("resumed from %s: continuing at step %d of %d", checkpoint, start + 1, total)
+    val_dataset = make_val_dataset(c.cfg, c.tokenizer)
+    if trainer_cfg.val_only and val_dataset is None:
+        raise UserError("`trainer.val_only=true` has nothing to validate: set `data.val_files`")
     loggers = make_loggers(
         trainer_cfg.logger, c.run_dir, total, resume_step=start if checkpoint else None,
         project=trainer_cfg.project_name, experiment=trainer_cfg.experiment_name, config=asdict(c.cfg),
     ) if c.dist.is_main else []  # fmt: skip
     save_freq = trainer_cfg.save_freq
-    val_dataset = make_val_dataset(c.cfg, c.tokenizer)
     val_params = build_val_params(
         c.cfg.actor_rollout_ref.rollout.val_kwargs, c.cfg.data.max_response_length, seed=c.cfg.seed
     )
     degenerate = DegenerateBatchReporter()
     num_responses = c.cfg.data.train_batch_size * c.cfg.actor_rollout_ref.rollout.n
 
+    val_samples = ValidationSamples(trainer_cfg, c.run_dir)
+
     def validate(step: int) -> dict[str, float]:
         with c.residency.phase("generate"), engine_stage(c.engine, f"validation after step {step}"):
-            return run_validation(
-                c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size
-            )
+            result = run_validation(
+                c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size,
+                keep_samples=val_samples.wanted,
+            )  # fmt: skip
+        if c.dist.is_main:
+            val_samples.write(step, result.samples)
+        return result.metrics
 
     def save(step: int) -> None:
         save_checkpoint(c, step, loop_state={"skip_guard": guard.state_dict()})
@@ -280,6 +291,17 @@ def train(c: RunComponents) -> None:
                 max_actor=trainer_cfg.max_actor_ckpt_to_keep, max_critic=trainer_cfg.max_critic_ckpt_to_keep,
             )  # fmt: skip
 
+    if trainer_cfg.val_only:  # an evaluation of the model or of the resumed checkpoint's weights
+        try:
+            val_metrics = validate(start)
+            for sink in loggers:
+                sink.log(start, val_metrics)
+        finally:
+            for sink in loggers:
+                sink.close()
+            val_samples.close()
+        logger.info("validation only (trainer.val_only): metrics in %s", c.run_dir / "metrics.jsonl")
+        return
     last_step = last_saved = start
     try:
         with stop_on_signals() as stop:
@@ -316,6 +338,7 @@ def train(c: RunComponents) -> None:
     finally:
         for sink in loggers:
             sink.close()
+        val_samples.close()
     if c.dist.is_main:
         _write_curves(c.run_dir)
     if last_step < total:

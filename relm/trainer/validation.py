@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -26,11 +26,22 @@ from relm.config.schema import RelmConfig, ValKwargsConfig
 from relm.data.dataset import PromptDataset
 from relm.data.demo_task import write_demo_parquet
 from relm.models.zoo import default_cache_dir
-from relm.rewards.manager import RewardManager
+from relm.rewards.manager import RewardManager, RewardResult
 from relm.rollout.base import RolloutEngine, SamplingParams
+from relm.trainer.samples import GenerationSample
 
 CORE_VARIABLES = ("acc", "reward")
 """The first of these a data source reports is its headline (`val-core`) variable, as in verl."""
+
+
+@dataclass
+class ValidationResult:
+    """What one validation produced."""
+
+    metrics: dict[str, float]
+    """verl's `val-core/...`, `val-aux/...`, `val/response_length/mean` and `timing_s/testing`."""
+    samples: list[GenerationSample] = field(default_factory=list)
+    """Every generated response as text, in dataset order (filled only when asked: `keep_samples`)."""
 
 
 def build_val_params(
@@ -83,7 +94,8 @@ def run_validation(
     *,
     params: SamplingParams,
     batch_size: int | None = None,
-) -> dict[str, float]:
+    keep_samples: bool = False,
+) -> ValidationResult:
     """Generate `params.n` responses for every prompt of `dataset`, score them, and reduce to metrics.
 
     Args:
@@ -92,10 +104,12 @@ def run_validation(
         dataset: `PromptDataset` items (`prompt_ids`, `data_source`, `ground_truth`, `extra_info`).
         params: From `build_val_params`.
         batch_size: Prompts per `generate` call (`data.val_batch_size`); None sends them all at once.
+        keep_samples: Also return every generated response as text (greedy validation generates one
+            response per prompt and counts it N times: that one is kept once).
 
     Returns:
-        verl's names: `val-core/<data_source>/reward/mean@N`, the `val-aux/...` spread metrics,
-        `val/response_length/mean` and `timing_s/testing`.
+        Metrics under verl's names (`val-core/<data_source>/reward/mean@N`, the `val-aux/...` spread
+        metrics, `val/response_length/mean`, `timing_s/testing`) and, if asked, the samples.
     """
     start = time.perf_counter()
     num_prompts = len(dataset)
@@ -110,6 +124,7 @@ def run_validation(
     prompt_indices: list[int] = []
     variables: dict[str, list[float]] = {"reward": []}
     lengths: list[float] = []
+    samples: list[GenerationSample] = []
     with _engine_rng_preserved(engine):
         for first in range(0, num_prompts, batch_size):
             items = [dataset[i] for i in range(first, min(first + batch_size, num_prompts))]
@@ -123,6 +138,8 @@ def run_validation(
                 _repeat([item["ground_truth"] for item in items], num_generated),
                 _repeat([dict(item["extra_info"]) for item in items], num_generated),
             )
+            if keep_samples:
+                samples += _samples(reward, items, num_generated, scored)
             rows_before, num_rows = len(data_sources), len(items) * params.n
             data_sources += _repeat([item["data_source"] for item in items], params.n)
             prompt_indices += _repeat(list(range(first, first + len(items))), params.n)
@@ -137,7 +154,27 @@ def run_validation(
     metrics = validation_metrics(data_sources, prompt_indices, dict(variables))
     metrics["val/response_length/mean"] = sum(lengths) / len(lengths)
     metrics["timing_s/testing"] = time.perf_counter() - start
-    return metrics
+    return ValidationResult(metrics, samples)
+
+
+def _samples(
+    reward: RewardManager, items: list[dict[str, Any]], n: int, scored: RewardResult
+) -> list[GenerationSample]:
+    """One batch's responses as text: prompt i's `n` responses are rows i*n .. i*n+n-1."""
+    inputs = reward.tokenizer.batch_decode(
+        [list(item["prompt_ids"]) for item in items], skip_special_tokens=True
+    )
+    scores = scored.scores.tolist()
+    return [
+        GenerationSample(
+            input=inputs[row // n],
+            output=scored.texts[row],
+            gts=items[row // n]["ground_truth"],
+            score=scores[row],
+            extras={name: values[row] for name, values in scored.extra.items()},
+        )
+        for row in range(len(scores))
+    ]
 
 
 def _repeat(values: list[Any], times: int) -> list[Any]:

@@ -181,7 +181,6 @@ def test_deprecated_global_micro_batch_size_is_divided_by_the_gpus_with_a_warnin
         ("--config", "`--config` needs a file name"),
         (f"{MODEL}.lora_rank=8", f"`{MODEL}.lora_rank=8`: LoRA is not supported yet"),
         (f"{RO}.multi_turn.enable=true", f"`{RO}.multi_turn.enable=True`: multi-turn rollouts are not"),
-        ("trainer.val_only=true", "`trainer.val_only=True`: validation-only runs are not supported"),
     ],
 )  # fmt: skip
 def test_load_errors_name_the_culprit_first(argv: str, message: str):

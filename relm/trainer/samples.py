@@ -1,0 +1,214 @@
+"""Samples a person can read: what the model was asked, what it answered, and what that scored.
+
+verl's `trainer.rollout_data_dir` and `trainer.validation_data_dir` write one `{step}.jsonl` per step (the
+training responses) or per validation (every validation response), one object per response with verl's
+field names: `input` (the prompt as text), `output` (the response as text), `gts` (the ground truth),
+`score`, `step`, then the reward function's extra values. Texts are decoded with special tokens skipped,
+as verl does. Each file is written to a temporary name and renamed into place, so a run killed at any
+moment leaves only complete files behind.
+
+`trainer.log_val_generations=N` shows N validation samples at every validation, chosen as verl chooses
+them (sorted by input, shuffled with seed 42, the first N), so the same prompts come back at every step
+and a reader watches one answer change: printed on the console, appended to `RUN_DIR/val_generations.jsonl`,
+and as a table in W&B (`val/generations`, one row per validation) or text in TensorBoard where those
+loggers are on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from relm.config.schema import TrainerConfig
+from relm.learner.batch import ExperienceBatch
+from relm.trainer.durable import write_atomic_text
+
+logger = logging.getLogger("relm")
+
+VAL_GENERATIONS_FILE = "val_generations.jsonl"
+"""Where the jsonl logger appends the `log_val_generations` samples, in the run folder."""
+
+VAL_GENERATIONS_SEED = 42
+"""verl's fixed shuffle seed for choosing the logged validation samples."""
+
+CONSOLE_TEXT_CHARS = 400
+"""Longest prompt or response text the console shows in full; the files keep everything."""
+
+
+@dataclass
+class GenerationSample:
+    """One response as a person reads it."""
+
+    input: str
+    """The prompt, decoded (special tokens skipped)."""
+    output: str
+    """The response, decoded (special tokens skipped)."""
+    gts: Any
+    """The row's ground truth (`reward_model.ground_truth`)."""
+    score: float
+    """The response's total score (the reward function's, plus any shaping such as the overlong penalty)."""
+    extras: dict[str, float] = field(default_factory=dict)
+    """The numbers the reward function returned beside the score (NaN where it gave none)."""
+
+    def record(self, step: int) -> dict[str, Any]:
+        """The jsonl object, verl's keys first; non-finite numbers become null so every line is valid JSON."""
+        row = {"input": self.input, "output": self.output, "gts": self.gts, "score": _finite(self.score)}
+        row["step"] = step
+        for name, value in self.extras.items():
+            row.setdefault(name, _finite(value))
+        return row
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def decode_rows(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """The text of each row's masked tokens: [N, T] ids and mask -> N strings."""
+    rows = [ids[row][mask[row].bool()].tolist() for row in range(ids.shape[0])]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+def rollout_samples(tokenizer: PreTrainedTokenizerBase, batch: ExperienceBatch) -> list[GenerationSample]:
+    """A step's responses from its scored batch (`token_scores` set), in the batch's row order."""
+    inputs = decode_rows(tokenizer, batch.prompt_ids, batch.prompt_mask)
+    outputs = decode_rows(tokenizer, batch.response_ids, batch.response_mask)
+    scores = batch.token_scores.sum(-1).tolist()
+    extras = batch.reward_extras or [{} for _ in range(len(batch))]
+    return [
+        GenerationSample(inputs[row], outputs[row], batch.ground_truths[row], scores[row], extras[row])
+        for row in range(len(batch))
+    ]
+
+
+def write_step_dump(folder: Path, step: int, samples: list[GenerationSample]) -> Path:
+    """Write `folder/{step}.jsonl` (one object per sample) atomically; returns its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{step}.jsonl"
+    text = "".join(json.dumps(sample.record(step), ensure_ascii=False) + "\n" for sample in samples)
+    write_atomic_text(path, text)
+    return path
+
+
+def dump_folder(setting: str | None) -> Path | None:
+    """The folder a `*_data_dir` setting names (`~` expanded; relative to the working folder, as in verl)."""
+    return Path(setting).expanduser() if setting else None
+
+
+def pick_val_generations(samples: list[GenerationSample], count: int) -> list[GenerationSample]:
+    """verl's choice of the samples to log: sorted by input (stably), shuffled with seed 42, the first `count`.
+
+    The validation prompts are the same at every validation, so the same ones are chosen each time.
+    """
+    ordered = sorted(samples, key=lambda sample: sample.input)
+    order = np.arange(len(ordered))
+    np.random.RandomState(VAL_GENERATIONS_SEED).shuffle(order)
+    return [ordered[i] for i in order[:count]]
+
+
+def generations_table(samples: list[GenerationSample], step: int) -> tuple[list[str], list[Any]]:
+    """verl's W&B table layout: columns `step, input_1, output_1, score_1, ...`, one row for this validation."""
+    columns, row = ["step"], [step]
+    for index, sample in enumerate(samples, start=1):
+        columns += [f"input_{index}", f"output_{index}", f"score_{index}"]
+        row += [sample.input, sample.output, sample.score]
+    return columns, row
+
+
+def generations_markdown(samples: list[GenerationSample]) -> str:
+    """The samples as a markdown list, for TensorBoard's text tab."""
+    parts = []
+    for index, sample in enumerate(samples, start=1):
+        parts.append(
+            f"**sample {index}** (score {sample.score:.4g})\n\n**input**\n\n```\n{sample.input}\n```\n\n"
+            f"**output**\n\n```\n{sample.output}\n```"
+        )
+    return "\n\n".join(parts)
+
+
+def console_lines(samples: list[GenerationSample], step: int, total: int) -> list[str]:
+    """Plain rows for the console: one header, then score, input and output of each sample on its own line."""
+    lines = [f"validation samples at step {step} ({len(samples)} of {total}):"]
+    for index, sample in enumerate(samples, start=1):
+        lines.append(f"  [{index}] score={sample.score:.4g} gts={sample.gts!r}")
+        lines.append(f"      input:  {_one_line(sample.input)}")
+        lines.append(f"      output: {_one_line(sample.output)}")
+    return lines
+
+
+def _one_line(text: str) -> str:
+    shown = json.dumps(text, ensure_ascii=False)  # newlines as \n: one sample stays on one line
+    if len(shown) > CONSOLE_TEXT_CHARS:
+        shown = shown[: CONSOLE_TEXT_CHARS - 3] + "..."
+    return shown
+
+
+class ValidationSamples:
+    """Where validation samples go: `trainer.validation_data_dir` and `trainer.log_val_generations`.
+
+    Call `write` on the main process only; the W&B table and TensorBoard text go to the run those
+    loggers opened (W&B's current run; a writer of its own in `RUN_DIR/tensorboard`).
+    """
+
+    def __init__(self, trainer: TrainerConfig, run_dir: Path) -> None:
+        self.dump_dir = dump_folder(trainer.validation_data_dir)
+        self.num_logged = max(0, trainer.log_val_generations)
+        self.loggers = list(trainer.logger)
+        self.run_dir = run_dir
+        self._wandb_rows: list[list[Any]] = []
+        self._tensorboard: Any = None
+
+    @property
+    def wanted(self) -> bool:
+        """Whether validation needs to keep its samples (decoding prompts costs a little)."""
+        return self.dump_dir is not None or self.num_logged > 0
+
+    def write(self, step: int, samples: list[GenerationSample]) -> None:
+        """Dump every sample to `{step}.jsonl` and log the chosen few."""
+        if self.dump_dir is not None:
+            logger.info("validation samples in %s", write_step_dump(self.dump_dir, step, samples))
+        if self.num_logged > 0 and samples:
+            self._log(step, pick_val_generations(samples, self.num_logged), len(samples))
+
+    def _log(self, step: int, chosen: list[GenerationSample], total: int) -> None:
+        if "console" in self.loggers:
+            print("\n".join(console_lines(chosen, step, total)), flush=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with (self.run_dir / VAL_GENERATIONS_FILE).open("a", encoding="utf-8") as file:
+            for sample in chosen:
+                record = sample.record(step)
+                file.write(json.dumps({k: record[k] for k in ("step", "input", "output", "score")}) + "\n")
+        if "wandb" in self.loggers:
+            import wandb
+
+            columns, row = generations_table(chosen, step)
+            self._wandb_rows.append(row)
+            # A logged W&B table is frozen: log a new one holding every validation so far, as verl does.
+            if wandb.run is not None:
+                wandb.run.log(
+                    {"val/generations": wandb.Table(columns=columns, data=self._wandb_rows)}, step=step
+                )
+        if "tensorboard" in self.loggers:
+            if self._tensorboard is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            self._tensorboard.add_text("val/generations", generations_markdown(chosen), global_step=step)
+            self._tensorboard.flush()
+
+    def close(self) -> None:
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+
+
+def dump_rollout(setting: str, tokenizer: PreTrainedTokenizerBase, batch: ExperienceBatch, step: int) -> Path:
+    """`trainer.rollout_data_dir`: the step's responses into `{step}.jsonl`; returns its path."""
+    return write_step_dump(dump_folder(setting), step, rollout_samples(tokenizer, batch))
