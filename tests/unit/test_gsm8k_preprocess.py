@@ -109,3 +109,44 @@ def test_missing_or_unknown_input(tmp_path, script, capsys):
     csv.write_text("question,answer\n")
     assert script.main(["--input", str(csv), "--output", str(tmp_path / "o.parquet")]) == 2
     assert "expected a .jsonl or .parquet file" in capsys.readouterr().err
+
+
+REALWORLD_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "data" / "gsm8k"
+
+
+def test_a_dataset_folder_becomes_train_and_test_parquet(tmp_path, script, capsys):
+    source = tmp_path / "gsm8k"
+    source.mkdir()
+    _jsonl(source / "train.jsonl", ROWS)
+    pq.write_table(pa.Table.from_pylist(ROWS[:2]), source / "test-00000-of-00001.parquet")  # HF's file name
+    save = tmp_path / "data"
+    assert script.main(["--local_dataset_path", str(source), "--local_save_dir", str(save)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"wrote 3 rows to {save / 'train.parquet'}",
+        f"wrote 2 rows to {save / 'test.parquet'}",
+    ]
+    assert [r["extra_info"]["split"] for r in pq.read_table(save / "test.parquet").to_pylist()] == [
+        "test"
+    ] * 2
+    # verl's older name for the output folder
+    assert script.main(["--local_dataset_path", str(source), "--local_dir", str(tmp_path / "old")]) == 0
+    assert (tmp_path / "old" / "train.parquet").is_file()
+
+
+def test_a_folder_without_gsm8k_files_is_named(tmp_path, script, capsys):
+    assert script.main(["--local_dataset_path", str(tmp_path), "--local_save_dir", str(tmp_path / "o")]) == 2
+    assert "holds no train/test .jsonl or .parquet file" in capsys.readouterr().err
+
+
+def test_the_real_gsm8k_files_convert_whole(tmp_path, script):
+    if not REALWORLD_GSM8K.is_dir():
+        pytest.skip(f"{REALWORLD_GSM8K} is not on this machine")
+    assert script.main(["--local_dataset_path", str(REALWORLD_GSM8K), "--local_save_dir", str(tmp_path)]) == 0
+    for split, num_rows in (("train", 7473), ("test", 1319)):
+        rows = pq.read_table(tmp_path / f"{split}.parquet").to_pylist()
+        assert len(rows) == num_rows
+        # The ground truth is the reference's number after `####`, thousands commas dropped.
+        for row in rows:
+            final = row["extra_info"]["answer"].split("####")[-1].strip().replace(",", "")
+            assert row["reward_model"]["ground_truth"] == final
+        assert set(rows[0]) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}

@@ -180,7 +180,7 @@ def test_sampled_validation_means_are_exact_whatever_the_batching(setup, batch_s
     params = SamplingParams(n=3, max_new_tokens=6, do_sample=True, temperature=1.0, seed=5)
     metrics = run_validation(
         engine, RewardManager(tokenizer, score_is_ground_truth), dataset, params=params, batch_size=batch_size
-    )
+    ).metrics
     # test/a prompts score 1, 0, 1 on every sample; test/b's one prompt 0.25.
     assert metrics["val-core/test/a/reward/mean@3"] == pytest.approx(2 / 3)
     assert metrics["val-core/test/b/reward/mean@3"] == pytest.approx(0.25)
@@ -194,8 +194,8 @@ def test_greedy_validation_is_deterministic_and_counts_one_response_n_times(setu
     tokenizer, engine, dataset = setup
     reward = RewardManager(tokenizer, score_is_length)
     params = SamplingParams(n=4, max_new_tokens=6, do_sample=False)
-    first = run_validation(engine, reward, dataset, params=params)
-    again = run_validation(engine, reward, dataset, params=params, batch_size=2)
+    first = run_validation(engine, reward, dataset, params=params).metrics
+    again = run_validation(engine, reward, dataset, params=params, batch_size=2).metrics
     first.pop("timing_s/testing"), again.pop("timing_s/testing")
     assert first == pytest.approx(again)
 
@@ -223,3 +223,35 @@ def test_validation_leaves_the_training_sampler_where_it_was(setup):
     params = SamplingParams(n=2, max_new_tokens=4, do_sample=True, seed=9)  # re-seeds the engine inside
     run_validation(engine, RewardManager(tokenizer, score_is_ground_truth), dataset, params=params)
     assert torch.equal(engine.generator.get_state(), before)
+
+
+def test_kept_samples_are_the_decoded_prompts_and_responses_with_their_scores(setup):
+    tokenizer, engine, dataset = setup
+    reward = RewardManager(tokenizer, score_is_length)
+    params = SamplingParams(n=2, max_new_tokens=6, do_sample=True, temperature=1.0, seed=3)
+    assert run_validation(engine, reward, dataset, params=params).samples == []  # not asked for
+    result = run_validation(engine, reward, dataset, params=params, batch_size=3, keep_samples=True)
+    samples = result.samples
+    assert len(samples) == len(dataset) * 2  # sampled: each of the n responses is its own sample
+    for index, item in enumerate(dataset):
+        prompt = tokenizer.decode(item["prompt_ids"], skip_special_tokens=True)
+        for sample in samples[2 * index : 2 * index + 2]:
+            assert sample.input == prompt and sample.gts == item["ground_truth"]
+            assert sample.score == pytest.approx(len(sample.output) / 10)  # the function saw this text
+            assert sample.extras == {"acc": float(item["data_source"] == "test/b")}
+    # The samples' scores are the ones the metrics reduce: test/a's mean over its prompts' samples.
+    a_scores = [
+        s.score
+        for s, item in zip(samples, [i for i in dataset for _ in range(2)], strict=True)
+        if item["data_source"] == "test/a"
+    ]
+    assert result.metrics["val-aux/test/a/reward/mean@2"] == pytest.approx(sum(a_scores) / len(a_scores))
+
+
+def test_greedy_validation_keeps_one_sample_per_prompt(setup):
+    tokenizer, engine, dataset = setup
+    params = SamplingParams(n=4, max_new_tokens=6, do_sample=False)
+    result = run_validation(
+        engine, RewardManager(tokenizer, score_is_ground_truth), dataset, params=params, keep_samples=True
+    )
+    assert [s.gts for s in result.samples] == [item["ground_truth"] for item in dataset]
