@@ -1,0 +1,102 @@
+"""README's GSM8K tour, run as written: the commands are read from README.md's text, not copied here.
+
+They run in a folder laid out like a clone beside the workspace's `shared/` (examples/ linked in, the
+real files at `../shared/realworld`), with `.venv/bin/python` and `.venv/bin/relm` standing for this
+interpreter. The run must leave a sample dump a person can read: decoded prompt and response text, the
+ground truth and a score, and the lines README shows must be what the run printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared"
+REALWORLD = SHARED / "realworld"
+TOUR = re.compile(r"<!-- tour:gsm8k -->\n```bash\n(?P<body>.*?)```\n<!-- /tour:gsm8k -->", re.DOTALL)
+
+
+def tour_commands() -> list[str]:
+    """The tour's shell commands, continuation lines joined."""
+    match = TOUR.search((REPO / "README.md").read_text(encoding="utf-8"))
+    assert match, "README.md has no <!-- tour:gsm8k --> bash block"
+    return [line for line in match["body"].replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def as_argv(command: str) -> list[str]:
+    argv = shlex.split(command)
+    if argv[0] == ".venv/bin/python":
+        return [sys.executable, *argv[1:]]
+    if argv[0] == ".venv/bin/relm":
+        return [sys.executable, "-m", "relm.cli", *argv[1:]]
+    return argv
+
+
+def test_readme_gsm8k_tour_runs_as_written_and_its_dump_reads(tmp_path: Path):
+    if not (REALWORLD / "data" / "gsm8k").is_dir() or not (REALWORLD / "tokenizers" / "qwen2.5").is_dir():
+        pytest.skip(f"{REALWORLD} is not on this machine")
+    clone = tmp_path / "relm"
+    clone.mkdir()
+    (clone / "examples").symlink_to(REPO / "examples")
+    (tmp_path / "shared").symlink_to(SHARED)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("RELM_DEBUG", None)
+
+    outputs = []
+    for command in tour_commands():
+        done = subprocess.run(
+            as_argv(command), cwd=clone, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        outputs.append(done.stdout)
+
+    run_dir = clone / "outputs" / "gsm8k-grpo"
+    assert sorted(p.name for p in (run_dir / "rollout").iterdir()) == ["1.jsonl", "2.jsonl"]
+    questions = {
+        json.loads(line)["question"]
+        for line in (REALWORLD / "data" / "gsm8k" / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    }
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for step in (1, 2):
+        rows = [json.loads(line) for line in (run_dir / "rollout" / f"{step}.jsonl").read_text().splitlines()]
+        assert len(rows) == 4 * 2
+        for row in rows:
+            # The prompt decodes to the chat template's text around a real GSM8K question...
+            assert row["input"].startswith("system\n") and row["input"].endswith("assistant\n")
+            assert any(question in row["input"] for question in questions)
+            # ...and the response to text (random weights: any text, but text of the real vocabulary).
+            assert isinstance(row["output"], str) and row["output"]
+            assert "\ufffd" not in row["input"]
+            assert isinstance(row["score"], float) and row["gts"].lstrip("-").replace(".", "").isdigit()
+            assert row["step"] == step
+        assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(
+            steps[step - 1]["critic/score/mean"]
+        )
+
+    # What README shows under the commands is what `head` printed (README trims the long texts).
+    printed = [json.loads(line) for line in outputs[-1].splitlines()]
+    assert len(printed) == 2
+    shown = re.search(
+        r"in the real vocabulary \(trimmed here\):\n\n```\n(?P<text>.*?)```", _readme(), re.DOTALL
+    )
+    assert shown, "README shows no dump excerpt after the tour"
+    shown_lines = shown["text"].splitlines()
+    assert len(shown_lines) == len(printed)
+    for line, row in zip(shown_lines, printed, strict=True):
+        shown_input = re.search(r'"input": "(?P<prefix>[^"…]*)', line)["prefix"]
+        assert json.dumps(row["input"], ensure_ascii=False)[1:].startswith(shown_input)
+        assert f'"gts": "{row["gts"]}"' in line and f'"step": {row["step"]}' in line
+
+
+def _readme() -> str:
+    return (REPO / "README.md").read_text(encoding="utf-8")
