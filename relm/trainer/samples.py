@@ -93,7 +93,10 @@ def write_step_dump(folder: Path, step: int, samples: list[GenerationSample]) ->
     """Write `folder/{step}.jsonl` (one object per sample) atomically; returns its path."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{step}.jsonl"
-    text = "".join(json.dumps(sample.record(step), ensure_ascii=False) + "\n" for sample in samples)
+    # default=str: a ground truth of an unusual type (a date, a numpy scalar) is shown rather than fatal
+    text = "".join(
+        json.dumps(sample.record(step), ensure_ascii=False, default=str) + "\n" for sample in samples
+    )
     write_atomic_text(path, text)
     return path
 
