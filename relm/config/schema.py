@@ -489,7 +489,9 @@ class TrainerConfig:
     balance_batch: bool = True
     """Balance tokens across data-parallel ranks (a no-op on one device)."""
     resume_mode: str = "auto"
-    """`auto`, `disable` or `resume_path`."""
+    """`auto` (resume the run folder's latest checkpoint; refused if settings that change the training
+    differ from its config.yaml), `disable` (start fresh) or `resume_path` (the named checkpoint, even
+    under changed settings, which are logged)."""
     resume_from_path: str | None = None
     """Checkpoint folder when `resume_mode=resume_path`."""
     max_actor_ckpt_to_keep: int | None = None

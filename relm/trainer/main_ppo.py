@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 from relm.config.loader import load_config
+from relm.config.schema import RelmConfig
 from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
 from relm.distributed.context import in_torchrun, init_distributed
 from relm.distributed.launcher import launch, needs_torchrun, world_size_of
@@ -14,8 +16,10 @@ from relm.logs import setup_logging
 from relm.models.loading import load_config as load_model_config
 from relm.models.registry import import_external_lib
 from relm.rewards.custom import resolve_compute_score
+from relm.trainer.checkpoint import find_resume_checkpoint
 from relm.trainer.components import pick_device
 from relm.trainer.loggers import check_logger_packages
+from relm.trainer.run_config import check_resumed_settings, write_run_config
 
 logger = logging.getLogger("relm")
 
@@ -39,6 +43,10 @@ def train_command(argv: list[str]) -> int:
     reward = cfg.custom_reward_function
     compute_score = resolve_compute_score(reward.path, reward.name)
     check_logger_packages(cfg.trainer.logger)
+    run_dir, trainer_cfg = Path(cfg.trainer.default_local_dir), cfg.trainer
+    checkpoint = find_resume_checkpoint(run_dir, trainer_cfg.resume_mode, trainer_cfg.resume_from_path)
+    if checkpoint is not None:
+        check_resumed_settings(cfg, run_dir, checkpoint)  # before anything loads
     device = pick_device(cfg.trainer.device)  # `cuda` on a machine without one fails here, not after loading
     if needs_torchrun(cfg, device) and not in_torchrun():
         return launch(cfg, argv, device)
@@ -47,6 +55,7 @@ def train_command(argv: list[str]) -> int:
     try:
         if dist.is_main:
             print(CONFIG_OK_MESSAGE, flush=True)
+            record_run_config(cfg)
 
         from relm.trainer.components import build_components
         from relm.trainer.ppo import train
@@ -56,6 +65,12 @@ def train_command(argv: list[str]) -> int:
     finally:
         dist.close(finished=finished)
     return 0
+
+
+def record_run_config(cfg: RelmConfig) -> None:
+    """`config.yaml` in the run folder: what this start trains, for the user and for the next resume."""
+    path = write_run_config(cfg, Path(cfg.trainer.default_local_dir))
+    logger.info("resolved config in %s", path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -256,6 +256,13 @@ def train(c: RunComponents) -> None:
                 offload.to_host()  # loading put the moments on the GPU
         start = restored.step
         guard.load_state_dict(restored.loop_state.get("skip_guard", {}))
+        if start >= total:
+            logger.info(
+                "the run in %s is finished (step %d of %d): nothing to train; raise "
+                "trainer.total_training_steps to go on, or use a new trainer.default_local_dir",
+                c.run_dir, start, total,
+            )  # fmt: skip
+            return
         logger.info("resumed from %s: continuing at step %d of %d", checkpoint, start + 1, total)
     val_dataset = make_val_dataset(c.cfg, c.tokenizer)
     if trainer_cfg.val_only and val_dataset is None:
