@@ -256,7 +256,7 @@ def train(c: RunComponents) -> None:
                 offload.to_host()  # loading put the moments on the GPU
         start = restored.step
         guard.load_state_dict(restored.loop_state.get("skip_guard", {}))
-        if start >= total:
+        if start >= total and not trainer_cfg.val_only:  # evaluating a finished run is fine
             logger.info(
                 "the run in %s is finished (step %d of %d): nothing to train; raise "
                 "trainer.total_training_steps to go on, or use a new trainer.default_local_dir",
