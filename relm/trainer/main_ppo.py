@@ -14,8 +14,9 @@ from relm.logs import setup_logging
 from relm.models.loading import load_config as load_model_config
 from relm.models.registry import import_external_lib
 from relm.rewards.custom import resolve_compute_score
-from relm.trainer.components import pick_device
+from relm.trainer.components import build_components, pick_device
 from relm.trainer.loggers import check_logger_packages
+from relm.trainer.ppo import train
 
 logger = logging.getLogger("relm")
 
@@ -47,9 +48,6 @@ def train_command(argv: list[str]) -> int:
     try:
         if dist.is_main:
             print(CONFIG_OK_MESSAGE, flush=True)
-
-        from relm.trainer.components import build_components
-        from relm.trainer.ppo import train
 
         train(build_components(cfg, model_dir, compute_score=compute_score, dist=dist))
         finished = True
