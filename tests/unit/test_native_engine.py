@@ -26,8 +26,9 @@ from relm.models.loading import load_causal_lm
 from relm.models.zoo import ZOO, materialize_zoo
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.native.attention import grouped_attention, restrict_to_window
+from relm.rollout.native.attention import restrict_to_window
 from relm.rollout.native.engine import NativeRolloutEngine
+from relm.rollout.native.grouped_attention import grouped_attention
 from relm.rollout.padding import left_pad
 
 # Lengths around the tiny zoo's sliding window (16): the 30-token prompt and 20 new tokens make the
