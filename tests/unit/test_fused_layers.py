@@ -7,6 +7,7 @@ import torch
 import transformers.models.qwen2.modeling_qwen2 as modeling_qwen2
 from transformers import AutoModelForCausalLM
 
+from relm.learner import vocab_chunks
 from relm.learner.forward import response_logprobs
 from relm.learner.vocab_chunks import compiled_pieces
 from relm.models.fused_layers import FusedLayers
@@ -93,6 +94,7 @@ def test_compiled_training_forward_backward_matches_eager(remove_padding, checkp
     mask = (ids != 0).long()
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     results = []
+    eager_token_logprobs = vocab_chunks._token_logprobs
     for compiled in (False, True):
         model = tiny_lm(seed=0)
         if checkpointing:
@@ -104,7 +106,10 @@ def test_compiled_training_forward_backward_matches_eager(remove_padding, checkp
                 remove_padding=remove_padding,
             )  # fmt: skip
             (lp * mask[:, -4:]).sum().backward()
+            # the learner's vocabulary-chunk function, passed in by the caller, is the one swapped
+            assert (vocab_chunks._token_logprobs is not eager_token_logprobs) == compiled
         assert fused.active == compiled
+        assert vocab_chunks._token_logprobs is eager_token_logprobs
         results.append((lp.detach(), ent, [p.grad for p in model.parameters()]))
     (lp0, ent0, grads0), (lp1, ent1, grads1) = results
     torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
