@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from relm.rollout.native.attention import grouped_attention
+from relm.rollout.native.grouped_attention import grouped_attention
 
 
 def main() -> None:

@@ -82,6 +82,7 @@ def bench_update(argv: list[str]) -> int:
     from relm.config.schema import ActorConfig
     from relm.learner.actor import update_actor
     from relm.learner.optim import build_optimizer
+    from relm.learner.vocab_chunks import compiled_pieces
     from relm.models.fused_layers import FusedLayers
     from relm.models.loading import load_causal_lm, resolve_model_dir
     from relm.models.precision import pick_precision
@@ -102,7 +103,9 @@ def bench_update(argv: list[str]) -> int:
         clip_ratio_low=0.2, clip_ratio_high=0.2, entropy_coeff=args.entropy_coeff,
     )  # fmt: skip
     optimizer, scheduler = build_optimizer(model, cfg.optim, 10 * (args.repeats + 1))
-    fused = FusedLayers(model, enabled=not args.no_compile and device.type == "cuda")
+    fused = FusedLayers(
+        model, enabled=not args.no_compile and device.type == "cuda", functions=compiled_pieces()
+    )
     batch = synthetic_batch(
         args.rows, args.prompt_len, args.response_len, model.config.get_text_config().vocab_size
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from relm.config.fsdp_size import FSDP_SIZE_KEYS, check_fsdp_size
 from relm.config.schema import RelmConfig
 from relm.errors import UserError
 
@@ -298,8 +299,6 @@ def _check_batches(cfg: RelmConfig) -> None:
 
 
 def _check_fsdp_sizes(cfg: RelmConfig) -> None:
-    from relm.distributed.layout import FSDP_SIZE_KEYS, check_fsdp_size
-
     arr = cfg.actor_rollout_ref
     values = (
         arr.actor.fsdp_config.fsdp_size,

@@ -19,9 +19,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from relm.algorithms.losses import AggScale
-from relm.learner.minibatch import microbatch_indices
-
 if TYPE_CHECKING:
     from relm.distributed.context import DistContext
 
@@ -102,32 +99,3 @@ def split_to_count(groups: list[torch.Tensor], target: int) -> list[torch.Tensor
         half = len(groups[largest]) // 2
         groups[largest : largest + 1] = [groups[largest][:half], groups[largest][half:]]
     return groups
-
-
-def minibatch_split(
-    response_mask: torch.Tensor,
-    minibatch: torch.Tensor,
-    rows_per_microbatch: int,
-    *,
-    token_counts: torch.Tensor,
-    max_tokens: int | None,
-    dist: DistContext | None,
-) -> tuple[AggScale, list[torch.Tensor]]:
-    """A mini-batch's loss normaliser and its micro-batches, for the actor and the critic alike.
-
-    The normaliser counts the whole mini-batch, summed over ranks in a data-parallel run (each rank's
-    loss is its share of the global one), and every rank makes as many micro-batches (each FSDP pass
-    is a collective).
-
-    Args:
-        response_mask: [N, R] of the step's whole batch.
-        minibatch: [M] row indices of this mini-batch.
-    """
-    scale = AggScale.of(response_mask[minibatch])
-    micros = list(
-        microbatch_indices(minibatch, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens)
-    )
-    if dist is not None and dist.is_distributed:
-        scale = AggScale(*dist.sum_floats([scale.num_tokens, scale.num_seqs]))
-        micros = same_group_count(micros, dist)
-    return scale, micros

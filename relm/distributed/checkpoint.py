@@ -27,6 +27,7 @@ from torch import nn
 
 from relm.distributed.context import DistContext
 from relm.errors import UserError
+from relm.models.value_model import ValueModel
 
 DCP_FOLDER = "dcp"
 SCHEDULER_FILE = "scheduler.pt"
@@ -156,8 +157,6 @@ def export_sharded(folder: Path, dest: Path, *, value_model: bool) -> None:
     with torch.device("meta"):
         model: nn.Module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         if value_model:
-            from relm.models.value_model import ValueModel
-
             model = ValueModel(model)
     model.to_empty(device="cpu")
     if hasattr(model, "tie_weights"):

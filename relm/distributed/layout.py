@@ -32,17 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relm.errors import UserError
-
-SHARD_OVER_ALL = -1
-"""verl's `fsdp_size` for "shard over every rank"."""
-
-FSDP_SIZE_KEYS = {
-    "actor": "actor_rollout_ref.actor.fsdp_config.fsdp_size",
-    "reference": "actor_rollout_ref.ref.fsdp_config.fsdp_size",
-    "critic": "critic.model.fsdp_config.fsdp_size",
-}
-"""The config key that lays out each model."""
+from relm.config.fsdp_size import SHARD_OVER_ALL, check_fsdp_size
 
 
 @dataclass(frozen=True)
@@ -69,22 +59,6 @@ class Layout:
         if self.num_copies == 1:
             return f"sharded over {self.shard_size} ranks"
         return f"sharded over {self.shard_size} ranks, {self.num_copies} copies"
-
-
-def check_fsdp_size(value: int | None, *, key: str, world_size: int) -> None:
-    """An `fsdp_size` the run can use: unset, -1, or a positive divisor of the world size.
-
-    Raises:
-        UserError: naming the key, the world size and the values that work.
-    """
-    if value is None or value == SHARD_OVER_ALL:
-        return
-    if value < 1 or world_size % value:
-        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise UserError(
-            f"`{key}={value}` must divide the {world_size} data-parallel ranks; use one of "
-            f"{', '.join(map(str, divisors))}, -1 (shard over all ranks) or leave it unset (relm's plan decides)"
-        )
 
 
 def decide_layout(

@@ -12,11 +12,9 @@ import inspect
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-# Token positions whose fp32 vocabulary rows are materialized at once when no chunk is given:
-# 2^26 fp32 values = 256 MiB per intermediate, whatever the vocabulary size.
-_DEFAULT_CHUNK_VALUES = 1 << 26
+from relm.learner.packing import packed_response_logprobs, packed_response_values
+from relm.learner.vocab_chunks import DEFAULT_CHUNK_VALUES, vocab_chunk_stats
 
 
 def response_logprobs(
@@ -67,8 +65,6 @@ def response_logprobs(
             f"response_width {response_width} must be in [1, {width - 1}] for sequences of {width}"
         )
     if remove_padding and _accepts_logits_to_keep(model):
-        from relm.learner.packing import packed_response_logprobs
-
         return packed_response_logprobs(
             model, input_ids, attention_mask, response_width, temperature=temperature,
             compute_entropy=compute_entropy, entropy_grad=entropy_grad, positions_per_chunk=vocab_chunk,
@@ -84,7 +80,7 @@ def response_logprobs(
     # `split` views, not indexing: autograd joins a split's gradients in one concatenation, whereas
     # each indexed slice's backward materialises (and then adds) a zero-filled [N, R+1, V] gradient,
     # which cost a fifth of an update at 152k vocabulary entries.
-    positions_per_block = vocab_chunk or max(1, _DEFAULT_CHUNK_VALUES // logits.shape[-1])
+    positions_per_block = vocab_chunk or max(1, DEFAULT_CHUNK_VALUES // logits.shape[-1])
     rows_per_block = max(1, positions_per_block // response_width)
     cols_per_block = min(response_width, positions_per_block)
     column_sizes = [cols_per_block] * (response_width // cols_per_block)
@@ -115,61 +111,6 @@ def response_logprobs(
     return logprobs, (torch.cat(entropy_rows) if compute_entropy else None)
 
 
-def vocab_chunk_stats(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    scale: float,
-    compute_entropy: bool,
-    entropy_grad: bool,
-    use_checkpoint: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprob of `targets` (and entropy) of one chunk of logits [..., c, V] -> [..., c] fp32 each.
-
-    With `use_checkpoint` only the model-dtype logits view is saved; the fp32 softmax is recomputed
-    in backward. An entropy without gradient is computed apart, under no_grad, so the backward
-    neither recomputes nor differentiates it.
-    """
-    with_entropy = compute_entropy and entropy_grad
-    if use_checkpoint:
-        logprob, entropy = checkpoint(
-            _token_logprobs, logits, targets, scale, with_entropy, use_reentrant=False
-        )
-    else:
-        logprob, entropy = _token_logprobs(logits, targets, scale, with_entropy)
-    if compute_entropy and not entropy_grad:
-        with torch.no_grad():
-            entropy = _token_entropy(logits, scale)
-    return logprob, (entropy if compute_entropy else None)
-
-
-def _token_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, scale: float, compute_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """[n, c, V] logits, [n, c] targets -> ([n, c] logprob, [n, c] entropy or zeros when not asked).
-
-    `relm.models.fused_layers` swaps in a compiled copy of this and `_token_entropy` on CUDA: eager,
-    each line is a pass over [n, c, V] fp32 values; compiled, the chunk is read about once.
-    """
-    scaled = logits.float() / scale  # [n, c, V]
-    log_norm = torch.logsumexp(scaled, dim=-1)  # [n, c]
-    logprob = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm  # [n, c]
-    if not compute_entropy:
-        return logprob, torch.zeros_like(logprob)
-    return logprob, _entropy_of(scaled, log_norm)
-
-
-def _token_entropy(logits: torch.Tensor, scale: float) -> torch.Tensor:
-    """[n, c, V] logits -> [n, c] entropy of softmax(logits / scale)."""
-    scaled = logits.float() / scale
-    return _entropy_of(scaled, torch.logsumexp(scaled, dim=-1))
-
-
-def _entropy_of(scaled: torch.Tensor, log_norm: torch.Tensor) -> torch.Tensor:
-    # H = -sum p log p = log Z - sum p * z, which needs no second [n, c, V] log-prob tensor.
-    probs = torch.softmax(scaled, dim=-1)  # [n, c, V]
-    return log_norm - (probs * scaled).sum(dim=-1)  # [n, c]
-
-
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
     try:
         return "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -195,8 +136,6 @@ def response_values(
     `values[:, -R - 1 : -1]`). It lines up with the logprob of token t for GAE.
     """
     if remove_padding:
-        from relm.learner.packing import packed_response_values
-
         return packed_response_values(value_model, input_ids, attention_mask, response_width)
     values = value_model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids

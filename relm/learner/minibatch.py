@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
+
+from relm.algorithms.losses import AggScale
+from relm.distributed.balance import same_group_count
+
+if TYPE_CHECKING:
+    from relm.distributed.context import DistContext
 
 ADDITIVE_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss"})
 """Losses computed with the mini-batch's `AggScale`: each micro-batch holds a share, so they are summed
@@ -66,6 +73,35 @@ def token_budget_bins(rows: torch.Tensor, costs: torch.Tensor, max_tokens: int) 
             loads[target] += cost
     ordered = sorted(sorted(members) for members in bins)
     return [rows[torch.tensor(members, dtype=torch.long)] for members in ordered]
+
+
+def minibatch_split(
+    response_mask: torch.Tensor,
+    minibatch: torch.Tensor,
+    rows_per_microbatch: int,
+    *,
+    token_counts: torch.Tensor,
+    max_tokens: int | None,
+    dist: DistContext | None,
+) -> tuple[AggScale, list[torch.Tensor]]:
+    """A mini-batch's loss normaliser and its micro-batches, for the actor and the critic alike.
+
+    The normaliser counts the whole mini-batch, summed over ranks in a data-parallel run (each rank's
+    loss is its share of the global one), and every rank makes as many micro-batches (each FSDP pass
+    is a collective).
+
+    Args:
+        response_mask: [N, R] of the step's whole batch.
+        minibatch: [M] row indices of this mini-batch.
+    """
+    scale = AggScale.of(response_mask[minibatch])
+    micros = list(
+        microbatch_indices(minibatch, rows_per_microbatch, token_counts=token_counts, max_tokens=max_tokens)
+    )
+    if dist is not None and dist.is_distributed:
+        scale = AggScale(*dist.sum_floats([scale.num_tokens, scale.num_seqs]))
+        micros = same_group_count(micros, dist)
+    return scale, micros
 
 
 def forward_token_counts(attention_mask: torch.Tensor, remove_padding: bool) -> torch.Tensor:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from relm.learner.vocab_chunks import DEFAULT_CHUNK_VALUES, vocab_chunk_stats
+
 
 @dataclass
 class PackedLayout:
@@ -94,8 +96,6 @@ def packed_response_logprobs(
     Only the K positions that predict a response token go through the output head
     (`logits_to_keep` as an index tensor), and their fp32 log-softmax runs in checkpointed chunks.
     """
-    from relm.learner.forward import _DEFAULT_CHUNK_VALUES, vocab_chunk_stats
-
     num_rows = input_ids.shape[0]
     layout = pack(input_ids, attention_mask, response_width)
     logits = model(
@@ -107,7 +107,7 @@ def packed_response_logprobs(
         **layout.attention_kwargs(),
     ).logits  # [1, K, V]
     scale = temperature if temperature > 0 else 1.0
-    chunk = positions_per_chunk or max(1, _DEFAULT_CHUNK_VALUES // logits.shape[-1])
+    chunk = positions_per_chunk or max(1, DEFAULT_CHUNK_VALUES // logits.shape[-1])
     use_checkpoint = torch.is_grad_enabled() and logits.requires_grad
     logprob_parts, entropy_parts = [], []
     # `split`, not slicing: see `relm.learner.forward.response_logprobs` (one gradient concatenation

@@ -3,7 +3,7 @@ its micro-batches, clipped and stepped.
 
 What differs between the two is only how one mini-batch's micro-batches are computed (policy loss or
 value loss), passed in as `accumulate`; the rest is here once: train/eval mode, cutting each
-mini-batch into micro-batches with its loss normaliser (`relm.distributed.balance.minibatch_split`),
+mini-batch into micro-batches with its loss normaliser (`relm.learner.minibatch.minibatch_split`),
 FSDP's once-per-mini-batch gathering and gradient sync (`relm.distributed.gathering`), redoing a
 mini-batch that ran out of GPU memory with smaller micro-batches (`relm.learner.microbatch_retry`),
 skipping a step with a non-finite gradient norm, and the per-mini-batch metrics.
@@ -19,12 +19,11 @@ import torch
 from torch import nn
 
 from relm.algorithms.losses import AggScale
-from relm.distributed.balance import minibatch_split
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import Accumulation
 from relm.learner.batch import ExperienceBatch
 from relm.learner.microbatch_retry import MicroBatchSize, with_halving_on_oom
-from relm.learner.minibatch import MinibatchMetrics, forward_token_counts, minibatch_indices
+from relm.learner.minibatch import MinibatchMetrics, forward_token_counts, minibatch_indices, minibatch_split
 from relm.learner.optim import clip_and_step
 
 Accumulate = Callable[[list[torch.Tensor], AggScale, Accumulation], list[dict]]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from relm.algorithms.advantages import ESTIMATORS_WITH_CRITIC
 from relm.config.schema import RelmConfig
 from relm.errors import UserError
 from relm.memory.model_shape import ModelShape
@@ -241,8 +242,6 @@ def _plan_request(
     user_moments: dict[str, torch.dtype | None],
 ) -> PlanRequest:
     """The run's side of the arithmetic, with the shapes read from the configs (no weights exist yet)."""
-    from relm.algorithms.advantages import ESTIMATORS_WITH_CRITIC
-
     arr, critic_cfg = cfg.actor_rollout_ref, cfg.critic
     _, config, _ = load_config(
         model_dir, override_config=arr.model.override_config, trust_remote_code=arr.model.trust_remote_code

@@ -14,6 +14,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from relm.models.registry import registered_model_class
+from relm.models.value_model import ValueModel
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -49,9 +52,6 @@ class ModelShape:
             value_model: the critic: the backbone without the lm_head, plus the value head.
             trust_remote_code: allow a config whose model class ships in the model folder.
         """
-        from relm.models.registry import registered_model_class
-        from relm.models.value_model import ValueModel
-
         model_class = registered_model_class((getattr(config, "architectures", None) or [None])[0])
         with torch.device("meta"):
             if model_class is not None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -34,7 +34,6 @@ logger = logging.getLogger("relm")
 
 _CLASS_SUFFIXES = ("RMSNorm", "MLP")
 _FUNCTIONS = ("apply_rotary_pos_emb",)
-_TRAINER_FUNCTIONS = ("_token_logprobs", "_token_entropy")
 
 
 class FusedLayers:
@@ -45,6 +44,9 @@ class FusedLayers:
         enabled: compile at all (False on CPU, or when the user asks for eager generation).
         backend: torch.compile's backend.
         mode: torch.compile's mode (None: its default).
+        functions: more (owner, name) pairs to compile the same way, given by the caller: a training
+            step passes the learner's vocabulary-chunk functions (`relm.learner.vocab_chunks.
+            compiled_pieces`), which this room, below the learner, cannot import.
     """
 
     def __init__(
@@ -53,11 +55,13 @@ class FusedLayers:
         enabled: bool,
         backend: str | Callable[..., Any] = "inductor",
         mode: str | None = None,
+        *,
+        functions: Iterable[tuple[Any, str]] = (),
     ) -> None:
         self.backend = backend
         self.mode = mode
         self.disabled_reason: str | None = None if enabled else "disabled"
-        self._targets = _find_targets(model) if enabled else []
+        self._targets = _find_targets(model) + list(functions) if enabled else []
         self._compiled: dict[tuple[Any, str], Callable[..., Any]] = {}
 
     @property
@@ -157,11 +161,6 @@ def _find_targets(model: nn.Module) -> list[tuple[Any, str]]:
         if modeling is None:
             continue
         targets.extend((modeling, name) for name in _FUNCTIONS if callable(getattr(modeling, name, None)))
-    # The trainer's fp32 log-softmax/entropy over vocabulary chunks: eager, each of its lines is a
-    # pass over [positions, vocab] fp32 values (152k columns for Qwen); compiled, about one.
-    from relm.learner import forward
-
-    targets.extend((forward, name) for name in _TRAINER_FUNCTIONS)
     return targets
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from relm.errors import UserError
-from relm.models.registry import registered_model_class
+from relm.models.registry import non_causal_reason, registered_model_class
+from relm.models.zoo import materialize_zoo
 
 logger = logging.getLogger(__name__)
 
@@ -29,37 +29,6 @@ logger = logging.getLogger(__name__)
 # passing for model weights.
 _WEIGHT_FILE_NAMES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 
-# Bidirectional encoders: some have a `*ForCausalLM` class in transformers, but their pretraining
-# never taught left-to-right generation, so RL on them would only train noise.
-_ENCODER_ONLY_MODEL_TYPES = frozenset(
-    {
-        "albert",
-        "bert",
-        "big_bird",
-        "camembert",
-        "convbert",
-        "data2vec-text",
-        "deberta",
-        "deberta-v2",
-        "distilbert",
-        "electra",
-        "ernie",
-        "esm",
-        "megatron-bert",
-        "mobilebert",
-        "modernbert",
-        "mpnet",
-        "rembert",
-        "roberta",
-        "roberta-prelayernorm",
-        "xlm-roberta",
-        "xlm-roberta-xl",
-        "xmod",
-    }
-)
-# Only masked-LM heads mark an encoder: a causal model saved with a classification head (a reward
-# model) is still a decoder, and a common critic initialisation.
-_ENCODER_HEAD_SUFFIXES = ("ForMaskedLM",)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 # Keys that are loading arguments rather than config attributes.
 _LOAD_KWARG_KEYS = frozenset({"attn_implementation"})
@@ -73,8 +42,6 @@ def resolve_model_dir(path: str) -> str:
             cache (this machine has no network to download it).
     """
     if path.startswith("zoo:"):
-        from relm.models.zoo import materialize_zoo  # lazy: the zoo pulls in tokenizer building
-
         return str(materialize_zoo(path))
     local = Path(os.path.expanduser(path))
     if local.is_dir():
@@ -161,34 +128,6 @@ def load_config(
                 f"`{path}`; check the spelling against its config.json"
             )
     return folder, config, attn_implementation
-
-
-def non_causal_reason(config: PretrainedConfig, trust_remote_code: bool = False) -> str | None:
-    """Why `config` is not a decoder-only text causal LM relm can train (one clause), or None."""
-    model_type = getattr(config, "model_type", "")
-    architectures = list(getattr(config, "architectures", None) or [])
-    if getattr(config, "vision_config", None) is not None:
-        return (
-            "is a vision-language model (its config has vision_config); relm trains text-only causal LMs: "
-            "pass the text model"
-        )
-    if getattr(config, "is_encoder_decoder", False):
-        return "is an encoder-decoder model; relm trains decoder-only causal LMs"
-    encoder_heads = [a for a in architectures if a.endswith(_ENCODER_HEAD_SUFFIXES)]
-    causal_heads = [a for a in architectures if a.endswith("ForCausalLM")]
-    if model_type in _ENCODER_ONLY_MODEL_TYPES or (encoder_heads and not causal_heads):
-        return (
-            f"is an encoder-only (BERT-like) model ({', '.join(architectures) or 'no architectures'}) that "
-            "cannot generate text; pass a decoder-only causal LM"
-        )
-    remote_causal = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote_causal:
-        return (
-            f"has model_type `{model_type}`, for which transformers has no causal-LM class; upgrade "
-            "transformers, register its architecture (relm.models.registry.register_model_class), or set "
-            "`trust_remote_code` for a model that ships code"
-        )
-    return None
 
 
 def read_config(folder: str, path: str, trust_remote_code: bool) -> PretrainedConfig:

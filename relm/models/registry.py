@@ -47,6 +47,37 @@ values and gradients (tests/unit/test_packing.py runs every `zoo:tiny/*` model):
 Packing relies on transformers building a block-diagonal mask from restarting position ids, which
 every architecture using its shared masking utilities gets."""
 
+# Bidirectional encoders: some have a `*ForCausalLM` class in transformers, but their pretraining
+# never taught left-to-right generation, so RL on them would only train noise.
+_ENCODER_ONLY_MODEL_TYPES = frozenset(
+    {
+        "albert",
+        "bert",
+        "big_bird",
+        "camembert",
+        "convbert",
+        "data2vec-text",
+        "deberta",
+        "deberta-v2",
+        "distilbert",
+        "electra",
+        "ernie",
+        "esm",
+        "megatron-bert",
+        "mobilebert",
+        "modernbert",
+        "mpnet",
+        "rembert",
+        "roberta",
+        "roberta-prelayernorm",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "xmod",
+    }
+)
+# Only masked-LM heads mark an encoder: a causal model saved with a classification head (a reward
+# model) is still a decoder, and a common critic initialisation.
+_ENCODER_HEAD_SUFFIXES = ("ForMaskedLM",)
 _REGISTERED: dict[str, type[PreTrainedModel]] = {}
 """User registrations: architecture name in config.json -> the class that builds it."""
 
@@ -180,10 +211,36 @@ def config_architecture(config: PretrainedConfig) -> str:
     return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""), "unknown")
 
 
+def non_causal_reason(config: PretrainedConfig, trust_remote_code: bool = False) -> str | None:
+    """Why `config` is not a decoder-only text causal LM relm can train (one clause), or None."""
+    model_type = getattr(config, "model_type", "")
+    architectures = list(getattr(config, "architectures", None) or [])
+    if getattr(config, "vision_config", None) is not None:
+        return (
+            "is a vision-language model (its config has vision_config); relm trains text-only causal LMs: "
+            "pass the text model"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        return "is an encoder-decoder model; relm trains decoder-only causal LMs"
+    encoder_heads = [a for a in architectures if a.endswith(_ENCODER_HEAD_SUFFIXES)]
+    causal_heads = [a for a in architectures if a.endswith("ForCausalLM")]
+    if model_type in _ENCODER_ONLY_MODEL_TYPES or (encoder_heads and not causal_heads):
+        return (
+            f"is an encoder-only (BERT-like) model ({', '.join(architectures) or 'no architectures'}) that "
+            "cannot generate text; pass a decoder-only causal LM"
+        )
+    remote_causal = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote_causal:
+        return (
+            f"has model_type `{model_type}`, for which transformers has no causal-LM class; upgrade "
+            "transformers, register its architecture (relm.models.registry.register_model_class), or set "
+            "`trust_remote_code` for a model that ships code"
+        )
+    return None
+
+
 def classify(config: PretrainedConfig, trust_remote_code: bool = False) -> Classification:
     """Supported / probe / unsupported, with the reason, for a config (no weights needed)."""
-    from relm.models.loading import non_causal_reason  # loading imports this module at load time
-
     arch = config_architecture(config)
     reason = non_causal_reason(config, trust_remote_code)
     if reason is not None:

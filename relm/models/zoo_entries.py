@@ -29,7 +29,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
-from relm.models.tokenizer import build_char_tokenizer
+from relm.models.char_tokenizer import build_char_tokenizer
 
 
 @dataclass(frozen=True)

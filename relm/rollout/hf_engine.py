@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from relm.data.records import left_pad
 from relm.rollout.base import GenerationOutput, SamplingParams, check_generate_args
+from relm.rollout.padding import left_pad
 from relm.rollout.sampling import SampledColumns, filter_top_k_top_p, sample_next_token
 
 # The sampling functions moved to relm.rollout.sampling (the native engine shares them); they stay

@@ -34,6 +34,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import load_file
 
+from relm.distributed.checkpoint import (
+    is_sharded,
+    load_full_into_sharded,
+    load_full_optimizer_into_sharded,
+    load_sharded,
+    save_sharded,
+)
 from relm.errors import UserError
 from relm.trainer.durable import fsync_dir, fsync_tree, write_atomic_text
 
@@ -100,8 +107,6 @@ def save_checkpoint(c: RunComponents, step: int, loop_state: dict[str, Any] | No
         staging.mkdir(parents=True)
     c.dist.barrier()
     if c.dist.is_distributed:
-        from relm.distributed.checkpoint import save_sharded
-
         save_sharded(c.actor, c.actor_optimizer, c.actor_scheduler, staging / "actor", c.dist)
         if c.critic is not None:
             save_sharded(c.critic, c.critic_optimizer, c.critic_scheduler, staging / "critic", c.dist)
@@ -243,8 +248,6 @@ def _load_optimizer(
     if sharded_model is None:
         optimizer.load_state_dict(optim_state)
     else:
-        from relm.distributed.checkpoint import load_full_optimizer_into_sharded
-
         load_full_optimizer_into_sharded(sharded_model, optimizer, optim_state)
     scheduler.load_state_dict(scheduler_state)
 
@@ -264,27 +267,19 @@ def _load_model_and_optimizer(c: RunComponents, folder: Path, state: dict[str, A
     model = c.actor if what == "actor" else c.critic
     optimizer = c.actor_optimizer if what == "actor" else c.critic_optimizer
     scheduler = c.actor_scheduler if what == "actor" else c.critic_scheduler
-    from relm.distributed.checkpoint import is_sharded
-
     if is_sharded(folder):
-        from relm.distributed.checkpoint import load_sharded
-
         load_sharded(model, optimizer, scheduler, folder, what)
         return
     sharded = model if c.dist.is_distributed else None
     if what == "actor":
         load = None
         if sharded is not None:
-            from relm.distributed.checkpoint import load_full_into_sharded
-
             load = lambda tensors: load_full_into_sharded(model, tensors)  # noqa: E731
         _load_module_weights(model, folder, what, load)
     elif sharded is None:
         _load_module_weights(model.backbone, folder, what)
         model.value_head.load_state_dict(load_file(str(folder / "value_head.safetensors")))
     else:
-        from relm.distributed.checkpoint import load_full_into_sharded
-
         head = load_file(str(folder / "value_head.safetensors"))
 
         def load_critic(tensors: dict[str, torch.Tensor]) -> None:

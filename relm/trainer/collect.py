@@ -8,6 +8,7 @@ import torch
 
 from relm.algorithms.filtering import groups_with_variance
 from relm.data.records import PromptBatch
+from relm.errors import UserError
 from relm.learner.batch import ExperienceBatch
 from relm.rewards.manager import RewardResult, place_on_last_token
 from relm.rewards.shaping import overlong_penalty
@@ -82,8 +83,6 @@ def _filter_values(batch: ExperienceBatch, extras: dict[str, torch.Tensor], metr
     if metric in SCORE_METRICS:
         return batch.token_scores.sum(-1)
     if metric not in extras:
-        from relm.errors import UserError
-
         raise UserError(
             f"`algorithm.filter_groups.metric={metric}`: the reward function returned no `{metric}`; "
             f"use one of {', '.join(SCORE_METRICS)} or a key it returns ({', '.join(sorted(extras)) or 'none'})"

@@ -22,17 +22,21 @@ from relm.data.dataset import PromptDataset
 from relm.data.demo_task import write_demo_parquet
 from relm.data.loader import PromptLoader
 from relm.distributed.context import DistContext
+from relm.distributed.fsdp import shard_model
 from relm.distributed.layout import Layout
+from relm.distributed.rollout import DataParallelEngine
 from relm.errors import UserError
+from relm.learner.optim import build_optimizer
 from relm.learner.varlen_attention import (
     VARLEN_ATTENTION,
     register_varlen_attention,
     varlen_kernel_available,
 )
+from relm.learner.vocab_chunks import compiled_pieces
 from relm.memory.choices import MemoryChoices, build_residency, choose_memory, data_parallel_choices
 from relm.memory.offload import OffloadedOptimizerStates, Residency
 from relm.models.fused_layers import FusedLayers
-from relm.models.loading import load_causal_lm, pick_dtype
+from relm.models.loading import load_causal_lm, pick_dtype, resolve_model_dir
 from relm.models.precision import Precision
 from relm.models.tokenizer import load_tokenizer
 from relm.models.value_model import load_value_model
@@ -42,6 +46,7 @@ from relm.rewards.manager import RewardManager
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.engine import NativeRolloutEngine
+from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
 from relm.rollout.watchdog import WatchedEngine
 
 logger = logging.getLogger("relm")
@@ -172,8 +177,6 @@ def build_components(
     context of a torchrun process (`relm.distributed.context.init_distributed`): with it the models are
     sharded with FSDP2 and the engine generates this rank's share of each batch.
     """
-    from relm.learner.optim import build_optimizer
-
     arr = cfg.actor_rollout_ref
     dist = dist or DistContext()
     device = dist.device if dist.is_distributed else pick_device(cfg.trainer.device)
@@ -233,13 +236,11 @@ def build_components(
     if cfg.algorithm.adv_estimator in ESTIMATORS_WITH_CRITIC:
         critic_dir = cfg.critic.model.path or model_dir
         if cfg.critic.model.path:
-            from relm.models.loading import resolve_model_dir
-
             critic_dir = resolve_model_dir(cfg.critic.model.path)
     layouts: dict[str, Layout] = {}
     data_parallel_plan = None
     if dist.is_distributed:
-        from relm.distributed.fsdp import shard_model
+        # Pending: data_parallel imports RunComponents back (a file cycle the Trainee rework removes).
         from relm.trainer.data_parallel import choose_layouts
 
         layouts, data_parallel_plan = choose_layouts(
@@ -280,8 +281,6 @@ def build_components(
             use_varlen_attention(critic.backbone, device)
         critic.eval()
         if dist.is_distributed:
-            from relm.distributed.fsdp import shard_model
-
             critic = shard_model(
                 critic, dist, precision, offload=cfg.critic.model.fsdp_config.offload_policy,
                 shard_size=layouts["critic"].shard_size,
@@ -345,8 +344,6 @@ def build_components(
         arr.rollout.timeout_s,
     )
     if dist.is_distributed:
-        from relm.distributed.rollout import DataParallelEngine
-
         # The native and HF engines hold the whole model on every rank, so every rank is its own
         # generation group; an engine that shards the model (vLLM) would pass its tensor-parallel size.
         if arr.rollout.tensor_model_parallel_size > 1:
@@ -376,7 +373,9 @@ def build_components(
         sizes=sizes,
         generator=torch.Generator().manual_seed(cfg.seed),
         precision=precision,
-        fused=FusedLayers(actor, enabled=arr.actor.use_torch_compile and device.type == "cuda"),
+        fused=FusedLayers(
+            actor, enabled=arr.actor.use_torch_compile and device.type == "cuda", functions=compiled_pieces()
+        ),
         memory=memory,
         residency=residency,
         actor_optimizer_offload=optimizer_offload,
@@ -445,8 +444,6 @@ def build_engine(
     from `model_dir`'s config and loaded from the actor.
     """
     if rollout.name == "vllm":
-        from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
-
         settings = VLLMSettings(
             dtype=generation_dtype(rollout, device, precision),
             max_model_len=max_model_len,

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from relm.config.fsdp_size import FSDP_SIZE_KEYS
 from relm.config.schema import RelmConfig
 from relm.distributed.balance import partition_rows
 from relm.distributed.context import DistContext
-from relm.distributed.layout import FSDP_SIZE_KEYS, Layout, decide_layout, describe_layouts
+from relm.distributed.layout import Layout, decide_layout, describe_layouts
 from relm.learner.batch import ExperienceBatch
 from relm.learner.minibatch import ADDITIVE_METRICS
 from relm.memory.choices import data_parallel_plan

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from relm.data.records import PromptBatch, left_pad
+from relm.data.records import PromptBatch
 from relm.distributed.balance import same_group_count
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import gathered_for_passes, passes_are_collective
@@ -16,6 +16,7 @@ from relm.learner.batch import ExperienceBatch
 from relm.learner.forward import response_logprobs, response_values
 from relm.learner.minibatch import forward_token_counts, microbatch_indices
 from relm.rollout.base import GenerationOutput
+from relm.rollout.padding import left_pad
 
 logger = logging.getLogger("relm")
 

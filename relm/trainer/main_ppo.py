@@ -17,8 +17,9 @@ from relm.models.loading import load_config as load_model_config
 from relm.models.registry import import_external_lib
 from relm.rewards.custom import resolve_compute_score
 from relm.trainer.checkpoint import find_resume_checkpoint
-from relm.trainer.components import pick_device
+from relm.trainer.components import build_components, pick_device
 from relm.trainer.loggers import check_logger_packages
+from relm.trainer.ppo import train
 from relm.trainer.run_config import check_resumed_settings, write_run_config
 
 logger = logging.getLogger("relm")
@@ -56,9 +57,6 @@ def train_command(argv: list[str]) -> int:
         if dist.is_main:
             print(CONFIG_OK_MESSAGE, flush=True)
             record_run_config(cfg)
-
-        from relm.trainer.components import build_components
-        from relm.trainer.ppo import train
 
         train(build_components(cfg, model_dir, compute_score=compute_score, dist=dist))
         finished = True

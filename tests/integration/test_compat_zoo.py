@@ -11,8 +11,8 @@ import pytest
 from transformers import MistralConfig
 
 from relm.compat.cli import main, zoo_models
+from relm.models.char_tokenizer import build_char_tokenizer
 from relm.models.registry import unregister_model_class
-from relm.models.tokenizer import build_char_tokenizer
 
 pytestmark = pytest.mark.integration
 

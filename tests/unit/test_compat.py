@@ -23,7 +23,7 @@ from relm.compat.verdicts import (
     check_update_metrics,
     sample_weights,
 )
-from relm.models.tokenizer import build_char_tokenizer
+from relm.models.char_tokenizer import build_char_tokenizer
 from relm.rollout.base import GenerationOutput
 
 PAD, EOS, VOCAB = 0, 3, 101

@@ -14,9 +14,9 @@ import torch
 from relm.data.dataset import PromptDataset
 from relm.data.demo_task import DEMO_DATA_SOURCE, DEMO_LETTERS, DEMO_PROMPT_TOKENS, write_demo_parquet
 from relm.data.loader import PromptLoader
-from relm.data.records import left_pad
 from relm.errors import UserError
-from relm.models.tokenizer import build_char_tokenizer
+from relm.models.char_tokenizer import build_char_tokenizer
+from relm.rollout.padding import left_pad
 
 # ChatML wrapper around a message's content: <|im_start|>user\n ... <|im_end|>\n<|im_start|>assistant\n
 WRAPPER_TOKENS = 19

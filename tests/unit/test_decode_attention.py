@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 
-from relm.rollout.native.attention import grouped_attention, native_attention
+from relm.rollout.native.attention import native_attention
 from relm.rollout.native.decode_attention import (
     KernelConfig,
     available,
@@ -23,6 +23,7 @@ from relm.rollout.native.decode_attention import (
     default_config,
     reference_decode_attention,
 )
+from relm.rollout.native.grouped_attention import grouped_attention
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}

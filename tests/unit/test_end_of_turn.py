@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, GenerationConfig
 
-from relm.models.tokenizer import build_char_tokenizer, end_of_turn_ids
+from relm.models.char_tokenizer import build_char_tokenizer
+from relm.models.tokenizer import end_of_turn_ids
 
 REALWORLD = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "tokenizers"
 

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from relm.data.records import left_pad
 from relm.learner.forward import response_logprobs, response_values
 from relm.models.value_model import ValueModel
+from relm.rollout.padding import left_pad
 from tests.tiny_models import tiny_lm
 
 PAD = 0

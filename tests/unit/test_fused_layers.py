@@ -7,6 +7,9 @@ import torch
 import transformers.models.qwen2.modeling_qwen2 as modeling_qwen2
 from transformers import AutoModelForCausalLM
 
+from relm.learner import vocab_chunks
+from relm.learner.forward import response_logprobs
+from relm.learner.vocab_chunks import compiled_pieces
 from relm.models.fused_layers import FusedLayers
 from relm.models.zoo import zoo_config
 from relm.rollout.base import SamplingParams
@@ -17,11 +20,14 @@ PROMPTS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
 
 
 def test_targets_are_norms_dense_mlps_rotary_and_the_trainers_vocabulary_chunks():
-    fused = FusedLayers(tiny_lm(seed=0), enabled=True)
+    fused = FusedLayers(tiny_lm(seed=0), enabled=True, functions=compiled_pieces())
     assert fused.describe() == (
-        "Qwen2MLP.forward, Qwen2RMSNorm.forward, relm.learner.forward._token_entropy, "
-        "relm.learner.forward._token_logprobs, transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"
+        "Qwen2MLP.forward, Qwen2RMSNorm.forward, relm.learner.vocab_chunks._token_entropy, "
+        "relm.learner.vocab_chunks._token_logprobs, "
+        "transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"
     )
+    # The engine passes no functions: the learner's pieces are compiled only where a caller asks.
+    assert "relm.learner" not in FusedLayers(tiny_lm(seed=0), enabled=True).describe()
 
 
 def test_routed_experts_stay_eager():
@@ -84,24 +90,26 @@ def test_a_failing_compiler_falls_back_to_the_models_own_code():
 def test_compiled_training_forward_backward_matches_eager(remove_padding, checkpointing):
     """Training through the compiled pieces (norms, MLP, rotary and the checkpointed vocabulary chunks,
     recomputed in backward): same logprobs, entropy and gradients as eager (aot_eager keeps CPU fast)."""
-    from relm.learner.forward import response_logprobs
-
     ids = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7], [0, 0, 8, 9, 10, 11, 12, 0]])
     mask = (ids != 0).long()
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     results = []
+    eager_token_logprobs = vocab_chunks._token_logprobs
     for compiled in (False, True):
         model = tiny_lm(seed=0)
         if checkpointing:
             model.gradient_checkpointing_enable()
-        fused = FusedLayers(model, enabled=compiled, backend="aot_eager")
+        fused = FusedLayers(model, enabled=compiled, backend="aot_eager", functions=compiled_pieces())
         with fused.applied():
             lp, ent = response_logprobs(
                 model, ids, mask, positions, 4, temperature=0.7, compute_entropy=True, vocab_chunk=3,
                 remove_padding=remove_padding,
             )  # fmt: skip
             (lp * mask[:, -4:]).sum().backward()
+            # the learner's vocabulary-chunk function, passed in by the caller, is the one swapped
+            assert (vocab_chunks._token_logprobs is not eager_token_logprobs) == compiled
         assert fused.active == compiled
+        assert vocab_chunks._token_logprobs is eager_token_logprobs
         results.append((lp.detach(), ent, [p.grad for p in model.parameters()]))
     (lp0, ent0, grads0), (lp1, ent1, grads1) = results
     torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)

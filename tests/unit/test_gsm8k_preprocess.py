@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from relm.data.dataset import PromptDataset
-from relm.models.tokenizer import build_char_tokenizer
+from relm.models.char_tokenizer import build_char_tokenizer
 from relm.rewards.registry import default_compute_score
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "gsm8k_preprocess.py"

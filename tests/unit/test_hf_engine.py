@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from relm.data.records import left_pad
 from relm.learner.forward import response_logprobs
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine, filter_top_k_top_p, sample_next_token
+from relm.rollout.padding import left_pad
 from tests.tiny_models import tiny_lm
 
 PAD = 0

@@ -14,7 +14,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GptOssConfig, PreTrainedModel, Qwen2Config
 
-from relm.data.records import left_pad
 from relm.errors import UserError
 from relm.learner.forward import response_logprobs
 from relm.memory.rollout_budget import (
@@ -27,8 +26,10 @@ from relm.models.loading import load_causal_lm
 from relm.models.zoo import ZOO, materialize_zoo
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.native.attention import grouped_attention, restrict_to_window
+from relm.rollout.native.attention import restrict_to_window
 from relm.rollout.native.engine import NativeRolloutEngine
+from relm.rollout.native.grouped_attention import grouped_attention
+from relm.rollout.padding import left_pad
 
 # Lengths around the tiny zoo's sliding window (16): the 30-token prompt and 20 new tokens make the
 # window cut in both prefill and decode; the 2-token prompt gives 28 columns of left padding.

@@ -11,7 +11,7 @@ import torch
 
 from relm.data.demo_task import letter_share_score
 from relm.errors import UserError
-from relm.models.tokenizer import build_char_tokenizer
+from relm.models.char_tokenizer import build_char_tokenizer
 from relm.rewards import (
     RewardManager,
     default_compute_score,

@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from relm.data.demo_task import DEMO_PROMPT_TOKENS
 from relm.errors import UserError
+from relm.models.char_tokenizer import build_char_tokenizer
 from relm.models.registry import inspect_model_architecture
 from relm.models.tokenizer import (
-    build_char_tokenizer,
     encode_prompt,
     load_tokenizer,
     preflight_tokenizer,

@@ -12,8 +12,9 @@ import torch
 
 from relm.config.schema import RelmConfig, ValKwargsConfig
 from relm.data.dataset import PromptDataset
+from relm.models.char_tokenizer import build_char_tokenizer
 from relm.models.loading import load_causal_lm, resolve_model_dir
-from relm.models.tokenizer import build_char_tokenizer, load_tokenizer
+from relm.models.tokenizer import load_tokenizer
 from relm.rewards.manager import RewardManager
 from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine

@@ -22,6 +22,7 @@ from transformers import AttentionInterface
 
 from relm.rollout.native.decode_attention import available as decode_attention_available
 from relm.rollout.native.decode_attention import decode_attention
+from relm.rollout.native.grouped_attention import grouped_attention
 
 NATIVE_ATTENTION = "relm_native"
 """The name the engine sets as the model's attention implementation during generation."""
@@ -138,34 +139,6 @@ def restrict_to_window(mask: torch.Tensor, window: int) -> torch.Tensor:
     columns = torch.arange(mask.shape[-1], device=mask.device)  # [K]
     query_column = torch.where(mask, columns, -1).amax(dim=-1, keepdim=True)  # [B, 1, Q, 1]
     return mask & (columns > query_column - window)
-
-
-def grouped_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor,
-    scaling: float,
-    softcap: float | None,
-) -> torch.Tensor:
-    """Masked attention with the query heads grouped over their KV head; eager math, no KV copy.
-
-    The same operations and dtypes as transformers' eager attention (matrix products in the model
-    dtype, softmax in fp32, soft-capping as tanh(s / cap) * cap), so soft-capped models match it.
-    """
-    batch, num_heads, num_queries, _ = query.shape
-    num_kv_heads, num_keys = key.shape[1], key.shape[2]
-    group = num_heads // num_kv_heads
-    # Heads h = j * group + g share KV head j (repeat_kv's order), so [B, H, Q, D] regroups by view.
-    grouped_query = (query * scaling).reshape(batch, num_kv_heads, group * num_queries, -1)
-    scores = torch.matmul(grouped_query, key.transpose(-1, -2))  # [B, Hkv, G*Q, K]
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.view(batch, num_kv_heads, group, num_queries, num_keys)
-    scores.masked_fill_(~mask[:, :, None], torch.finfo(scores.dtype).min)  # mask [B, 1, 1, Q, K]
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(probs.view(batch, num_kv_heads, group * num_queries, num_keys), value)
-    return out.view(batch, num_heads, num_queries, -1).transpose(1, 2).contiguous()  # [B, Q, H, Dv]
 
 
 def repeated_kv_sdpa(

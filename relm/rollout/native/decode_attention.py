@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from relm.rollout.native.grouped_attention import grouped_attention
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -82,6 +84,7 @@ def decode_attention(
     Returns:
         [B, 1, H, Dv] contiguous in the query's dtype, the layout `native_attention` returns.
     """
+    # Deferred: the kernels' module imports Triton, which a CPU-only install may lack.
     kernels = importlib.import_module("relm.rollout.native.decode_attention_kernels")
     batch, num_heads, _, head_dim = query.shape
     num_kv_heads, num_columns, value_dim = key.shape[1], key.shape[2], value.shape[-1]
@@ -162,16 +165,13 @@ def reference_decode_attention(
     softcap: float | None = None,
 ) -> torch.Tensor:
     """`decode_attention`'s math in fp32 torch (the CPU path's grouped products), in the query's dtype."""
-    # Imported here: native_attention imports this module to dispatch to the kernel.
-    from relm.rollout.native.attention import grouped_attention
-
     out = grouped_attention(query.float(), key.float(), value.float(), mask, scale, softcap)
     return out.to(query.dtype)  # [B, 1, H, Dv]
 
 
 @functools.cache
 def _triton_importable() -> bool:
-    try:
+    try:  # the kernels' module imports Triton: whether that works is the question asked here
         importlib.import_module("relm.rollout.native.decode_attention_kernels")
     except ImportError:
         return False

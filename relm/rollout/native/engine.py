@@ -37,7 +37,6 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from relm.data.records import left_pad
 from relm.memory.rollout_budget import check_rollout_memory, rows_within_budget
 from relm.models.fused_layers import FusedLayers
 from relm.rollout.base import GenerationOutput, SamplingParams, check_generate_args
@@ -52,6 +51,7 @@ from relm.rollout.native.cuda_graphs import DecodeGraphs
 from relm.rollout.native.decode_state import DecodeBuffers, Prompts, admit_rows, gather_rows
 from relm.rollout.native.fused_projections import FusedProjections
 from relm.rollout.native.slot_scheduler import SlotScheduler
+from relm.rollout.padding import left_pad
 from relm.rollout.sampling import SampledColumns, exponential_race
 
 logger = logging.getLogger("relm")

@@ -1,0 +1,86 @@
+"""The fp32 log-softmax and entropy over chunks of vocabulary rows, shared by the padded and packed forwards.
+
+`relm.learner.forward` (padded rows) and `relm.learner.packing` (one packed row) both cut their logits
+into chunks of token positions and call `vocab_chunk_stats` on each; it lives apart from both so that
+neither has to import the other for it.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+# Token positions whose fp32 vocabulary rows are materialized at once when no chunk is given:
+# 2^26 fp32 values = 256 MiB per intermediate, whatever the vocabulary size.
+DEFAULT_CHUNK_VALUES = 1 << 26
+
+
+def vocab_chunk_stats(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    scale: float,
+    compute_entropy: bool,
+    entropy_grad: bool,
+    use_checkpoint: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of `targets` (and entropy) of one chunk of logits [..., c, V] -> [..., c] fp32 each.
+
+    With `use_checkpoint` only the model-dtype logits view is saved; the fp32 softmax is recomputed
+    in backward. An entropy without gradient is computed apart, under no_grad, so the backward
+    neither recomputes nor differentiates it.
+    """
+    with_entropy = compute_entropy and entropy_grad
+    if use_checkpoint:
+        logprob, entropy = checkpoint(
+            _token_logprobs, logits, targets, scale, with_entropy, use_reentrant=False
+        )
+    else:
+        logprob, entropy = _token_logprobs(logits, targets, scale, with_entropy)
+    if compute_entropy and not entropy_grad:
+        with torch.no_grad():
+            entropy = _token_entropy(logits, scale)
+    return logprob, (entropy if compute_entropy else None)
+
+
+def _token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, scale: float, compute_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, c, V] logits, [n, c] targets -> ([n, c] logprob, [n, c] entropy or zeros when not asked).
+
+    The trainer has `relm.models.fused_layers` swap in a compiled copy of this and `_token_entropy`
+    on CUDA (`compiled_pieces`): eager, each line is a pass over [n, c, V] fp32 values; compiled, the
+    chunk is read about once.
+    """
+    scaled = logits.float() / scale  # [n, c, V]
+    log_norm = torch.logsumexp(scaled, dim=-1)  # [n, c]
+    logprob = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm  # [n, c]
+    if not compute_entropy:
+        return logprob, torch.zeros_like(logprob)
+    return logprob, _entropy_of(scaled, log_norm)
+
+
+def _token_entropy(logits: torch.Tensor, scale: float) -> torch.Tensor:
+    """[n, c, V] logits -> [n, c] entropy of softmax(logits / scale)."""
+    scaled = logits.float() / scale
+    return _entropy_of(scaled, torch.logsumexp(scaled, dim=-1))
+
+
+def _entropy_of(scaled: torch.Tensor, log_norm: torch.Tensor) -> torch.Tensor:
+    # H = -sum p log p = log Z - sum p * z, which needs no second [n, c, V] log-prob tensor.
+    probs = torch.softmax(scaled, dim=-1)  # [n, c, V]
+    return log_norm - (probs * scaled).sum(dim=-1)  # [n, c]
+
+
+def compiled_pieces() -> list[tuple[ModuleType, str]]:
+    """The (module, function name) pairs a training step's `FusedLayers` swaps for compiled copies.
+
+    Passed by the caller (`FusedLayers(..., functions=compiled_pieces())`) rather than looked up by
+    `relm.models.fused_layers` itself: models/ sits below learner/ and must not import it. Eager, each
+    line of these is a pass over [positions, vocab] fp32 values (152k columns for Qwen); compiled,
+    about one. `vocab_chunk_stats` calls them through this module's globals, so the swap reaches it.
+    """
+    module = sys.modules[__name__]
+    return [(module, "_token_logprobs"), (module, "_token_entropy")]
