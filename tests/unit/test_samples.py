@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from relm.config.schema import TrainerConfig
-from relm.data.records import left_pad
 from relm.learner.batch import ExperienceBatch
 from relm.models.tokenizer import build_char_tokenizer
+from relm.rollout.padding import left_pad
 from relm.trainer.samples import (
     VAL_GENERATIONS_FILE,
     GenerationSample,
