@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from relm.data.demo_task import DEMO_PROMPT_TOKENS
 from relm.errors import UserError
+from relm.models.cache import publish_folder as _publish
 from relm.models.registry import inspect_model_architecture
 from relm.models.tokenizer import (
     build_char_tokenizer,
@@ -21,7 +22,7 @@ from relm.models.tokenizer import (
     load_tokenizer,
     preflight_tokenizer,
 )
-from relm.models.zoo import COMPLETE_MARKER, ZOO, _publish, is_zoo_path, materialize_zoo, zoo_config
+from relm.models.zoo import COMPLETE_MARKER, ZOO, is_zoo_path, materialize_zoo, zoo_config
 
 CHATML_PROMPT = "<|im_start|>user\nk<|im_end|>\n<|im_start|>assistant\n"
 
