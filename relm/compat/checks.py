@@ -1,8 +1,9 @@
-"""The three-stage compatibility check of one model: load, rollout, one full actor-critic update.
+"""The compatibility check of one model: tokenizer, load, rollout, one full actor-critic update.
 
-Each stage uses the component `relm train` uses (the loader, the tokenizer preflight, the HF rollout
-engine, the trainer's forward and `ppo_step`), so a pass here means the training run would get
-through the same code, not a look-alike of it.
+Each stage uses the component `relm train` uses (the tokenizer loader and preflight, the model loader,
+the HF rollout engine, the trainer's forward and `ppo_step`), so a pass here means the training run
+would get through the same code, not a look-alike of it. The tokenizer stage builds no weights, so
+`tokenizer_only` answers "what will relm pad with, stop on and feed this model" for any size in seconds.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from relm.compat.measure import MemoryMeter, StageTimeout, collect_warnings, time_limit
 from relm.compat.report import ModelReport, StageName, StageResult
+from relm.compat.tokenizer_facts import tokenizer_facts
 from relm.compat.verdicts import (
     CheckFailed,
     changed_fraction,
@@ -59,6 +61,8 @@ class CompatOptions:
     rollout: str | None = None
     """Engine of both stages (`native`, `hf`, `vllm`); None: the HF reference engine in the rollout stage and
     the default engine in the update stage."""
+    tokenizer_only: bool = False
+    """Run the tokenizer stage alone (no weights built); the other stages are reported skipped."""
 
 
 @dataclass
@@ -69,7 +73,7 @@ class _Loaded:
 
 
 def check_model(model: str, options: CompatOptions) -> ModelReport:
-    """Run the three stages on `model` (folder, Hub id in the local cache, or `zoo:NAME`).
+    """Run the four stages on `model` (folder, Hub id in the local cache, or `zoo:NAME`).
 
     Raises:
         UserError: `model` does not name a model folder (the caller's mistake, not the model's).
@@ -100,13 +104,15 @@ def check_model(model: str, options: CompatOptions) -> ModelReport:
         report.decisions.append(f"built as {registered.__name__} (registered for {verdict.architecture})")
 
     loaded: dict[str, _Loaded] = {}
+    tokenizers: dict[str, PreTrainedTokenizerBase] = {}
     stages: list[tuple[StageName, Callable[[dict[str, float]], None]]] = [
-        ("load", lambda metrics: _load(folder, options, device, report, loaded, metrics)),
+        ("tokenizer", lambda metrics: _tokenizer(folder, config, options, report, tokenizers, metrics)),
+        ("load", lambda metrics: _load(folder, options, device, report, tokenizers["it"], loaded, metrics)),
         ("rollout", lambda metrics: _rollout(loaded["it"], folder, options, device, metrics)),
         ("update", lambda metrics: _update(folder, options, device, config, metrics)),
     ]
     for name, run in stages:
-        if report.failed_stage is not None:
+        if report.failed_stage is not None or (options.tokenizer_only and name != "tokenizer"):
             report.stages.append(StageResult(name, "skipped"))
             continue
         report.stages.append(_run_stage(name, run, options, device, report))
@@ -160,23 +166,58 @@ def _run_stage(
     return result
 
 
-def _load(
+def _tokenizer(
     folder: str,
+    config: Any,
     options: CompatOptions,
-    device: torch.device,
     report: ModelReport,
-    out: dict[str, _Loaded],
+    out: dict[str, PreTrainedTokenizerBase],
     metrics: dict[str, float],
 ) -> None:
-    """Tokenizer with preflight, then the model as the trainer loads it; records relm's choices."""
+    """The tokenizer through the preflight, and the facts relm relies on (`report.tokenizer`).
+
+    Fails when a token has no embedding row or the chat template cannot render one user message:
+    either would break the first training step.
+    """
     with collect_warnings() as warnings:
         tokenizer = load_tokenizer(options.tokenizer_path or folder)
-    if any("no pad token" in message for message in warnings.messages):
+    pad_chosen = any("no pad token" in message for message in warnings.messages)
+    if pad_chosen:
         report.decisions.append(
             f"pad token {tokenizer.pad_token!r} (id {tokenizer.pad_token_id}): the tokenizer names none"
         )
     if not tokenizer.chat_template:
         report.decisions.append("no chat template: prompts are plain text")
+    generation_config = (
+        GenerationConfig.from_pretrained(folder)
+        if (Path(folder) / "generation_config.json").is_file()
+        else None
+    )
+    rows = getattr(config.get_text_config(), "vocab_size", None)
+    facts = tokenizer_facts(
+        tokenizer, embedding_rows=rows, generation_config=generation_config, pad_chosen_by_relm=pad_chosen
+    )
+    report.tokenizer = facts
+    metrics["tokenizer_length"] = float(facts.length)
+    if rows is not None:
+        metrics["embedding_rows"] = float(rows)
+    if rows is not None and facts.length > rows:
+        raise CheckFailed(f"tokenizer has {facts.length} tokens but the embedding only {rows} rows")
+    if facts.template_error:
+        raise CheckFailed(f"the chat template cannot render one user message ({facts.template_error})")
+    out["it"] = tokenizer
+
+
+def _load(
+    folder: str,
+    options: CompatOptions,
+    device: torch.device,
+    report: ModelReport,
+    tokenizer: PreTrainedTokenizerBase,
+    out: dict[str, _Loaded],
+    metrics: dict[str, float],
+) -> None:
+    """The model as the trainer loads it (with the tokenizer stage's tokenizer); records relm's choices."""
     dtype = pick_dtype(options.dtype, device)
     # Frozen: the load and rollout checks never train it, and the native engine then generates with
     # fused q/k/v and gate/up products, as with the trainer's GPU generator copy.
@@ -189,6 +230,8 @@ def _load(
     elif attn == "eager":
         report.conditions.append("eager attention: transformers refused sdpa for this architecture")
     num_rows = model.get_input_embeddings().weight.shape[0]
+    if report.tokenizer is not None:
+        report.tokenizer.embedding_rows = int(num_rows)  # the built model's, over the config's
     if len(tokenizer) > num_rows:
         raise CheckFailed(f"tokenizer has {len(tokenizer)} tokens but the embedding only {num_rows} rows")
     out["it"] = _Loaded(tokenizer, model, dtype)

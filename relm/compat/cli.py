@@ -17,8 +17,10 @@ import torch
 
 from relm.errors import UserError, run_guarded
 
-DESCRIPTION = """Check that each model loads (tokenizer preflight + model), generates valid tokens whose
-logprobs the trainer reproduces, and survives full PPO actor-critic update(s) with finite losses.
+DESCRIPTION = """Check that each model's tokenizer gives relm what it needs (pad, eos and end-of-turn tokens, a
+chat template that renders, a row for every token; the facts are reported), that the model loads,
+generates valid tokens whose logprobs the trainer reproduces, and survives full PPO actor-critic
+update(s) with finite losses.
 MODEL is a local folder, a Hub id in the local cache, or zoo:NAME. Unsupported models (encoder-only,
 encoder-decoder, vision-language) are reported with the reason and do not fail the run."""
 
@@ -48,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=1, help="PPO steps in the update stage (default 1)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per stage (default 600)")
     parser.add_argument("--tokenizer-path", help="tokenizer folder for every MODEL (default: the model's)")
+    parser.add_argument(
+        "--tokenizer-only",
+        action="store_true",
+        help="run the tokenizer stage alone: its facts in seconds, no weights built (any size, any device)",
+    )
     parser.add_argument("--out", default="compat-report", help="folder for compat.json and compat.md")
     parser.add_argument("--json", help="also write the JSON report to this file")
     parser.add_argument(
@@ -74,8 +81,10 @@ def _models(args: argparse.Namespace, device: str) -> list[str]:
     models = list(args.models) + (zoo_models(zoo) if zoo else [])
     if not models:
         raise UserError("relm compat: name at least one MODEL, or pass --zoo tiny")
-    if zoo == "full" and device != "cuda":
-        raise UserError("relm compat --zoo full: full-size zoo models need a GPU; pass --device cuda")
+    if zoo == "full" and device != "cuda" and not args.tokenizer_only:
+        raise UserError(
+            "relm compat --zoo full: full-size zoo models need a GPU; pass --device cuda (or --tokenizer-only)"
+        )
     return models
 
 
@@ -134,6 +143,7 @@ def compat_command(argv: list[str]) -> int:
         tokenizer_path=args.tokenizer_path,
         dtype=args.dtype,
         rollout=args.rollout,
+        tokenizer_only=args.tokenizer_only,
     )
     reports, start = [], time.perf_counter()
     with _quiet_console(args.verbose):

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from relm.compat.tokenizer_facts import MARKDOWN_HEADER, TokenizerFacts, facts_lines, markdown_row
 from relm.models.registry import ArchitectureInfo
 
-StageName = Literal["load", "rollout", "update"]
-STAGES: tuple[StageName, ...] = ("load", "rollout", "update")
+StageName = Literal["tokenizer", "load", "rollout", "update"]
+STAGES: tuple[StageName, ...] = ("tokenizer", "load", "rollout", "update")
 StageStatus = Literal["pass", "fail", "skipped"]
 ModelStatus = Literal["pass", "conditional", "fail", "unsupported"]
 
@@ -54,6 +55,8 @@ class ModelReport:
     """Settings relm changed after a first attempt failed; a passing model with any is `conditional`."""
     warnings: list[str] = field(default_factory=list)
     stages: list[StageResult] = field(default_factory=list)
+    tokenizer: TokenizerFacts | None = None
+    """The tokenizer facts relm relied on (pad, eos and end of turn, template, length vs rows)."""
 
     @property
     def failed_stage(self) -> str | None:
@@ -125,7 +128,7 @@ def _note(report: ModelReport) -> str:
 
 
 def table_rows(reports: list[ModelReport]) -> list[list[str]]:
-    """[model, architecture, status, load, rollout, update, tok/s, peak MB, notes] per model."""
+    """[model, architecture, status, tokenizer, load, rollout, update, tok/s, peak MB, notes] per model."""
     rows = []
     for report in reports:
         arch = report.architecture.summary() if report.architecture else report.classification
@@ -144,7 +147,7 @@ def table_rows(reports: list[ModelReport]) -> list[list[str]]:
     return rows
 
 
-HEADER = ["model", "architecture", "status", "load", "rollout", "update", "tok/s", "peak MB", "notes"]
+HEADER = ["model", "architecture", "status", *STAGES, "tok/s", "peak MB", "notes"]
 
 
 def print_table(reports: list[ModelReport], title: str) -> None:
@@ -159,12 +162,26 @@ def print_table(reports: list[ModelReport], title: str) -> None:
     for report, row in zip(reports, table_rows(reports), strict=True):
         row[2] = f"[{styles[report.status]}]{row[2]}[/]"
         table.add_row(*row)
-    Console(width=200).print(table)
+    console = Console(width=200)
+    console.print(table)
+    for report in reports:
+        if report.tokenizer is not None:
+            console.print(f"[bold]{report.model}[/]", highlight=False)
+            for line in facts_lines(report.tokenizer):
+                console.print(f"  {line}", highlight=False, markup=False)
 
 
 def to_markdown(reports: list[ModelReport], title: str) -> str:
-    """The same table as Markdown (for docs/models.md and CI artifacts)."""
-    lines = [f"### {title}", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    for row in table_rows(reports):
-        lines.append("| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + " |")
+    """The same table as Markdown (for docs/models.md and CI artifacts), then the tokenizer facts."""
+    lines = [f"### {title}", "", *_markdown_table(HEADER, table_rows(reports))]
+    facts = [markdown_row(report.model, report.tokenizer) for report in reports if report.tokenizer]
+    if facts:
+        lines += ["", "Tokenizer facts:", "", *_markdown_table(MARKDOWN_HEADER, facts)]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + " |")
+    return lines

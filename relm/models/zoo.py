@@ -1,8 +1,10 @@
 """The model zoo: known architectures with random weights, built locally from their configs.
 
 `zoo:tiny/NAME` models are a few layers and ~100 tokens wide, for tests and the CPU demo.
-`zoo:ORG/NAME` models carry a published model's shape (with the character tokenizer, whose ids
-fit inside the published vocabulary) for memory and speed measurements without a download.
+`zoo:ORG/NAME` models carry a published model's shape for memory and speed measurements without a
+download, with the family's real tokenizer where relm ships it (Qwen2.5, Phi-3, Mistral-Nemo:
+`relm.models.family_tokenizers`), else the character tokenizer, whose ids fit inside the published
+vocabulary.
 Either way the result is an ordinary HF folder, so every loader in relm treats it like a user's
 checkpoint and the zoo adds no second code path. The entries themselves live in
 `relm.models.zoo_entries`; this module turns one into a folder.
@@ -18,9 +20,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig
 
 from relm.errors import UserError
+from relm.models.cache import COMPLETE_MARKER, default_cache_dir, publish_folder
+from relm.models.family_tokenizers import tokenizer_folder
 from relm.models.zoo_entries import STUDY_ZOO, TINY_ZOO, ZOO, ZooEntry
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "TINY_ZOO",
     "ZOO",
     "ZooEntry",
+    "default_cache_dir",
     "materialize_zoo",
     "zoo_config",
     "zoo_entry",
@@ -37,18 +42,11 @@ __all__ = [
 ZOO_PREFIX = "zoo:"
 CONFIG_ONLY_ABOVE_LAYERS = 4
 """Zoo models deeper than this (the published shapes) are written as config only; see `_write_folder`."""
-COMPLETE_MARKER = ".relm-zoo-complete"
-"""Written last inside the temp folder, so a folder that has it was written in full."""
 
 
 def is_zoo_path(path: str | os.PathLike | None) -> bool:
     """True for `zoo:NAME` model paths."""
     return isinstance(path, str) and path.startswith(ZOO_PREFIX)
-
-
-def default_cache_dir() -> Path:
-    """`$RELM_CACHE`, else ~/.cache/relm."""
-    return Path(os.environ.get("RELM_CACHE") or Path.home() / ".cache" / "relm")
 
 
 def zoo_entry(path: str) -> ZooEntry:
@@ -69,7 +67,7 @@ def zoo_entry(path: str) -> ZooEntry:
 def zoo_config(path: str) -> PretrainedConfig:
     """The HF config of a zoo model, without building weights (cheap: for inspection and tests)."""
     entry = zoo_entry(path)
-    config = entry.build_config(entry.build_tokenizer())
+    config = entry.build_config(entry.tokenizer())
     if entry.declared_architecture:
         config.architectures = [entry.declared_architecture]
     return config
@@ -94,7 +92,8 @@ def materialize_zoo(path: str, cache_dir: str | Path | None = None, seed: int = 
     """
     entry = zoo_entry(path)
     name = path.removeprefix(ZOO_PREFIX)
-    tokenizer = entry.build_tokenizer()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    tokenizer = entry.tokenizer(root)
     config = entry.build_config(tokenizer)
     fingerprint = hashlib.sha256(
         "\n".join(
@@ -107,7 +106,6 @@ def materialize_zoo(path: str, cache_dir: str | Path | None = None, seed: int = 
             ]
         ).encode()
     ).hexdigest()[:10]
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / "zoo" / name / f"seed{seed}-{fingerprint}"
     if (final / COMPLETE_MARKER).is_file():
         return final
@@ -115,8 +113,17 @@ def materialize_zoo(path: str, cache_dir: str | Path | None = None, seed: int = 
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
-        _write_folder(staging, config, tokenizer, entry.weight_dtype, seed, entry.declared_architecture)
-        _publish(staging, final)
+        family = entry.tokenizer_family
+        _write_folder(staging, config, entry.weight_dtype, seed, entry.declared_architecture)
+        if family is not None:
+            # The shipped files as published (a re-save can rewrite a normalizer), LICENSE and SOURCE included.
+            for file in tokenizer_folder(family, root).iterdir():
+                if file.name != COMPLETE_MARKER:
+                    shutil.copyfile(file, staging / file.name)
+        else:
+            tokenizer.save_pretrained(staging)
+        (staging / COMPLETE_MARKER).write_text(f"seed={seed}\n")
+        publish_folder(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final
@@ -125,7 +132,6 @@ def materialize_zoo(path: str, cache_dir: str | Path | None = None, seed: int = 
 def _write_folder(
     folder: Path,
     config: PretrainedConfig,
-    tokenizer: PreTrainedTokenizerFast,
     dtype: torch.dtype,
     seed: int,
     declared_architecture: str | None = None,
@@ -152,18 +158,3 @@ def _write_folder(
         written = json.loads(config_file.read_text())
         written["architectures"] = [declared_architecture]
         config_file.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
-    tokenizer.save_pretrained(folder)
-    (folder / COMPLETE_MARKER).write_text(f"seed={seed}\n")
-
-
-def _publish(staging: Path, final: Path) -> None:
-    """Rename the staged folder into place; another process may have got there first."""
-    try:
-        os.rename(staging, final)
-        return
-    except OSError:
-        if (final / COMPLETE_MARKER).is_file():
-            return  # another process won the race with an identical folder
-    # A folder without the marker was left by something other than this function: replace it.
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(staging, final)

@@ -7,8 +7,10 @@ shrunk shape that keeps the family's quirks).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import (
@@ -30,6 +32,7 @@ from transformers import (
 )
 
 from relm.models.char_tokenizer import build_char_tokenizer
+from relm.models.family_tokenizers import load_family_tokenizer
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,28 @@ class ZooEntry:
     declared_architecture: str | None = None
     """Written into config.json's `architectures` in place of the class transformers builds: a
     renamed architecture, as fine-tunes publish them."""
+    tokenizer_family: str | None = None
+    """A family in `relm.models.family_tokenizers.FAMILIES`: the model carries that family's real
+    tokenizer files (copied as shipped) and `build_tokenizer` is not used."""
+
+    def tokenizer(self, cache_dir: str | Path | None = None) -> PreTrainedTokenizerFast:
+        """The tokenizer this entry's folder holds (a shipped one is unpacked under `cache_dir`).
+
+        A shipped tokenizer is loaded once per process and shared (loading Mistral-Nemo's takes
+        seconds): treat it as read-only. Training loads its own copy from the materialized folder.
+        """
+        if self.tokenizer_family is not None:
+            return _shared_family_tokenizer(self.tokenizer_family, str(cache_dir) if cache_dir else None)
+        return self.build_tokenizer()
+
+
+@functools.cache
+def _shared_family_tokenizer(family: str, cache_dir: str | None) -> PreTrainedTokenizerFast:
+    return load_family_tokenizer(family, cache_dir)
+
+
+QWEN25, PHI3, MISTRAL_NEMO = "qwen2.5", "phi3", "mistral-nemo"
+"""Families whose real tokenizer ships with relm (`relm.models.family_tokenizers`)."""
 
 
 def _token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int | None]:
@@ -229,8 +254,9 @@ TINY_ZOO: dict[str, ZooEntry] = {
 
 
 def _published(config_class: type[PretrainedConfig], **fields: object) -> Callable:
-    """A published model's config (numbers from its config.json); special-token ids are the char
-    tokenizer's, which fit inside every published vocabulary."""
+    """A published model's config (numbers from its config.json); special-token ids are the entry's
+    tokenizer's: the family's own where relm ships it, else the char tokenizer's, which fit inside
+    every published vocabulary."""
 
     def build(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
         return config_class(**fields, **_token_ids(tokenizer))
@@ -321,16 +347,25 @@ _MISTRAL_7B = dict(
 # The study's models (a public compatibility study of verl), config.json numbers as published.
 STUDY_ZOO: dict[str, ZooEntry] = {
     "Qwen/Qwen2.5-0.5B-Instruct": ZooEntry(
-        "Qwen2.5-0.5B-Instruct shape", _qwen25(896, 4864, 24, 14, 2), torch.bfloat16
+        "Qwen2.5-0.5B-Instruct shape, Qwen2.5 tokenizer",
+        _qwen25(896, 4864, 24, 14, 2),
+        torch.bfloat16,
+        tokenizer_family=QWEN25,
     ),
     "Qwen/Qwen2.5-1.5B-Instruct": ZooEntry(
-        "Qwen2.5-1.5B-Instruct shape", _qwen25(1536, 8960, 28, 12, 2), torch.bfloat16
+        "Qwen2.5-1.5B-Instruct shape, Qwen2.5 tokenizer",
+        _qwen25(1536, 8960, 28, 12, 2),
+        torch.bfloat16,
+        tokenizer_family=QWEN25,
     ),
     "Qwen/Qwen2.5-3B-Instruct": ZooEntry(
-        "Qwen2.5-3B-Instruct shape (3.09B)", _qwen25(2048, 11008, 36, 16, 2), torch.bfloat16
+        "Qwen2.5-3B-Instruct shape (3.09B), Qwen2.5 tokenizer",
+        _qwen25(2048, 11008, 36, 16, 2),
+        torch.bfloat16,
+        tokenizer_family=QWEN25,
     ),
     "Qwen/Qwen2.5-7B-Instruct": ZooEntry(
-        "Qwen2.5-7B-Instruct shape (7.62B, untied, vocab 152064)",
+        "Qwen2.5-7B-Instruct shape (7.62B, untied, vocab 152064), Qwen2.5 tokenizer",
         _published(
             Qwen2Config,
             vocab_size=152064,
@@ -345,6 +380,7 @@ STUDY_ZOO: dict[str, ZooEntry] = {
             tie_word_embeddings=False,
         ),
         torch.bfloat16,
+        tokenizer_family=QWEN25,
     ),
     "meta-llama/Llama-3.2-1B-Instruct": ZooEntry("Llama-3.2-1B-Instruct shape", _llama32_1b, torch.bfloat16),
     "meta-llama/Llama-3.2-3B-Instruct": ZooEntry(
@@ -366,7 +402,7 @@ STUDY_ZOO: dict[str, ZooEntry] = {
         torch.bfloat16,
     ),
     "microsoft/Phi-3-mini-4k-instruct": ZooEntry(
-        "Phi-3-mini-4k-instruct shape (3.82B, MHA, fused qkv/gate_up, window 2047)",
+        "Phi-3-mini-4k-instruct shape (3.82B, MHA, fused qkv/gate_up, window 2047), Phi-3 tokenizer",
         _published(
             Phi3Config,
             hidden_size=3072,
@@ -377,9 +413,10 @@ STUDY_ZOO: dict[str, ZooEntry] = {
             **_PHI3_4K,
         ),
         torch.bfloat16,
+        tokenizer_family=PHI3,
     ),
     "microsoft/Phi-3-medium-4k-instruct": ZooEntry(
-        "Phi-3-medium-4k-instruct shape (14B, 40 heads / 10 kv heads)",
+        "Phi-3-medium-4k-instruct shape (14B, 40 heads / 10 kv heads), Phi-3 tokenizer",
         _published(
             Phi3Config,
             hidden_size=5120,
@@ -390,6 +427,7 @@ STUDY_ZOO: dict[str, ZooEntry] = {
             **_PHI3_4K,
         ),
         torch.bfloat16,
+        tokenizer_family=PHI3,
     ),
     "google/gemma-2-2b-it": ZooEntry(
         "Gemma-2-2b-it shape (2.61B, soft-capping, window 4096)",
@@ -466,6 +504,34 @@ STUDY_ZOO: dict[str, ZooEntry] = {
             **_MISTRAL_7B,
         ),
         torch.bfloat16,
+    ),
+}
+
+
+_MISTRAL_NEMO = dict(
+    vocab_size=131072,
+    hidden_size=5120,
+    intermediate_size=14336,
+    num_hidden_layers=40,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=1024000,
+    sliding_window=None,
+    rms_norm_eps=1e-5,
+    rope_parameters=_QWEN_ROPE,
+    tie_word_embeddings=False,
+)
+# Full-size entries of a family whose real tokenizer the package ships (issue 15): the family's
+# tokenizer fits the published embedding (Qwen2.5: 151,665 tokens in 151,936 or 152,064 rows; Phi-3:
+# 32,011 in 32,064; Mistral-Nemo: 131,072 in 131,072).
+REAL_TOKENIZER_ZOO: dict[str, ZooEntry] = {
+    "mistralai/Mistral-Nemo-Instruct-2407": ZooEntry(
+        "Mistral-Nemo-Instruct-2407 shape (12.2B, 32 heads / 8 kv heads x 128, vocab 131072, no sliding "
+        "window, rope 1e6), Tekken tokenizer (no pad token)",
+        _published(MistralConfig, **_MISTRAL_NEMO),
+        torch.bfloat16,
+        tokenizer_family=MISTRAL_NEMO,
     ),
 }
 
@@ -687,13 +753,20 @@ ZOO: dict[str, ZooEntry] = {
     "tiny/qwen2-hd64": ZooEntry("Qwen2, 2 layers, hidden 128, head_dim 64 (vLLM CPU)", _tiny_qwen2_hd64),
     "tiny/llama": ZooEntry("Llama, 2 layers, hidden 64, 4 heads / 2 kv heads, char vocab", _tiny_llama),
     "Qwen/Qwen2.5-0.5B": ZooEntry(
-        "Qwen2.5-0.5B shape (494M parameters)", _qwen25(896, 4864, 24, 14, 2), torch.bfloat16
+        "Qwen2.5-0.5B shape (494M parameters, Qwen2.5-Instruct tokenizer)",
+        _qwen25(896, 4864, 24, 14, 2),
+        torch.bfloat16,
+        tokenizer_family=QWEN25,
     ),
     "Qwen/Qwen2.5-1.5B": ZooEntry(
-        "Qwen2.5-1.5B shape (1.54B parameters)", _qwen25(1536, 8960, 28, 12, 2), torch.bfloat16
+        "Qwen2.5-1.5B shape (1.54B parameters, Qwen2.5-Instruct tokenizer)",
+        _qwen25(1536, 8960, 28, 12, 2),
+        torch.bfloat16,
+        tokenizer_family=QWEN25,
     ),
     "meta-llama/Llama-3.2-1B": ZooEntry("Llama-3.2-1B shape (1.24B parameters)", _llama32_1b, torch.bfloat16),
     **TINY_ZOO,
     **STUDY_ZOO,
     **MORE_ZOO,
+    **REAL_TOKENIZER_ZOO,
 }

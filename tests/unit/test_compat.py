@@ -1,5 +1,5 @@
 """`relm compat`: the output checks by hand, the stand-in reward, measuring, reporting, one real
-three-stage run on zoo:tiny/qwen2, and the CLI's exit codes."""
+four-stage run on zoo:tiny/qwen2, and the CLI's exit codes."""
 
 from __future__ import annotations
 
@@ -154,8 +154,17 @@ def test_report_rows_exit_code_and_markdown():
     bad = _report("b", "fail", [StageResult("load", "fail", error_class="UserError", error="no | config")])
     unsupported = ModelReport("c", "unsupported", "unsupported", "is an encoder-decoder model")
     rows = table_rows([ok, bad, unsupported])
-    assert rows[0][2:] == ["pass", "pass 1.0s", "pass 2.0s", "-", "123", "30", "pad token '<|pad|>' (id 0)"]
-    assert rows[1][3] == "FAIL (UserError)" and rows[1][-1] == "no | config"
+    assert rows[0][2:] == [
+        "pass",
+        "-",
+        "pass 1.0s",
+        "pass 2.0s",
+        "-",
+        "123",
+        "30",
+        "pad token '<|pad|>' (id 0)",
+    ]
+    assert rows[1][4] == "FAIL (UserError)" and rows[1][-1] == "no | config"
     assert rows[2][-1] == "is an encoder-decoder model"
     assert exit_code([ok, unsupported]) == 0 and exit_code([ok, bad]) == 1
     markdown = to_markdown([bad], "t")
@@ -165,10 +174,19 @@ def test_report_rows_exit_code_and_markdown():
     ]["metrics"] == {"x": "nan"}
 
 
-def test_tiny_qwen2_passes_all_three_stages():
+def test_tiny_qwen2_passes_all_four_stages():
     report = check_model("zoo:tiny/qwen2", CompatOptions(device="cpu"))
     assert report.status == "pass", [(s.name, s.error) for s in report.stages]
-    assert [stage.status for stage in report.stages] == ["pass", "pass", "pass"]
+    assert [(stage.name, stage.status) for stage in report.stages] == [
+        ("tokenizer", "pass"),
+        ("load", "pass"),
+        ("rollout", "pass"),
+        ("update", "pass"),
+    ]
+    assert report.tokenizer is not None and (report.tokenizer.length, report.tokenizer.embedding_rows) == (
+        101,
+        101,
+    )
     rollout, update = report.stage("rollout"), report.stage("update")
     assert rollout.metrics["logprob_max_abs_diff"] <= 2e-3
     # 3 prompts x 2 samples, each 1..16 tokens.

@@ -11,7 +11,7 @@ import torch
 
 from relm.config.schema import TrainerConfig
 from relm.learner.batch import ExperienceBatch
-from relm.models.tokenizer import build_char_tokenizer
+from relm.models.char_tokenizer import build_char_tokenizer
 from relm.rollout.padding import left_pad
 from relm.trainer.samples import (
     VAL_GENERATIONS_FILE,

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from relm.data.demo_task import DEMO_PROMPT_TOKENS
 from relm.errors import UserError
+from relm.models.cache import publish_folder as _publish
 from relm.models.char_tokenizer import build_char_tokenizer
 from relm.models.registry import inspect_model_architecture
 from relm.models.tokenizer import (
@@ -21,7 +22,7 @@ from relm.models.tokenizer import (
     load_tokenizer,
     preflight_tokenizer,
 )
-from relm.models.zoo import COMPLETE_MARKER, ZOO, _publish, is_zoo_path, materialize_zoo, zoo_config
+from relm.models.zoo import COMPLETE_MARKER, ZOO, is_zoo_path, materialize_zoo, zoo_config
 
 CHATML_PROMPT = "<|im_start|>user\nk<|im_end|>\n<|im_start|>assistant\n"
 
@@ -201,6 +202,9 @@ def test_tiny_configs_match_the_char_tokenizer():
         # 2*50304*2048 + 16 * (4*2048^2 + q/k norms 2*2048 + router 2048*64 + 64 experts 3*2048*1024
         #   + 2*2048) + 2048
         ("allenai/OLMoE-1B-7B-0924", 6_919_161_856),
+        # 2*131072*5120 (untied) + 40 * (q 5120*4096 + k,v 2*5120*1024 + o 4096*5120 + 3*5120*14336
+        #   + 2*5120) + 5120
+        ("mistralai/Mistral-Nemo-Instruct-2407", 12_247_782_400),
     ],
 )
 def test_full_size_zoo_shapes_have_the_published_parameter_counts(name, num_params):
