@@ -260,7 +260,9 @@ def compute_value_loss(
     Returns:
         (loss, {"vf_clipfrac": share of valid tokens where the clipped error is the larger}).
     """
-    clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    # Clamping V itself (not V_old + the clamped step) leaves an unclipped V bit for bit equal, so
+    # `vf_clipfrac` counts only real clips: V_old + (V - V_old) can differ from V in the last bit.
+    clipped_values = values.clamp(old_values - cliprange_value, old_values + cliprange_value)
     unclipped_err = (values - returns).square()  # [N, R]
     clipped_err = (clipped_values - returns).square()
     loss = 0.5 * agg_loss(torch.maximum(unclipped_err, clipped_err), response_mask, loss_agg_mode, agg_scale)
