@@ -14,7 +14,6 @@ from relm.learner.critic import update_critic
 from relm.models.value_model import ValueModel
 
 
-
 def tiny_lm() -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     config = Qwen2Config(
