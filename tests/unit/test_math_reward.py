@@ -177,3 +177,39 @@ def test_gsm8k_extraction_is_linear_on_degenerate_responses():
         extract_gsm8k_answer(text, method="flexible")
         extract_gsm8k_answer(text, method="strict")
         assert time.perf_counter() - start < 0.5
+
+
+# --- math_dapo (verl 0.9.1's DAPO scorer, reproduced rule for rule) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("x = \\$1,000 \\text{ dollars}", "1000"),  # what follows the last `=`, dollars, units, commas
+        ("\\frac12", "\\frac{1}{2}"),
+        ("\\sqrt3", "\\sqrt{3}"),
+        ("5 \\text{cm}", "5"),
+        ("\\boxed{7}", "7"),
+        ("a square", ""),  # `a ` and `square` both go: filler words, as in Minerva
+    ],
+)
+def test_dapo_normalization_by_hand(raw, expected):
+    from relm.rewards.math_dapo import normalize_final_answer
+
+    assert normalize_final_answer(raw) == expected
+
+
+def test_dapo_score_reads_only_the_end_of_the_response():
+    from relm.rewards.math_dapo import math_dapo_score
+
+    assert math_dapo_score("Answer: 5" + " " * 300, "5")["score"] == -1.0  # beyond the last 300 characters
+    assert math_dapo_score("\\boxed{5}" + "." * 91, "5")["score"] == 1.0  # the box ends the last 100
+    assert math_dapo_score("\\boxed{5}" + "." * 92, "5")["score"] == -1.0  # its backslash is cut off
+    assert math_dapo_score("Answer: 4\nAnswer: 5", "5")["acc"] is True  # the last answer line counts
+    # The answer line wins over a box, and a box inside it is unwrapped into it, as in verl.
+    assert math_dapo_score("Answer: 5 \\boxed{4}", "5") == {"score": -1.0, "acc": False, "pred": "54"}
+    assert math_dapo_score("\\boxed{x=5}", "5", strict_box_verify=True) == {
+        "score": -1.0,
+        "acc": False,
+        "pred": "x=5",
+    }
