@@ -1,4 +1,4 @@
-"""The `math` rule scorer: the last `\\boxed{...}` of a response against the reference answer.
+"""The MATH rule scorer (`lighteval/MATH` and its copies): the last `\\boxed{...}` against the reference.
 
 MATH-style references are short LaTeX answers (`\\frac{1}{2}`, `10\\text{ cm}`, `x=3`), and models write
 the same value many ways. Both sides are normalised (spacing, `\\left`/`\\right`, dollars, units,

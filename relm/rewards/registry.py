@@ -114,7 +114,9 @@ def gsm8k_score(
 ) -> float:
     """`score` for the right final answer, `format_score` for a wrong one, 0 for none.
 
-    Answers compare as numbers, so `18`, `18.0` and `$18` all match a reference of `18`.
+    Answers compare as numbers, so `18`, `18.0` and `$18` all match a reference of `18`. verl's scorer
+    compares strings and reads only the last 300 characters, so the last two score 0 there; relm keeps
+    judging the number on purpose, and whatever verl scores 1 scores 1 here (docs/algorithms.md).
     """
     answer = extract_gsm8k_answer(solution_str, method)
     if answer is None:

@@ -115,7 +115,7 @@ def test_gae_steps_write_verl_metrics_and_a_checkpoint_of_changed_weights(train)
             ],
             False,
             id="grpo-k3plus-token-sum",
-        ),  # fmt: skip
+        ),
         pytest.param(["algorithm.adv_estimator=rloo"], False, id="rloo"),
         pytest.param(["algorithm.adv_estimator=reinforce_plus_plus"], False, id="reinforce_plus_plus"),
         pytest.param(["algorithm.adv_estimator=remax"], False, id="remax"),
