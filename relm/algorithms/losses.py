@@ -14,7 +14,13 @@ import torch
 
 from relm.algorithms.masked import masked_mean, masked_sum
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -44,34 +50,50 @@ class AggScale:
 
 
 def agg_loss(
-    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, scale: AggScale | None = None
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    scale: AggScale | None = None,
+    loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
-    """Reduce a per-token loss [N, R] to a scalar, as verl's `loss_agg_mode` values define it.
+    """Reduce a per-token loss [N, R] to a scalar, as verl 0.9.1's `loss_agg_mode` values define it.
 
     With `scale` (the mini-batch's counts), means divide by the mini-batch's totals, so summing
-    the results over a mini-batch's micro-batches gives the mini-batch value (see `AggScale`).
+    the results over a mini-batch's micro-batches gives the mini-batch value (see `AggScale`); its
+    response count includes empty responses, as verl's trainer counts `ppo_mini_batch_size`. Without
+    it the counts are this batch's own, and the `seq-mean` modes count only responses with at least
+    one valid token, as verl's `agg_loss` does when given no global batch size.
 
     - `token-mean`: mean over all valid tokens of the batch (every token weighs the same; DAPO).
+      No valid token gives 0 (verl divides by zero: NaN).
+    - `token-sum`: sum over all valid tokens, no normalisation.
     - `seq-mean-token-sum`: per-response token sum, mean over responses.
     - `seq-mean-token-mean`: per-response token mean, mean over responses (every response weighs
       the same; the original GRPO). An empty response counts as 0.
-    - `seq-mean-token-sum-norm`: sum over all valid tokens divided by the constant R, the padded
-      width (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783): no length normalisation bias. Note it is
-      a sum over responses, not a mean, exactly as verl computes it.
+    - `seq-mean-token-sum-norm`: `seq-mean-token-sum` divided by the constant `loss_scale_factor`
+      (default R, the padded width, i.e. `max_response_length`): Dr. GRPO (Liu et al. 2025,
+      arXiv:2503.20783), whose constant divisor removes the length normalisation bias. verl 0.9.1
+      divides by the responses as well; earlier relm (and verl) summed over responses instead, so
+      `ones(2, 4)` gives 1.0 now where it gave 2.0.
     """
+    valid = mask != 0  # [N, R]
     if mode == "token-mean":
-        if scale is None:
-            return masked_mean(loss_mat, mask)
-        return masked_sum(loss_mat, mask) / max(scale.num_tokens, 1.0)
-    seq_sums = masked_sum(loss_mat, mask, dim=-1)  # [N]
-    num_seqs = float(loss_mat.shape[0]) if scale is None else scale.num_seqs
-    if mode == "seq-mean-token-sum":
-        return seq_sums.sum() / max(num_seqs, 1.0)
+        if scale is None:  # counted on the device: no host sync per micro-batch
+            return masked_sum(loss_mat, valid) / valid.sum().clamp(min=1)
+        return masked_sum(loss_mat, valid) / max(scale.num_tokens, 1.0)
+    if mode == "token-sum":
+        return masked_sum(loss_mat, valid)
+    seq_sums = masked_sum(loss_mat, valid, dim=-1)  # [N]
+    lengths = valid.to(loss_mat.dtype).sum(dim=-1)  # [N]
+    # Counted on the device without a scale: no host sync per micro-batch.
+    num_seqs = (lengths > 0).sum().clamp(min=1) if scale is None else max(scale.num_seqs, 1.0)
+    if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        loss = seq_sums.sum() / num_seqs
+        if mode == "seq-mean-token-sum":
+            return loss
+        return loss / (loss_mat.shape[-1] if loss_scale_factor is None else loss_scale_factor)
     if mode == "seq-mean-token-mean":
-        lengths = (mask != 0).to(loss_mat.dtype).sum(dim=-1)  # [N]
-        return (seq_sums / lengths.clamp(min=1)).sum() / max(num_seqs, 1.0)
-    if mode == "seq-mean-token-sum-norm":
-        return seq_sums.sum() / loss_mat.shape[-1]
+        return (seq_sums / lengths.clamp(min=1)).sum() / num_seqs
     raise ValueError(f"unknown loss_agg_mode {mode!r}; valid modes: {', '.join(AGG_MODES)}")
 
 
@@ -238,7 +260,9 @@ def compute_value_loss(
     Returns:
         (loss, {"vf_clipfrac": share of valid tokens where the clipped error is the larger}).
     """
-    clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    # Clamping V itself (not V_old + the clamped step) leaves an unclipped V bit for bit equal, so
+    # `vf_clipfrac` counts only real clips: V_old + (V - V_old) can differ from V in the last bit.
+    clipped_values = values.clamp(old_values - cliprange_value, old_values + cliprange_value)
     unclipped_err = (values - returns).square()  # [N, R]
     clipped_err = (clipped_values - returns).square()
     loss = 0.5 * agg_loss(torch.maximum(unclipped_err, clipped_err), response_mask, loss_agg_mode, agg_scale)

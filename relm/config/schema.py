@@ -169,7 +169,7 @@ class ActorConfig:
     clip_ratio_c: float = 3.0
     """Dual-clip bound for negative advantages (must exceed 1)."""
     loss_agg_mode: str = "token-mean"
-    """`token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean` or `seq-mean-token-sum-norm`."""
+    """`token-mean`, `token-sum`, `seq-mean-token-sum`, `seq-mean-token-mean` or `seq-mean-token-sum-norm`."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus."""
     use_kl_loss: bool = False
@@ -177,7 +177,7 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     """Weight of the KL loss term."""
     kl_loss_type: str = "low_var_kl"
-    """KL estimator for the loss: `kl` (k1), `abs`, `mse` (k2), `low_var_kl` (k3)."""
+    """KL estimator for the loss: `kl` (k1), `abs`, `mse` (k2), `low_var_kl` (k3); `+` (`k3+`): k2's gradient."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -439,7 +439,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     """Subtract a KL penalty to the reference from the token rewards."""
     kl_penalty: str = "kl"
-    """KL estimator in the reward: `kl`, `abs`, `mse`, `low_var_kl`."""
+    """KL estimator in the reward: `kl`, `abs`, `mse`, `low_var_kl` (also `k1`-`k3`, and with `+`)."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Controller of the in-reward KL coefficient."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)

@@ -32,9 +32,17 @@ ADV_ESTIMATORS = (
 )
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo")
 """Estimators whose baseline comes from the other responses to the same prompt: they need n >= 2."""
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
 POLICY_LOSS_MODES = ("vanilla", "gspo")
 KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
+# verl 0.9.1: a `+` suffix keeps the value and takes the gradient of k2 (relm.algorithms.kl).
+KL_ESTIMATORS += tuple(kind + "+" for kind in KL_ESTIMATORS)
 KL_CTRL_TYPES = ("fixed", "adaptive")
 WARMUP_STYLES = ("constant", "cosine")
 ROLLOUT_ENGINES = ("native", "hf", "vllm")

@@ -1,4 +1,4 @@
-"""The `math` rule scorer: the last `\\boxed{...}` of a response against the reference answer.
+"""The MATH rule scorer (`lighteval/MATH` and its copies): the last `\\boxed{...}` against the reference.
 
 MATH-style references are short LaTeX answers (`\\frac{1}{2}`, `10\\text{ cm}`, `x=3`), and models write
 the same value many ways. Both sides are normalised (spacing, `\\left`/`\\right`, dollars, units,
@@ -16,14 +16,12 @@ from fractions import Fraction
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
+# Thin and wide spaces (`\!`, `\,`, `\;`, `\:`, `\ `, `\quad`, `\qquad`), read left to right so that the
+# row break `\\` is kept whole: removing `\ ` from `1 \\ 2` would leave `1 \2`, which no longer equals
+# `1\\2`, the same matrix written without spaces.
+_SPACING = re.compile(r"\\\\|\\(?:[!,;: ]|qquad(?![a-zA-Z])|quad(?![a-zA-Z]))")
+
 _REMOVED = (
-    "\\!",
-    "\\,",
-    "\\;",
-    "\\:",
-    "\\ ",
-    "\\qquad",
-    "\\quad",
     "\\displaystyle",
     "^{\\circ}",
     "^\\circ",
@@ -32,7 +30,7 @@ _REMOVED = (
     "\\%",
     "%",
 )
-"""Spacing, degree signs, dollars and percent signs carry no value: dropped on both sides."""
+"""Display style, degree signs, dollars and percent signs carry no value: dropped on both sides."""
 
 # `\left(` but not `\leftarrow`: only the sizing commands, never a longer command name.
 _SIZING = re.compile(r"\\(?:left|right)(?![a-zA-Z])")
@@ -42,7 +40,7 @@ _TRAILING_UNIT = re.compile(
 )
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textrm|textbf|mbox|mathrm)\{([^{}]*)\}")
 # `x=3`, `x_1=3`, `\theta=30`: a single variable name on the left of the only `=`.
-_VARIABLE_PREFIX = re.compile(r"^(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?=(?!=)")
+_VARIABLE_PREFIX = re.compile(r"^(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?\s*=(?!=)\s*")
 _FRAC_FIRST = re.compile(r"\\frac(?!\{)([0-9a-zA-Z])")
 _FRAC_SECOND = re.compile(r"(\\frac\{[^{}]*\})(?!\{)([0-9a-zA-Z])")
 _SQRT = re.compile(r"\\sqrt(?!\{)([0-9a-zA-Z])")
@@ -87,14 +85,16 @@ def normalize_math_answer(answer: str) -> str:
     text = answer.strip().replace("\n", "").replace("{,}", ",")
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     text = _SIZING.sub("", text)
+    text = _SPACING.sub(lambda match: match.group() if match.group() == "\\\\" else "", text)
     for token in _REMOVED:
         text = text.replace(token, "")
     text = text.strip().rstrip(".")
+    # Before the units: in `x = \text{Monday}` the text is the answer, not a unit after `=`.
+    if text.count("=") == 1:
+        text = _VARIABLE_PREFIX.sub("", text)
     text = _TRAILING_UNIT.sub("", text)
     text = _TEXT_WRAPPER.sub(r"\1", text)
     text = re.sub(r"\s+", "", text)
-    if text.count("=") == 1:
-        text = _VARIABLE_PREFIX.sub("", text)
     text = _FRAC_FIRST.sub(r"\\frac{\1}", text)
     text = _FRAC_SECOND.sub(r"\1{\2}", text)
     text = _SQRT.sub(r"\\sqrt{\1}", text)

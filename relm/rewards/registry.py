@@ -14,11 +14,14 @@ from typing import Any
 
 from relm.data.demo_task import DEMO_DATA_SOURCE, letter_share_score
 from relm.errors import UserError
+from relm.rewards.math_dapo import math_dapo_score
 from relm.rewards.math_reward import math_score
 
 Scorer = Callable[[str, Any], "float | dict[str, Any]"]
 
 _SCORERS: dict[str, Scorer] = {}
+_PREFIX_SCORERS: dict[str, Scorer] = {}
+"""Data-source prefixes (verl sends every `aime...` source to its DAPO scorer) -> scorer."""
 
 
 def register_scorer(*data_sources: str) -> Callable[[Scorer], Scorer]:
@@ -34,9 +37,28 @@ def register_scorer(*data_sources: str) -> Callable[[Scorer], Scorer]:
     return register
 
 
+def register_scorer_prefix(prefix: str) -> Callable[[Scorer], Scorer]:
+    """Decorator: serve rows whose data_source starts with `prefix` (and has no exact scorer)."""
+
+    def register(scorer: Scorer) -> Scorer:
+        if _PREFIX_SCORERS.get(prefix, scorer) is not scorer:
+            raise ValueError(f"prefix {prefix!r} already has scorer {_PREFIX_SCORERS[prefix].__name__}")
+        _PREFIX_SCORERS[prefix] = scorer
+        return scorer
+
+    return register
+
+
 def registered_data_sources() -> list[str]:
-    """Data sources with a built-in scorer, sorted."""
-    return sorted(_SCORERS)
+    """Data sources with a built-in scorer, sorted (prefixes shown as `aime*`)."""
+    return sorted(_SCORERS) + sorted(f"{prefix}*" for prefix in _PREFIX_SCORERS)
+
+
+def _scorer_for(data_source: str) -> Scorer | None:
+    scorer = _SCORERS.get(data_source)
+    if scorer is not None:
+        return scorer
+    return next((f for prefix, f in _PREFIX_SCORERS.items() if data_source.startswith(prefix)), None)
 
 
 def default_compute_score(
@@ -47,7 +69,7 @@ def default_compute_score(
     Raises:
         UserError: No scorer is registered for `data_source`.
     """
-    scorer = _SCORERS.get(data_source)
+    scorer = _scorer_for(data_source)
     if scorer is None:
         raise UserError(
             f"data_source '{data_source}' has no built-in scorer (built-in: "
@@ -92,7 +114,9 @@ def gsm8k_score(
 ) -> float:
     """`score` for the right final answer, `format_score` for a wrong one, 0 for none.
 
-    Answers compare as numbers, so `18`, `18.0` and `$18` all match a reference of `18`.
+    Answers compare as numbers, so `18`, `18.0` and `$18` all match a reference of `18`. verl's scorer
+    compares strings and reads only the last 300 characters, so the last two score 0 there; relm keeps
+    judging the number on purpose, and whatever verl scores 1 scores 1 here (docs/algorithms.md).
     """
     answer = extract_gsm8k_answer(solution_str, method)
     if answer is None:
@@ -109,8 +133,10 @@ def gsm8k_score(
 register_scorer("openai/gsm8k")(gsm8k_score)
 
 
-# verl's MATH sources; `math` is relm's generic name for any boxed-answer set (newer verl sends `math`
-# to its DAPO scorer, which reads an `Answer:` line and scores -1/1 instead).
-register_scorer("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math")(
-    math_score
-)
+# verl's MATH sources: the last box against the reference, 1/0, with relm's normalisation (more forgiving
+# than verl's `math_reward`; docs/algorithms.md lists the differences).
+register_scorer("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")(math_score)
+
+# The sources verl 0.9.1 routes to its DAPO scorer (`Answer:` line, then the box; +1/-1), scored as verl does.
+register_scorer("math_dapo", "math", "math_dapo_reasoning")(math_dapo_score)
+register_scorer_prefix("aime")(math_dapo_score)

@@ -106,6 +106,16 @@ def test_gae_steps_write_verl_metrics_and_a_checkpoint_of_changed_weights(train)
         pytest.param(
             ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true"], False, id="grpo"
         ),
+        pytest.param(
+            [
+                "algorithm.adv_estimator=grpo",
+                "actor_rollout_ref.actor.use_kl_loss=true",
+                "actor_rollout_ref.actor.kl_loss_type=k3+",
+                "actor_rollout_ref.actor.loss_agg_mode=token-sum",
+            ],
+            False,
+            id="grpo-k3plus-token-sum",
+        ),
         pytest.param(["algorithm.adv_estimator=rloo"], False, id="rloo"),
         pytest.param(["algorithm.adv_estimator=reinforce_plus_plus"], False, id="reinforce_plus_plus"),
         pytest.param(["algorithm.adv_estimator=remax"], False, id="remax"),

@@ -44,6 +44,21 @@ def test_kl_estimators_hand_worked(kinds, expected):
         close(kl_estimate(LOGP, REF, kind), expected)
 
 
+def test_straight_through_kinds_keep_the_value_and_take_the_k2_gradient():
+    # k3+ at d = 0.5, -1: the value is k3's; the gradient is k2's, d/dlogp 0.5 d^2 = d = 0.5, -1
+    # (k3's own would be 1 - e^-d = 0.393469, -1.718282).
+    logprobs = LOGP.clone().requires_grad_(True)
+    value = kl_estimate(logprobs, REF, "k3+")
+    close(value.detach(), [[math.exp(-0.5) - 0.5, math.e - 2.0]])
+    (grad,) = torch.autograd.grad(value.sum(), logprobs)
+    close(grad, [[0.5, -1.0]])
+    for kind in ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"):
+        assert kind + "+" in KL_KINDS
+        close(kl_estimate(LOGP, REF, kind + "+"), kl_estimate(LOGP, REF, kind))
+    with pytest.raises(ValueError, match="'k4\\+'"):
+        kl_estimate(LOGP, REF, "k4+")
+
+
 def test_low_var_kl_is_clamped():
     # log r = 30 would give e^20 - 21 after the inner clamp; the outer clamp caps it at 10.
     close(kl_estimate(t([[-30.0]]), t([[0.0]]), "low_var_kl"), [[10.0]])

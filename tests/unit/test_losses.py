@@ -10,6 +10,7 @@ import torch
 from relm.algorithms.losses import (
     AGG_MODES,
     POLICY_LOSSES,
+    AggScale,
     agg_loss,
     compute_entropy_loss,
     compute_policy_loss,
@@ -39,22 +40,41 @@ LOSS_MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
         ("token-mean", 17 / 5),  # 3.4
         ("seq-mean-token-sum", (6 + 11) / 2),  # 8.5
         ("seq-mean-token-mean", (6 / 3 + 11 / 2) / 2),  # (2 + 5.5) / 2 = 3.75
-        ("seq-mean-token-sum-norm", 17 / 4),  # divided by the width R = 4: 4.25
+        ("token-sum", 17.0),
+        ("seq-mean-token-sum-norm", 17 / 2 / 4),  # the response mean 8.5 over the width R = 4: 2.125
     ],
 )
 def test_agg_loss_modes(mode, expected):
     close(agg_loss(LOSS_MAT, LOSS_MASK, mode), expected)
 
 
-def test_agg_loss_empty_response_counts_as_zero_not_nan():
+def test_seq_mean_token_sum_norm_divides_by_responses_and_width_as_verl_0_9_1():
+    # verl 0.9.1's own example: ones(2, 4) gives 8 / 2 responses / 4 = 1.0 (relm gave 8 / 4 = 2.0 before).
+    ones = torch.ones(2, 4)
+    close(agg_loss(ones, ones, "seq-mean-token-sum-norm"), 1.0)
+    close(agg_loss(ones, ones, "seq-mean-token-sum-norm", loss_scale_factor=8), 0.5)  # verl's constant
+
+
+def test_agg_loss_empty_response_counts_only_with_a_minibatch_scale():
+    # verl: on its own a batch's empty responses are left out of the response count; with the mini-batch's
+    # size (its trainer passes ppo_mini_batch_size) they count, as AggScale.of counts every row.
     mask = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0]])
-    close(agg_loss(LOSS_MAT, mask, "seq-mean-token-mean"), (2 + 0) / 2)
+    close(agg_loss(LOSS_MAT, mask, "seq-mean-token-mean"), 2.0)
+    close(agg_loss(LOSS_MAT, mask, "seq-mean-token-mean", AggScale.of(mask)), (2 + 0) / 2)
+    close(agg_loss(LOSS_MAT, mask, "seq-mean-token-sum"), 6.0)
+    close(agg_loss(LOSS_MAT, mask, "seq-mean-token-sum", AggScale.of(mask)), 3.0)
+
+
+def test_agg_loss_of_no_valid_token_is_zero_not_nan():
+    mask = torch.zeros(2, 4)
+    for mode in AGG_MODES:
+        close(agg_loss(LOSS_MAT, mask, mode), 0.0)
 
 
 def test_agg_loss_unknown_mode_lists_the_valid_ones():
     with pytest.raises(ValueError, match="'seq-mean'.*token-mean"):
         agg_loss(LOSS_MAT, LOSS_MASK, "seq-mean")
-    assert len(AGG_MODES) == 4
+    assert len(AGG_MODES) == 5
 
 
 # --- vanilla PPO -------------------------------------------------------------------------------
@@ -257,6 +277,8 @@ def test_agg_loss_with_minibatch_scale_divides_by_the_minibatch_counts():
     assert agg_loss(loss, mask, "seq-mean-token-sum", scale).item() == pytest.approx(1.5)
     # seq-mean-token-mean: (3/2 + 3/1) / 4 = 1.125
     assert agg_loss(loss, mask, "seq-mean-token-mean", scale).item() == pytest.approx(1.125)
-    # seq-mean-token-sum-norm is already a sum: (1 + 2 + 3) / R=2 = 3.0, scale or not
-    assert agg_loss(loss, mask, "seq-mean-token-sum-norm", scale).item() == pytest.approx(3.0)
+    # seq-mean-token-sum-norm: the seq-mean-token-sum over R = 2: 1.5 / 2 = 0.75
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm", scale).item() == pytest.approx(0.75)
+    # token-sum needs no count: 6.0, scale or not
+    assert agg_loss(loss, mask, "token-sum", scale).item() == pytest.approx(6.0)
     assert AggScale.of(mask) == AggScale(num_tokens=3.0, num_seqs=2.0)

@@ -101,6 +101,12 @@ def test_as_number_is_exact():
         ("2", "3", False),
         ("\\sqrt{2}", "\\sqrt{3}", False),
         ("(1,2)", "[1,2]", False),
+        # A row break is not a space: spaced or not, the same matrix (removing `\\ ` once ate it).
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", True),
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 12 \\end{pmatrix}", False),
+        ("x = \\text{Monday}", "\\text{Monday}", True),  # the text is the answer, not a unit after `=`
+        ("x = 5\\text{ cm}", "5", True),
+        ("x = \\text{Monday}", "\\text{Tuesday}", False),
     ],
 )
 def test_math_answers_equal(answer, reference, equal):
@@ -117,11 +123,26 @@ def test_math_score_reads_the_last_box():
 
 
 @pytest.mark.parametrize(
-    "source", ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math"]
+    "source", ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"]
 )
 def test_math_sources_dispatch_to_the_boxed_scorer(source):
     assert default_compute_score(source, "so \\boxed{x = 5}", "5") == 1.0
     assert default_compute_score(source, "so \\boxed{6}", "5") == 0.0
+
+
+@pytest.mark.parametrize("source", ["math", "math_dapo", "math_dapo_reasoning", "aime2024", "aime25"])
+def test_dapo_sources_score_plus_or_minus_one_as_verl_0_9_1(source):
+    # verl 0.9.1 routes these to its DAPO scorer: the `Answer:` line first, +1 right and -1 wrong.
+    assert default_compute_score(source, "so\nAnswer: x = 5", "5") == {"score": 1.0, "acc": True, "pred": "5"}
+    assert default_compute_score(source, "Answer: 6", "5")["score"] == -1.0
+    # No `Answer:` line: the last box, compared character for character with the reference.
+    assert default_compute_score(source, "so \\boxed{5}", "5")["score"] == 1.0
+    assert default_compute_score(source, "so \\boxed{x = 5}", "5")["score"] == -1.0
+    assert default_compute_score(source, "no answer", "5") == {
+        "score": -1.0,
+        "acc": False,
+        "pred": "[INVALID]",
+    }
 
 
 # --- gsm8k (verl: strict reads the number after ####, flexible the last number) -----------------------
@@ -156,3 +177,39 @@ def test_gsm8k_extraction_is_linear_on_degenerate_responses():
         extract_gsm8k_answer(text, method="flexible")
         extract_gsm8k_answer(text, method="strict")
         assert time.perf_counter() - start < 0.5
+
+
+# --- math_dapo (verl 0.9.1's DAPO scorer, reproduced rule for rule) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("x = \\$1,000 \\text{ dollars}", "1000"),  # what follows the last `=`, dollars, units, commas
+        ("\\frac12", "\\frac{1}{2}"),
+        ("\\sqrt3", "\\sqrt{3}"),
+        ("5 \\text{cm}", "5"),
+        ("\\boxed{7}", "7"),
+        ("a square", ""),  # `a ` and `square` both go: filler words, as in Minerva
+    ],
+)
+def test_dapo_normalization_by_hand(raw, expected):
+    from relm.rewards.math_dapo import normalize_final_answer
+
+    assert normalize_final_answer(raw) == expected
+
+
+def test_dapo_score_reads_only_the_end_of_the_response():
+    from relm.rewards.math_dapo import math_dapo_score
+
+    assert math_dapo_score("Answer: 5" + " " * 300, "5")["score"] == -1.0  # beyond the last 300 characters
+    assert math_dapo_score("\\boxed{5}" + "." * 91, "5")["score"] == 1.0  # the box ends the last 100
+    assert math_dapo_score("\\boxed{5}" + "." * 92, "5")["score"] == -1.0  # its backslash is cut off
+    assert math_dapo_score("Answer: 4\nAnswer: 5", "5")["acc"] is True  # the last answer line counts
+    # The answer line wins over a box, and a box inside it is unwrapped into it, as in verl.
+    assert math_dapo_score("Answer: 5 \\boxed{4}", "5") == {"score": -1.0, "acc": False, "pred": "54"}
+    assert math_dapo_score("\\boxed{x=5}", "5", strict_box_verify=True) == {
+        "score": -1.0,
+        "acc": False,
+        "pred": "x=5",
+    }

@@ -6,13 +6,12 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from relm.algorithms.losses import AGG_MODES
 from relm.config.schema import ActorConfig, CriticConfig
 from relm.learner.actor import update_actor
 from relm.learner.batch import ExperienceBatch
 from relm.learner.critic import update_critic
 from relm.models.value_model import ValueModel
-
-AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
 def tiny_lm() -> Qwen2ForCausalLM:

@@ -1,0 +1,184 @@
+"""relm's advantage estimators against verl 0.9.1's on random batches.
+
+Each case has groups of 1 to 4 responses (size-1 groups and groups whose scores are all equal included),
+right padding of random length, empty responses, and masks with holes (a multi-turn response's
+observation tokens). Rewards are 0 outside the mask, as the trainer writes them. Values are compared
+on the valid tokens: outside them relm writes 0 and verl whatever its arithmetic left there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from relm.algorithms.advantages import compute_advantages
+
+pytestmark = pytest.mark.verl
+
+NUM_CASES = 300
+
+
+def random_case(seed: int) -> dict:
+    """One batch: token rewards, values, mask, group ids and greedy baselines, float64."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 5, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen)
+    group_ids = torch.repeat_interleave(torch.arange(len(sizes)), sizes)
+    group_ids = group_ids[torch.randperm(len(group_ids), generator=gen)]  # a group's rows are not adjacent
+    num_rows = len(group_ids)
+    width = int(torch.randint(2, 9, (1,), generator=gen))
+    lengths = torch.randint(0, width + 1, (num_rows,), generator=gen)
+    mask = (torch.arange(width) < lengths[:, None]).long()  # [N, R] right padding, empty rows
+    if seed % 3 == 0:  # holes: observation tokens inside a response
+        mask = mask * (torch.rand(num_rows, width, generator=gen) > 0.25).long()
+    if int(mask.sum()) < 2:  # verl's whitening raises below two tokens (tested on its own below)
+        mask[0, :] = 1
+        mask[-1, :] = 1
+    valid = mask.bool()
+    # Outcome scores on the last valid token, shared by a whole group where the group is all-equal.
+    scores = torch.randint(0, 3, (num_rows,), generator=gen).double()
+    if seed % 4 == 0:
+        scores = torch.randn(num_rows, generator=gen, dtype=torch.float64)
+    equal_groups = torch.rand(len(sizes), generator=gen) < 0.3
+    scores = torch.where(equal_groups[group_ids], 1.0, scores)
+    positions = torch.arange(width).expand(num_rows, width)
+    last = torch.where(valid, positions, -1).amax(dim=1)
+    token_rewards = torch.zeros(num_rows, width, dtype=torch.float64)
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    token_rewards[rows, last[rows]] = scores[rows]
+    if seed % 5 == 0:  # dense rewards too (a KL penalty on every token)
+        token_rewards = token_rewards + torch.where(
+            valid, 0.1 * torch.randn(num_rows, width, generator=gen), 0.0
+        )
+    return {
+        "token_rewards": token_rewards,
+        "values": torch.randn(num_rows, width, generator=gen, dtype=torch.float64),
+        "mask": mask,
+        "group_ids": group_ids,
+        "baselines": torch.randn(num_rows, generator=gen, dtype=torch.float64),
+        "gamma": float(torch.empty(1).uniform_(0.8, 1.0, generator=gen)),
+        "lam": float(torch.empty(1).uniform_(0.8, 1.0, generator=gen)),
+    }
+
+
+def relm_estimate(name: str, case: dict, norm_by_std: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    return compute_advantages(
+        name,
+        token_rewards=case["token_rewards"],
+        response_mask=case["mask"],
+        values=case["values"],
+        group_ids=case["group_ids"],
+        gamma=case["gamma"],
+        lam=case["lam"],
+        norm_adv_by_std_in_grpo=norm_by_std,
+        baseline_scores=case["baselines"],
+    )
+
+
+def verl_estimate(verl, name: str, case: dict, norm_by_std: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    core = verl.core_algos
+    rewards, mask = case["token_rewards"].clone(), case["mask"].double()
+    index = case["group_ids"].numpy().astype(np.int64)
+    config = core.AlgoConfig(gamma=case["gamma"], lam=case["lam"], norm_adv_by_std_in_grpo=norm_by_std)
+    if name == "gae":
+        return core.compute_gae_advantage_return(rewards, case["values"], mask, case["gamma"], case["lam"])
+    if name == "grpo":
+        return core.compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=norm_by_std)
+    if name == "rloo":
+        return core.compute_rloo_outcome_advantage(rewards, mask, index, config=config)
+    if name == "opo":
+        return core.compute_opo_outcome_advantage(rewards, mask, index, config=config)
+    if name == "reinforce_plus_plus":
+        return core.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config=config)
+    if name == "reinforce_plus_plus_baseline":
+        return core.compute_reinforce_plus_plus_baseline_outcome_advantage(
+            rewards, mask, index, config=config
+        )
+    if name == "remax":
+        return core.compute_remax_outcome_advantage(rewards, case["baselines"], mask, config=config)
+    raise AssertionError(name)
+
+
+ESTIMATORS = ["gae", "grpo", "rloo", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
+
+
+WHITENED = ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+# verl's masked mean divides by the count + 1e-8, so a batch whose values are all equal centres to about
+# value * 1e-8 / count instead of 0, and whitening multiplies that by 1 / sqrt(1e-8): up to ~1e-4 where
+# relm gives exactly 0. Whitened values are O(1), so this bound still catches any real difference.
+WHITENED_ATOL = 2e-4
+
+
+def assert_equal_on_valid_tokens(relm_value, verl_value, mask, what, atol=1e-7):
+    valid = mask.bool()
+    torch.testing.assert_close(
+        torch.where(valid, relm_value, 0.0), torch.where(valid, verl_value.double(), 0.0), rtol=1e-6, atol=atol,
+        msg=what,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_estimator_matches_verl_on_random_batches(verl, name):
+    for seed in range(NUM_CASES):
+        case = random_case(seed)
+        relm_adv, relm_ret = relm_estimate(name, case)
+        verl_adv, verl_ret = verl_estimate(verl, name, case)
+        what = lambda m, s=seed: f"{name} seed {s}: {m}"  # noqa: E731
+        atol = WHITENED_ATOL if name in WHITENED else 1e-7
+        assert_equal_on_valid_tokens(relm_adv, verl_adv, case["mask"], what, atol=atol)
+        # Returns are the unwhitened targets, except where an estimator returns its advantages.
+        returns_atol = WHITENED_ATOL if name == "reinforce_plus_plus_baseline" else 1e-7
+        assert_equal_on_valid_tokens(relm_ret, verl_ret, case["mask"], what, atol=returns_atol)
+        assert torch.all(relm_adv[~case["mask"].bool()] == 0)  # relm's padding is clean
+
+
+def test_grpo_without_std_matches_verl(verl):  # Dr. GRPO's `norm_adv_by_std_in_grpo=false`
+    for seed in range(NUM_CASES):
+        case = random_case(seed)
+        relm_adv, _ = relm_estimate("grpo", case, norm_by_std=False)
+        verl_adv, _ = verl_estimate(verl, "grpo", case, norm_by_std=False)
+        assert_equal_on_valid_tokens(relm_adv, verl_adv, case["mask"], f"grpo seed {seed}")
+
+
+def test_size_one_and_all_equal_groups_by_hand_agree_with_verl(verl):
+    # Group 0 holds one response (its raw score is its advantage), group 1 two equal ones (advantage 0).
+    case = {
+        "token_rewards": torch.tensor([[0.0, 2.0], [1.0, 0.0], [1.0, 0.0]], dtype=torch.float64),
+        "values": torch.zeros(3, 2, dtype=torch.float64),
+        "mask": torch.tensor([[1, 1], [1, 0], [1, 0]]),
+        "group_ids": torch.tensor([0, 1, 1]),
+        "baselines": torch.zeros(3, dtype=torch.float64),
+        "gamma": 1.0,
+        "lam": 1.0,
+    }
+    for name in ("grpo", "rloo", "opo"):
+        relm_adv, _ = relm_estimate(name, case)
+        verl_adv, _ = verl_estimate(verl, name, case)
+        assert_equal_on_valid_tokens(relm_adv, verl_adv, case["mask"], name)
+        assert relm_adv[0].tolist() == pytest.approx([2.0, 2.0]) and relm_adv[1:].abs().sum() == 0
+
+
+def test_whitening_below_two_tokens_gives_zeros_where_verl_raises(verl):
+    # A deliberate difference (docs/algorithms.md): one valid token has no variance; verl raises, relm
+    # returns zero advantages so the step has no signal instead of stopping the run.
+    case = random_case(1)
+    case["mask"] = torch.zeros_like(case["mask"])
+    case["mask"][0, 0] = 1
+    case["token_rewards"] = torch.where(case["mask"].bool(), 1.0, 0.0).double()
+    for name in ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        with pytest.raises(ValueError, match="sum of the mask is one"):
+            verl_estimate(verl, name, case)
+        advantages, _ = relm_estimate(name, case)
+        assert torch.all(advantages == 0)
+
+
+def test_opo_group_of_empty_responses_is_zero_where_verl_gives_nan(verl):
+    # A deliberate difference: verl's length-weighted baseline of a group whose responses are all empty
+    # is 0/0, and NaN * mask stays NaN in every row of the group.
+    case = random_case(2)
+    case["group_ids"] = torch.zeros(len(case["group_ids"]), dtype=torch.long)
+    case["mask"] = torch.zeros_like(case["mask"])
+    case["token_rewards"] = torch.zeros_like(case["token_rewards"])
+    verl_adv, _ = verl_estimate(verl, "opo", case)
+    relm_adv, _ = relm_estimate("opo", case)
+    assert torch.isnan(verl_adv).all() and torch.all(relm_adv == 0)
