@@ -172,14 +172,27 @@ def record_generations(monkeypatch: pytest.MonkeyPatch, engine_class: type) -> l
     return calls
 
 
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Family], tuple[Path, Any]]:
+    """`folder_of(family)` -> (model folder, tokenizer), built once a module per family: loading a real
+    tokenizer takes seconds, and both engines' runs read the same folder."""
+    built: dict[str, tuple[Path, Any]] = {}
+
+    def folder_of(family: Family) -> tuple[Path, Any]:
+        if not (REALWORLD / "tokenizers" / family.folder).is_dir():
+            pytest.skip(f"{REALWORLD} is not on this machine")
+        if family.folder not in built:
+            folder = tmp_path_factory.mktemp(family.folder)
+            built[family.folder] = folder, build_model_folder(family, folder)
+        return built[family.folder]
+
+    return folder_of
+
+
 def run_two_grpo_steps(
-    train: Callable[..., Any], tmp_path: Path, family: Family, engine: str
-) -> tuple[Any, Any, list[list[int]]]:
-    """Model folder, GSM8K parquet and the run; returns (run result, tokenizer, expected prompt ids)."""
-    if not (REALWORLD / "tokenizers" / family.folder).is_dir():
-        pytest.skip(f"{REALWORLD} is not on this machine")
-    model_dir = tmp_path / "model"
-    tokenizer = build_model_folder(family, model_dir)
+    train: Callable[..., Any], tmp_path: Path, model_dir: Path, tokenizer: Any, family: Family, engine: str
+) -> tuple[Any, list[list[int]]]:
+    """GSM8K parquet and the run; returns (run result, expected prompt ids)."""
     rows = gsm8k_rows()
     data = tmp_path / "gsm8k.parquet"
     pq.write_table(pa.Table.from_pylist(rows), data)
@@ -203,7 +216,7 @@ def run_two_grpo_steps(
         tiny=False,
     )
     expected = [template_ids(tokenizer, row["prompt"], **family.chat_template_kwargs) for row in rows]
-    return result, tokenizer, expected
+    return result, expected
 
 
 def check_generations(
@@ -233,12 +246,13 @@ def check_generations(
 @pytest.mark.parametrize("engine", ["native", "hf"])
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_two_grpo_steps_on_gsm8k_with_a_real_tokenizer(
-    train, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, engine: str
+    train, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_folders, name: str, engine: str
 ) -> None:
     family = FAMILIES[name]
+    model_dir, tokenizer = model_folders(family)
     calls = record_generations(monkeypatch, NativeRolloutEngine if engine == "native" else HFRolloutEngine)
 
-    result, tokenizer, expected = run_two_grpo_steps(train, tmp_path, family, engine)
+    result, expected = run_two_grpo_steps(train, tmp_path, model_dir, tokenizer, family, engine)
 
     assert result.exit_code == 0, result.stderr
     assert [record["step"] for record in result.metrics] == [1, 2]
