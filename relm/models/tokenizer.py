@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,8 @@ def encode_prompt(
             return_dict=False,
             **kwargs,
         )
+        if isinstance(ids, Mapping):  # a BatchEncoding where a transformers version ignores return_dict
+            ids = ids["input_ids"]
         return [int(i) for i in ids]
     text = "\n".join(str(message["content"]) for message in messages)
     return list(tokenizer.encode(text, add_special_tokens=True))
