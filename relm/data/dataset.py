@@ -144,7 +144,6 @@ class PromptDataset:
         tokenizer: PreTrainedTokenizerBase,
         *,
         files_key: str = "data.train_files",
-        return_raw_chat: bool | None = None,
     ) -> PromptDataset:
         """The dataset the run's `data.*` keys and `actor_rollout_ref.model.custom_chat_template` describe,
         so training and validation prompts are rendered and cut the same way."""
@@ -159,7 +158,7 @@ class PromptDataset:
             chat_template_kwargs=dict(data.apply_chat_template_kwargs),
             filter_overlong_prompts=data.filter_overlong_prompts,
             truncation=data.truncation,
-            return_raw_chat=data.return_raw_chat if return_raw_chat is None else return_raw_chat,
+            return_raw_chat=data.return_raw_chat,
             files_key=files_key,
         )
 
