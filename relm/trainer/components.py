@@ -320,6 +320,11 @@ def build_components(
         critic=critic, critic_optimizer=critic_optimizer,
     )  # fmt: skip
     eos_ids = eos_token_ids_of(tokenizer, actor)
+    logger.info(
+        "responses end at %s; no id at or past %d (the tokenizer's length) is sampled",
+        ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in eos_ids) or "no token",
+        len(tokenizer),
+    )
     # Every generate call of the run is watched: no progress for rollout.timeout_s ends the run.
     engine = WatchedEngine(
         build_engine(
