@@ -37,7 +37,7 @@ class DataConfig:
     reward_fn_key: str = "data_source"
     """Column whose value selects the rule scorer."""
     max_prompt_length: int = 512
-    """Prompts longer than this many tokens (after the chat template) are filtered out."""
+    """Longest prompt in tokens, chat template included; longer ones are dropped or cut (`filter_overlong_prompts`, `truncation`)."""
     max_response_length: int = 512
     """Generation stops after this many new tokens."""
     train_batch_size: int = 1024
@@ -47,11 +47,13 @@ class DataConfig:
     shuffle: bool = True
     """Shuffle the training prompts each epoch (seeded, so a resume continues the same order)."""
     filter_overlong_prompts: bool = True
-    """Drop prompts longer than `max_prompt_length` (relm always does: a prompt is never truncated)."""
+    """Drop prompts longer than `max_prompt_length` (one warning with the count); false hands them to `truncation`."""
     truncation: str = "error"
-    """verl's truncation mode; relm filters long prompts instead of truncating them."""
+    """Overlong prompts kept by `filter_overlong_prompts=false`: `error` stops naming the row; `left` keeps the last tokens, `right` the first, `middle` both ends (as verl)."""
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra arguments of `tokenizer.apply_chat_template` (as verl), e.g. `{date_string: 26 Jul 2024}` for Llama 3's template."""
     return_raw_chat: bool = False
-    """Keep the raw chat messages beside the token ids (used by reward models with another template)."""
+    """Keep each prompt's raw chat messages on the prompt batch beside the token ids (for rewards that read them)."""
     trust_remote_code: bool = False
     """Allow the tokenizer's own code from its folder."""
     seed: int | None = None

@@ -64,7 +64,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "data.return_multi_modal_inputs": _MULTIMODAL,
     "data.sampler.*": "relm samples prompts in (seeded) shuffled order; custom samplers are not supported",
     "data.datagen.*": "dynamic data generation is not supported",
-    "data.apply_chat_template_kwargs": "relm applies the chat template without extra arguments",
     # actor_rollout_ref
     "actor_rollout_ref.nccl_timeout": "relm uses PyTorch's default process-group timeout",
     "actor_rollout_ref.model.use_shm": _SHM,

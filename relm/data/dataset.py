@@ -15,6 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
+from relm.config.schema import RelmConfig
+from relm.config.validate import TRUNCATION_MODES
 from relm.errors import UserError
 from relm.models.tokenizer import encode_prompt
 
@@ -29,10 +31,13 @@ class PromptDataset:
 
     Tokenization is eager (all rows at construction): RL prompt sets are small next to the
     rollouts they feed, and it turns every bad row or overlong prompt into an error or a count
-    before the first step instead of in the middle of training. Prompts longer than
-    `max_prompt_length` tokens are dropped, never truncated: a truncated question has another
-    answer. Each item is a dict with `prompt_ids`, `data_source`, `ground_truth`, `extra_info`,
-    `index` (position in this dataset), `file`, `row` (row in that file) and `raw_prompt`.
+    before the first step instead of in the middle of training. A prompt longer than
+    `max_prompt_length` tokens is dropped when `filter_overlong_prompts` is on (the default: a
+    truncated question may have another answer); otherwise `truncation` decides, as in verl:
+    `error` stops with the row named, `left` keeps the last tokens, `right` the first, `middle` the
+    first and last halves. Each item is a dict with `prompt_ids`, `data_source`, `ground_truth`,
+    `extra_info`, `index` (position in this dataset), `file`, `row` (row in that file), `raw_prompt`
+    (the row's chat messages) and `truncated` (whether the ids were cut).
 
     Args:
         files: Parquet files in verl's layout (`prompt`, `data_source`, `reward_model`, `extra_info`).
@@ -41,6 +46,9 @@ class PromptDataset:
         reward_fn_key: Column whose value selects the rule scorer (`data.reward_fn_key`).
         max_prompt_length: Longest prompt kept, in tokens after the chat template.
         custom_chat_template: A template replacing the tokenizer's own.
+        chat_template_kwargs: Extra template variables (`data.apply_chat_template_kwargs`).
+        filter_overlong_prompts: Drop overlong prompts (`data.filter_overlong_prompts`).
+        truncation: What to do with an overlong prompt that is not dropped (`data.truncation`).
         return_raw_chat: Also hand the raw messages to the batch (`data.return_raw_chat`).
         files_key: Config key the files came from, named in error messages.
     """
@@ -54,6 +62,9 @@ class PromptDataset:
         reward_fn_key: str = "data_source",
         max_prompt_length: int,
         custom_chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        filter_overlong_prompts: bool = True,
+        truncation: str = "error",
         return_raw_chat: bool = False,
         files_key: str = "data.train_files",
     ) -> None:
@@ -61,17 +72,20 @@ class PromptDataset:
             files = [files]  # verl accepts a single path where a list is expected
         if not files:
             raise UserError(f"{files_key}: no files given; pass one or more parquet files")
+        if truncation not in TRUNCATION_MODES:
+            raise UserError(f"data.truncation={truncation!r}: must be one of {', '.join(TRUNCATION_MODES)}")
         self.return_raw_chat = return_raw_chat
         self.max_prompt_length = max_prompt_length
         self.num_filtered = 0
+        self.num_truncated = 0
         self._items: list[dict[str, Any]] = []
         longest_filtered = 0
         shortest = None
         for file in files:
             table = _read_table(file, files_key)
             for row, item in enumerate(_rows(table, file, prompt_key, reward_fn_key)):
-                item["prompt_ids"] = encode_prompt(tokenizer, item["raw_prompt"], custom_chat_template)
-                length = len(item["prompt_ids"])
+                ids = encode_prompt(tokenizer, item["raw_prompt"], custom_chat_template, chat_template_kwargs)
+                length = len(ids)
                 if length == 0:
                     # Only without a chat template: empty contents joined make an empty text.
                     raise UserError(
@@ -79,10 +93,20 @@ class PromptDataset:
                         "text, or a chat template (actor_rollout_ref.model.custom_chat_template)"
                     )
                 shortest = length if shortest is None else min(shortest, length)
-                if length > max_prompt_length:
+                if length > max_prompt_length and filter_overlong_prompts:
                     self.num_filtered += 1
                     longest_filtered = max(longest_filtered, length)
                     continue
+                if length > max_prompt_length and truncation == "error":
+                    raise UserError(
+                        f"data.truncation=error: '{file}' row {row} is {length} tokens (chat template "
+                        f"included), longer than data.max_prompt_length={max_prompt_length}; raise "
+                        "data.max_prompt_length, set data.filter_overlong_prompts=true to drop such prompts, "
+                        "or data.truncation=left|right|middle to cut them"
+                    )
+                item["prompt_ids"] = truncate_prompt(ids, max_prompt_length, truncation)
+                item["truncated"] = length > max_prompt_length
+                self.num_truncated += item["truncated"]
                 item.update(index=len(self._items), file=str(file), row=row)
                 self._items.append(item)
         if shortest is None:
@@ -102,12 +126,66 @@ class PromptDataset:
                 max_prompt_length,
                 longest_filtered,
             )
+        if self.num_truncated:
+            logger.warning(
+                "cut %d of %d prompts in %s to data.max_prompt_length=%d tokens (data.truncation=%s)",
+                self.num_truncated,
+                len(self._items),
+                files_key,
+                max_prompt_length,
+                truncation,
+            )
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: RelmConfig,
+        files: list[str],
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        files_key: str = "data.train_files",
+    ) -> PromptDataset:
+        """The dataset the run's `data.*` keys and `actor_rollout_ref.model.custom_chat_template` describe,
+        so training and validation prompts are rendered and cut the same way."""
+        data = cfg.data
+        return cls(
+            files,
+            tokenizer,
+            prompt_key=data.prompt_key,
+            reward_fn_key=data.reward_fn_key,
+            max_prompt_length=data.max_prompt_length,
+            custom_chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
+            chat_template_kwargs=dict(data.apply_chat_template_kwargs),
+            filter_overlong_prompts=data.filter_overlong_prompts,
+            truncation=data.truncation,
+            return_raw_chat=data.return_raw_chat,
+            files_key=files_key,
+        )
 
     def __len__(self) -> int:
         return len(self._items)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self._items[index]
+
+
+def truncate_prompt(ids: list[int], max_length: int, mode: str) -> list[int]:
+    """At most `max_length` of `ids`, cut as verl's `data.truncation` says.
+
+    `left` keeps the last tokens (the end of the question and the generation prompt), `right` the
+    first, `middle` the first `max_length // 2` and the last `max_length - max_length // 2`
+    (verl's `postprocess_data`). `error` leaves the ids as they are: the caller raises.
+    """
+    if len(ids) <= max_length or mode == "error":
+        return list(ids)
+    if mode == "left":
+        return list(ids[len(ids) - max_length :])
+    if mode == "right":
+        return list(ids[:max_length])
+    if mode == "middle":
+        left = max_length // 2
+        return list(ids[:left]) + list(ids[len(ids) - (max_length - left) :])
+    raise ValueError(f"unknown truncation mode {mode!r}")
 
 
 def _read_table(file: str | Path, files_key: str) -> pa.Table:

@@ -33,6 +33,7 @@ def update_actor(
     remove_padding: bool = False,
     max_tokens_per_microbatch: int | None = None,
     dist: DistContext | None = None,
+    vocab_limit: int | None = None,
 ) -> UpdateResult:
     """`cfg.ppo_epochs` passes of policy-loss updates (plus entropy bonus and optional KL loss).
 
@@ -41,13 +42,14 @@ def update_actor(
     micro-batches formed by token budget (`max_tokens_per_microbatch`, verl's `use_dynamic_bsz`). With
     `dist` (data parallel, `batch` holding this rank's rows) the counts are those of the global
     mini-batch, so the ranks' summed gradients equal one process's over the whole batch.
+    `vocab_limit` (the tokenizer's length): as in `response_logprobs`.
     """
     assert batch.old_logprobs is not None and batch.advantages is not None
     if cfg.use_kl_loss:
         assert batch.ref_logprobs is not None, "use_kl_loss needs reference logprobs"
     accumulate = functools.partial(
         _accumulate_minibatch, model=model, batch=batch, cfg=cfg, temperature=temperature,
-        device=device, remove_padding=remove_padding,
+        device=device, remove_padding=remove_padding, vocab_limit=vocab_limit,
     )  # fmt: skip
     return run_update(
         model, optimizer, scheduler, batch, accumulate, name="actor", num_epochs=cfg.ppo_epochs,
@@ -69,6 +71,7 @@ def _accumulate_minibatch(
     temperature: float,
     device: torch.device,
     remove_padding: bool,
+    vocab_limit: int | None = None,
 ) -> list[dict]:
     """Forward and backward of one mini-batch's micro-batches (`scale` normalises their losses); their metrics."""
     collected = []
@@ -85,6 +88,7 @@ def _accumulate_minibatch(
             # entropy_coeff 0 (the default): the entropy is only a metric, kept out of backward
             entropy_grad=cfg.entropy_coeff != 0,
             remove_padding=remove_padding,
+            vocab_limit=vocab_limit,
         )
         mask = mb.response_mask
         pg_loss, pg_metrics = compute_policy_loss(

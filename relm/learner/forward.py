@@ -29,6 +29,7 @@ def response_logprobs(
     entropy_grad: bool = True,
     vocab_chunk: int | None = None,
     remove_padding: bool = False,
+    vocab_limit: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob (and entropy) of each response token under `softmax(logits / temperature)`.
 
@@ -54,6 +55,9 @@ def response_logprobs(
             backward through a second pass over the vocabulary, and no recomputation of it.
         vocab_chunk: token positions whose full-vocabulary fp32 rows are held at once; None sizes
             chunks to about 2^26 fp32 values.
+        vocab_limit: the tokenizer's length: the softmax runs over the first `vocab_limit` logits only,
+            because the engines never sample the embedding rows past it (`SampledColumns`), so both
+            sides normalise over the same ids; None keeps every row.
 
     Returns:
         ([N, R] fp32 logprobs, [N, R] fp32 entropy or None). Values at padded response positions
@@ -68,12 +72,14 @@ def response_logprobs(
         return packed_response_logprobs(
             model, input_ids, attention_mask, response_width, temperature=temperature,
             compute_entropy=compute_entropy, entropy_grad=entropy_grad, positions_per_chunk=vocab_chunk,
+            vocab_limit=vocab_limit,
         )  # fmt: skip
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     if _accepts_logits_to_keep(model):
         logits = model(**kwargs, use_cache=False, logits_to_keep=response_width + 1).logits  # [N, R+1, V]
     else:
         logits = model(**kwargs, use_cache=False).logits[:, -response_width - 1 :]  # [N, R+1, V]
+    logits = logits[..., :vocab_limit]  # a view; None keeps every row
     targets = input_ids[:, -response_width:]  # [N, R]; column P-1+t of `logits` predicts targets[:, t]
 
     # Blocks of whole rows when a row fits the budget, else column slices of one row. The blocks are

@@ -90,6 +90,7 @@ def packed_response_logprobs(
     compute_entropy: bool = False,
     entropy_grad: bool = True,
     positions_per_chunk: int | None = None,
+    vocab_limit: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_logprobs` computed on the packed sequence; same outputs ([N, R], zeros at padding).
 
@@ -105,7 +106,7 @@ def packed_response_logprobs(
         use_cache=False,
         logits_to_keep=layout.predict_index,
         **layout.attention_kwargs(),
-    ).logits  # [1, K, V]
+    ).logits[..., :vocab_limit]  # [1, K, V]; ids the tokenizer lacks are never sampled
     scale = temperature if temperature > 0 else 1.0
     chunk = positions_per_chunk or max(1, DEFAULT_CHUNK_VALUES // logits.shape[-1])
     use_checkpoint = torch.is_grad_enabled() and logits.requires_grad

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -126,21 +127,46 @@ def encode_prompt(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict[str, Any]],
     custom_chat_template: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of a chat prompt, ending where the assistant's reply starts.
 
-    The template is rendered to text and then encoded without adding special tokens, because
-    templates that want a bos token write it themselves (adding it again would double it).
-    Without any template the contents are joined by newlines and encoded as plain text.
+    The ids are exactly `tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+    tokenize=True, **chat_template_kwargs)`, as verl renders them: the template is tokenized in one
+    call, so a template that writes its own bos (Llama 3, Mistral) gets it once, where rendering to
+    text and encoding that with special tokens would add a second one. Without any template the
+    contents are joined by newlines and encoded as plain text (special tokens as the tokenizer adds them).
+
+    Args:
+        tokenizer: The run's tokenizer.
+        messages: The row's chat messages.
+        custom_chat_template: A template replacing the tokenizer's own
+            (`actor_rollout_ref.model.custom_chat_template`).
+        chat_template_kwargs: Extra variables for the template (`data.apply_chat_template_kwargs`),
+            e.g. Llama 3's `date_string`, whose template otherwise writes today's date into every prompt.
     """
     template = custom_chat_template or tokenizer.chat_template
     if template:
-        text = tokenizer.apply_chat_template(
-            messages, chat_template=template, add_generation_prompt=True, tokenize=False
+        kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
+        ids = tokenizer.apply_chat_template(
+            messages,
+            chat_template=template,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            **kwargs,
         )
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        if isinstance(ids, Mapping):  # a BatchEncoding where a transformers version ignores return_dict
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
     text = "\n".join(str(message["content"]) for message in messages)
     return list(tokenizer.encode(text, add_special_tokens=True))
+
+
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"tokenize", "return_dict", "return_tensors", "add_generation_prompt", "chat_template"}
+)
+"""Arguments relm sets itself; verl drops the first three from `apply_chat_template_kwargs` the same way."""
 
 
 _TURN_MARKER = "relm-end-of-turn-probe"

@@ -32,6 +32,8 @@ class HFRolloutEngine:
         eos_token_ids: ids that end a response (the eos token is kept, mask 1); may be empty.
         device: where prompts go and the sampling generator lives (the model's device).
         seed: initial seed of the engine's generator; `SamplingParams.seed` resets it per call.
+        vocab_limit: ids at or past this (the tokenizer's length) are never sampled; None: every
+            embedding row may be (see `SampledColumns`).
     """
 
     def __init__(
@@ -42,9 +44,11 @@ class HFRolloutEngine:
         eos_token_ids: list[int],
         device: torch.device | str,
         seed: int = 0,
+        vocab_limit: int | None = None,
     ) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
+        self.vocab_limit = vocab_limit
         self.device = torch.device(device)
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
         self.generator = torch.Generator(device=self.device)
@@ -91,7 +95,7 @@ class HFRolloutEngine:
 
         finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
         stopped_by_eos = torch.zeros_like(finished)
-        columns = SampledColumns(self.pad_token_id)
+        columns = SampledColumns(self.pad_token_id, self.vocab_limit)
         for step in range(params.max_new_tokens):
             token = columns.sample(logits, finished, params, self.generator)  # [N]
             self.heartbeat()

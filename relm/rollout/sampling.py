@@ -101,9 +101,16 @@ class SampledColumns:
 
     A row that has finished keeps its slot in the batch; from then on its column entries are the pad
     token, mask 0 and logprob 0, which is what the trainer expects after a response's end.
+
+    `vocab_limit` (the tokenizer's length) keeps ids at or past it from ever being drawn: checkpoints
+    often have more embedding rows than tokens (Qwen2.5: 151,936 rows for 151,665 tokens; Phi-3 32,064
+    for 32,011), and an id with no token cannot be decoded or scored. Sampling from the first
+    `vocab_limit` logits is the same as setting the others to -inf, without writing to the logits; the
+    trainer's `response_logprobs(vocab_limit=...)` normalises over the same ids.
     """
 
     pad_token_id: int
+    vocab_limit: int | None = None
     tokens: list[torch.Tensor] = field(default_factory=list)
     masks: list[torch.Tensor] = field(default_factory=list)
     logprobs: list[torch.Tensor] = field(default_factory=list)
@@ -118,6 +125,8 @@ class SampledColumns:
     ) -> torch.Tensor:
         """Draw every row's next token from `logits` [rows, V] and record it; returns the [rows] tokens
         (pad where `finished`)."""
+        if self.vocab_limit is not None and logits.shape[-1] > self.vocab_limit:
+            logits = logits[:, : self.vocab_limit]
         token, logprob = sample_next_token(logits, params, generator, race)
         live = ~finished
         token = torch.where(live, token, self.pad_token_id)

@@ -115,6 +115,9 @@ class VLLMRolloutEngine:
         eos_token_ids: ids that end a response (kept, mask 1).
         device: cuda or cpu.
         settings: engine arguments.
+        vocab_limit: ids at or past this (the tokenizer's length) are never sampled: every request
+            carries `allowed_token_ids` below it when the model has more embedding rows than that,
+            which vLLM applies before sampling and before the processed logprobs it reports.
     """
 
     _live: ClassVar[weakref.ref[VLLMRolloutEngine] | None] = None
@@ -129,10 +132,16 @@ class VLLMRolloutEngine:
         eos_token_ids: list[int],
         device: torch.device | str,
         settings: VLLMSettings,
+        vocab_limit: int | None = None,
     ) -> None:
         self.model, self.pad_token_id, self.settings = model, pad_token_id, settings
         self.device = torch.device(device)
         self.eos_token_ids = sorted(set(eos_token_ids))
+        rows = model.config.get_text_config().vocab_size
+        # One list shared by every request; None (nothing to mask) skips vLLM's per-request mask.
+        self._allowed_token_ids = (
+            list(range(vocab_limit)) if vocab_limit is not None and vocab_limit < rows else None
+        )
         self.heartbeat: Callable[[], None] = lambda: None
         """Called after each scheduler step that moved a request on (the stall watchdog's clock)."""
         vllm = import_vllm()
@@ -270,6 +279,7 @@ class VLLMRolloutEngine:
                 ignore_eos=params.ignore_eos,
                 logprobs=0,
                 detokenize=False,
+                allowed_token_ids=self._allowed_token_ids,
             )
             for seed in torch.randint(0, 2**31 - 1, (num_prompts,), generator=seeds).tolist()
         ]

@@ -38,7 +38,7 @@ from relm.memory.offload import OffloadedOptimizerStates, Residency
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype, resolve_model_dir
 from relm.models.precision import Precision
-from relm.models.tokenizer import load_tokenizer
+from relm.models.tokenizer import end_of_turn_ids, load_tokenizer
 from relm.models.value_model import load_value_model
 from relm.models.zoo import default_cache_dir
 from relm.rewards.custom import ComputeScore, resolve_compute_score
@@ -195,15 +195,7 @@ def build_components(
         if arr.model.tokenizer_path
         else "actor_rollout_ref.model.path",
     )
-    dataset = PromptDataset(
-        resolve_train_files(cfg),
-        tokenizer,
-        prompt_key=cfg.data.prompt_key,
-        reward_fn_key=cfg.data.reward_fn_key,
-        max_prompt_length=cfg.data.max_prompt_length,
-        custom_chat_template=arr.model.custom_chat_template,
-        return_raw_chat=cfg.data.return_raw_chat,
-    )
+    dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer)
     seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
     loader = PromptLoader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=seed)
     sizes = compute_sizes(cfg, loader.batches_per_epoch)
@@ -327,6 +319,11 @@ def build_components(
         critic=critic, critic_optimizer=critic_optimizer,
     )  # fmt: skip
     eos_ids = eos_token_ids_of(tokenizer, actor)
+    logger.info(
+        "responses end at %s; no id at or past %d (the tokenizer's length) is sampled",
+        ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in eos_ids) or "no token",
+        len(tokenizer),
+    )
     # Every generate call of the run is watched: no progress for rollout.timeout_s ends the run.
     engine = WatchedEngine(
         build_engine(
@@ -335,6 +332,7 @@ def build_components(
             model_dir=model_dir,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_ids=eos_ids,
+            vocab_limit=len(tokenizer),
             device=device,
             seed=cfg.seed + dist.rank,  # ranks generate different prompts: independent streams
             precision=precision,
@@ -436,8 +434,10 @@ def build_engine(
     seed: int,
     precision: Precision,
     max_model_len: int,
+    vocab_limit: int | None = None,
 ) -> RolloutEngine:
-    """The engine `rollout.name` names, colocated with the actor.
+    """The engine `rollout.name` names, colocated with the actor; none samples an id at or past
+    `vocab_limit` (the tokenizer's length).
 
     `native` and `hf` generate with `model`: the actor's own module, or its copy in the generation dtype
     (`generator_model`). `vllm` takes the actor as `model` and keeps its own copy of the weights, built
@@ -459,12 +459,13 @@ def build_engine(
         )
         return VLLMRolloutEngine(
             model, model_dir, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=device,
-            settings=settings,
+            settings=settings, vocab_limit=vocab_limit,
         )  # fmt: skip
     if rollout.name == "hf":
         return HFRolloutEngine(
-            model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=device, seed=seed
-        )
+            model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=device, seed=seed,
+            vocab_limit=vocab_limit,
+        )  # fmt: skip
     return NativeRolloutEngine(
         model,
         pad_token_id=pad_token_id,
@@ -474,6 +475,7 @@ def build_engine(
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         max_num_seqs=rollout.max_num_seqs,
         max_prefill_tokens=rollout.max_num_batched_tokens,
+        vocab_limit=vocab_limit,
     )
 
 
@@ -486,13 +488,6 @@ def vllm_engine_kwargs(engine_kwargs: dict) -> dict:
 
 
 def eos_token_ids_of(tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> list[int]:
-    """Every id that ends a response: the tokenizer's eos and the generation config's (may be a list)."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        ids.add(gen_eos)
-    elif isinstance(gen_eos, list | tuple):
-        ids.update(int(i) for i in gen_eos)
-    return sorted(ids)
+    """Every id that ends a response: eos, the generation config's eos ids (may be a list) and the token
+    the chat template closes an assistant turn with (Phi-3 `<|end|>`, Llama 3 `<|eot_id|>`)."""
+    return end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))

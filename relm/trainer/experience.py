@@ -61,11 +61,12 @@ def batched_logprobs(
     remove_padding: bool = False,
     max_tokens_per_forward: int | None = None,
     dist: DistContext | None = None,
+    vocab_limit: int | None = None,
 ) -> torch.Tensor:
     """[N, R] logprobs of the responses under `model`, in forward passes of `rows_per_forward` rows
     (or of at most `max_tokens_per_forward` tokens). With `dist` (data parallel, `batch` this rank's
     rows) every rank makes as many passes, and when the model is sharded an out-of-memory pass is not
-    retried on one rank alone."""
+    retried on one rank alone. `vocab_limit`: as in `response_logprobs`."""
 
     def logprobs_of(mb: ExperienceBatch) -> torch.Tensor:
         logprobs, _ = response_logprobs(
@@ -76,6 +77,7 @@ def batched_logprobs(
             mb.response_width,
             temperature=temperature,
             remove_padding=remove_padding,
+            vocab_limit=vocab_limit,
         )
         return logprobs
 

@@ -107,6 +107,7 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
         remove_padding=arr.model.use_remove_padding,
         max_tokens_per_forward=c.memory.actor_max_tokens,
         dist=c.dist,
+        vocab_limit=len(c.tokenizer),  # the engines never sample past the tokenizer's ids
     )
     if c.cfg.algorithm.rollout_correction.bypass_mode:
         # verl's bypass mode: the engine's logprobs stand for the old policy's; no actor forward, so no
@@ -202,6 +203,7 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
                 temperature=arr.rollout.temperature or 1.0, device=c.device, generator=c.generator,
                 remove_padding=arr.model.use_remove_padding,
                 max_tokens_per_microbatch=c.memory.actor_max_tokens, dist=c.dist,
+                vocab_limit=len(c.tokenizer),
             )  # fmt: skip
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates

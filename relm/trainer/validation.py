@@ -71,15 +71,7 @@ def make_val_dataset(cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase) -> Pro
             return None
         _, val = write_demo_parquet(default_cache_dir() / "demo")
         files = [str(val)]
-    return PromptDataset(
-        files,
-        tokenizer,
-        prompt_key=cfg.data.prompt_key,
-        reward_fn_key=cfg.data.reward_fn_key,
-        max_prompt_length=cfg.data.max_prompt_length,
-        custom_chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
-        files_key="data.val_files",
-    )
+    return PromptDataset.from_config(cfg, files, tokenizer, files_key="data.val_files")
 
 
 def is_validation_step(step: int, total_steps: int, test_freq: int) -> bool:

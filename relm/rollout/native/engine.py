@@ -88,6 +88,8 @@ class NativeRolloutEngine:
             benchmark compares "max-autotune-no-cudagraphs", which also tunes the MLP products).
         fuse_projections: compute q/k/v and gate/up as one product each when the model is frozen
             (`relm.rollout.native.fused_projections`); False keeps them separate.
+        vocab_limit: ids at or past this (the tokenizer's length) are never sampled; None: every
+            embedding row may be (see `relm.rollout.sampling.SampledColumns`).
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class NativeRolloutEngine:
         max_num_seqs: int | None = None,
         compile_mode: str | None = None,
         fuse_projections: bool = True,
+        vocab_limit: int | None = None,
     ) -> None:
         if max_num_seqs is not None and max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
@@ -114,6 +117,7 @@ class NativeRolloutEngine:
             raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
         self.model = model
         self.pad_token_id = pad_token_id
+        self.vocab_limit = vocab_limit
         self.device = torch.device(device)
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
         self.generator = torch.Generator(device=self.device)
@@ -125,8 +129,9 @@ class NativeRolloutEngine:
         # The reference engine on the same module and generator: the fallback for architectures
         # the native path cannot run, and the owner of weight syncing.
         self.reference = HFRolloutEngine(
-            model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=self.device
-        )
+            model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=self.device,
+            vocab_limit=vocab_limit,
+        )  # fmt: skip
         self.reference.generator = self.generator
         self.heartbeat: Callable[[], None] = lambda: None
         """Called once per decoding step; the trainer's stall watchdog points it at its clock."""
@@ -219,7 +224,7 @@ class NativeRolloutEngine:
         finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
         stopped_by_eos = torch.zeros_like(finished)
         check_eos = not params.ignore_eos and self.eos_token_ids.numel() > 0
-        columns = SampledColumns(self.pad_token_id)
+        columns = SampledColumns(self.pad_token_id, self.vocab_limit)
         for step in range(width):
             token = columns.sample(buffers.logits[:num_rows], finished, params, self.generator, self._race)
             self.heartbeat()
@@ -267,7 +272,7 @@ class NativeRolloutEngine:
         self._sync()
         prefill_done = time.perf_counter()
         check_eos = not params.ignore_eos and self.eos_token_ids.numel() > 0
-        columns = SampledColumns(self.pad_token_id)
+        columns = SampledColumns(self.pad_token_id, self.vocab_limit)
         step, decode_steps = 0, 0
         while True:
             token = columns.sample(buffers.logits[:slots], finished, params, self.generator, self._race)
