@@ -17,8 +17,9 @@ from relm.config.loader import load_config
 from relm.data.dataset import PromptDataset, truncate_prompt
 from relm.errors import UserError
 from relm.learner.forward import response_logprobs
+from relm.models.char_tokenizer import build_char_tokenizer
 from relm.models.loading import load_causal_lm
-from relm.models.tokenizer import build_char_tokenizer, encode_prompt
+from relm.models.tokenizer import encode_prompt
 from relm.models.zoo import materialize_zoo
 from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
