@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from relm.algorithms.advantages import estimator_needs
 from relm.algorithms.filtering import groups_with_variance
 from relm.data.records import PromptBatch
 from relm.learner.batch import ExperienceBatch
@@ -72,7 +73,7 @@ def generate_and_score(
         token_scores = token_scores + place_on_last_token(penalty, batch.response_mask)
         extras["overlong_penalty"] = penalty
     batch.token_scores = token_scores
-    if c.cfg.algorithm.adv_estimator == "remax":
+    if estimator_needs(c.cfg.algorithm.adv_estimator).greedy_baseline:
         batch.baseline_scores = _greedy_baseline(c, prompts, params.n)
     return batch, extras
 
