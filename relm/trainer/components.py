@@ -438,8 +438,7 @@ def build_run_engine(
             device=device,
             seed=cfg.seed + dist.rank,  # ranks generate different prompts: independent streams
             precision=precision,
-            max_model_len=arr.rollout.max_model_len
-            or cfg.data.max_prompt_length + cfg.data.max_response_length,
+            max_model_len=arr.rollout.max_model_len,
         ),
         arr.rollout.timeout_s,
     )
