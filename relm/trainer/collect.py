@@ -133,8 +133,12 @@ def _fill_with_varied_groups(
             logger.warning(
                 "step %d: only %d of %d responses come from groups with differing %s after %d generation rounds "
                 "(algorithm.filter_groups.max_num_gen_batches); filling up with uniform groups",
-                step, num_kept, wanted, filt.metric, rounds,
-            )  # fmt: skip
+                step,
+                num_kept,
+                wanted,
+                filt.metric,
+                rounds,
+            )
             kept.extend(dropped)
             break
         offset = int(batch.group_ids.max()) + 1
