@@ -178,8 +178,8 @@ def load_algo(args: argparse.Namespace, algo: str, dist: Any, source: Path) -> N
     fresh = build(args, algo, dist)
     load_checkpoint(fresh, source / f"{algo}-run" / "global_step_1")
     loaded = {
-        "actor": full_state(fresh.actor, fresh.actor_optimizer, fresh, args.params),
-        "critic": full_state(fresh.critic, fresh.critic_optimizer, fresh, args.params)
+        "actor": full_state(fresh.actor.module, fresh.actor.optimizer, fresh, args.params),
+        "critic": full_state(fresh.critic.module, fresh.critic.optimizer, fresh, args.params)
         if fresh.critic is not None
         else None,
     }
@@ -200,9 +200,9 @@ def run_algo(args: argparse.Namespace, algo: str, dist: Any) -> None:
     batch = collect_experience(c, c.loader.next_batch(), 1, metrics)
     c.engine = engine
     grads: dict[str, list] = {"actor": [], "critic": []}
-    record_gradients(c.actor, c.actor_optimizer, c, args.params, grads["actor"])
+    record_gradients(c.actor.module, c.actor.optimizer, c, args.params, grads["actor"])
     if c.critic is not None:
-        record_gradients(c.critic, c.critic_optimizer, c, args.params, grads["critic"])
+        record_gradients(c.critic.module, c.critic.optimizer, c, args.params, grads["critic"])
     with c.precision.autocast():
         annotate(c, batch, metrics)
         estimate_advantages(c, batch, metrics)
@@ -216,8 +216,10 @@ def run_algo(args: argparse.Namespace, algo: str, dist: Any) -> None:
         },
         "response_tokens": int(batch.response_mask.sum()),
         "grads": grads,
-        "actor": full_state(c.actor, c.actor_optimizer, c, args.params),
-        "critic": full_state(c.critic, c.critic_optimizer, c, args.params) if c.critic is not None else None,
+        "actor": full_state(c.actor.module, c.actor.optimizer, c, args.params),
+        "critic": full_state(c.critic.module, c.critic.optimizer, c, args.params)
+        if c.critic is not None
+        else None,
     }
     if dist.is_main:
         torch.save(result, args.out / f"{algo}.pt")

@@ -2,7 +2,8 @@
 
 from relm.algorithms.advantages import (
     ADV_ESTIMATORS,
-    ESTIMATORS_WITH_CRITIC,
+    ESTIMATOR_NEEDS,
+    EstimatorNeeds,
     compute_advantages,
     compute_gae,
     compute_grpo_outcome,
@@ -11,6 +12,7 @@ from relm.algorithms.advantages import (
     compute_reinforce_plus_plus_baseline,
     compute_remax,
     compute_rloo,
+    estimator_needs,
     register_adv_estimator,
 )
 from relm.algorithms.kl import (
@@ -35,7 +37,8 @@ from relm.algorithms.masked import masked_mean, masked_sum, masked_var, masked_w
 __all__ = [
     "ADV_ESTIMATORS",
     "AGG_MODES",
-    "ESTIMATORS_WITH_CRITIC",
+    "ESTIMATOR_NEEDS",
+    "EstimatorNeeds",
     "KL_KINDS",
     "POLICY_LOSSES",
     "AdaptiveKLController",
@@ -59,6 +62,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "estimator_needs",
     "register_adv_estimator",
     "register_policy_loss",
 ]

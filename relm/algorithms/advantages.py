@@ -10,13 +10,17 @@ Conventions shared by every estimator:
 
 A new estimator is a function registered with `@register_adv_estimator("name")`. Its parameters
 are picked by name from the inputs of `compute_advantages` (see `_INPUT_NAMES`); any other
-parameter must have a default.
+parameter must have a default. What the run must build for it is read from the same signature
+(`EstimatorNeeds`): a required `values` asks for a critic, a required `baseline_scores` for a greedy
+response per prompt; a reference is declared with `needs_reference=True`. The loop asks
+`estimator_needs(name)` and never compares estimator names.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -27,8 +31,22 @@ AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
 """Estimator name (the value of `algorithm.adv_estimator`) -> function."""
 
-ESTIMATORS_WITH_CRITIC = frozenset({"gae"})
-"""Estimators that need a value model: the trainer builds a critic only for these."""
+
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What the run builds for an estimator, beside the token rewards and the response mask."""
+
+    critic: bool = False
+    """A value model whose values V(s_t) the estimator reads (`values`); the trainer builds a critic
+    only for these."""
+    greedy_baseline: bool = False
+    """The score of one greedy response per prompt (`baseline_scores`, ReMax)."""
+    reference: bool = False
+    """Reference-policy logprobs, whatever the KL settings say."""
+
+
+ESTIMATOR_NEEDS: dict[str, EstimatorNeeds] = {}
+"""Estimator name -> what it needs; filled by `register_adv_estimator` beside `ADV_ESTIMATORS`."""
 
 _INPUT_NAMES = (
     "token_rewards",
@@ -42,8 +60,13 @@ _INPUT_NAMES = (
 )
 
 
-def register_adv_estimator(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
+def register_adv_estimator(
+    name: str, *, needs_reference: bool = False
+) -> Callable[[AdvEstimator], AdvEstimator]:
     """Register an estimator under `name` for `compute_advantages` (a decorator).
+
+    Its needs (`EstimatorNeeds`) are read from its required parameters; `needs_reference` adds a
+    reference model (none of the built-in estimators reads one: the KL settings decide).
 
     Raises:
         ValueError: `name` is taken by another function, or a parameter without default is not
@@ -60,10 +83,25 @@ def register_adv_estimator(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
                     f"advantage estimator {name!r}: parameter {param.name!r} needs a default; "
                     f"inputs supplied by name are {', '.join(_INPUT_NAMES)}"
                 )
+        required = {
+            param.name
+            for param in inspect.signature(fn).parameters.values()
+            if param.default is inspect.Parameter.empty
+        }
         ADV_ESTIMATORS[name] = fn
+        ESTIMATOR_NEEDS[name] = EstimatorNeeds(
+            critic="values" in required,
+            greedy_baseline="baseline_scores" in required,
+            reference=needs_reference,
+        )
         return fn
 
     return decorator
+
+
+def estimator_needs(estimator: str) -> EstimatorNeeds:
+    """What the run must build for `estimator` (validated names only; an unknown one raises KeyError)."""
+    return ESTIMATOR_NEEDS[estimator]
 
 
 def compute_advantages(

@@ -149,11 +149,11 @@ def run_algo(
             measured.append(metrics)
     result = {key: statistics.mean(m[key] for m in measured) for key in REPORTED if key in measured[0]}
     # what the memory plan chose, so a peer runs with the same setting
-    result["memory/gradient_checkpointing"] = float(c.memory.actor_checkpointing)
+    result["memory/gradient_checkpointing"] = float(c.memory.models["actor"].checkpointing)
     if c.dist.is_distributed:  # ranks one copy of the actor is sharded over (1: replicated)
         from relm.distributed.gathering import shard_group_size
 
-        result["data_parallel/actor_shard_size"] = float(shard_group_size(c.actor) or 0)
+        result["data_parallel/actor_shard_size"] = float(shard_group_size(c.actor.module) or 0)
     return result
 
 

@@ -81,7 +81,9 @@ def bench_update(argv: list[str]) -> int:
     args = parse_args(argv)
     from relm.config.schema import ActorConfig
     from relm.learner.actor import update_actor
+    from relm.learner.microbatch_retry import MicroBatchSize
     from relm.learner.optim import build_optimizer
+    from relm.learner.trainee import Batching, Trainee
     from relm.learner.vocab_chunks import compiled_pieces
     from relm.models.fused_layers import FusedLayers
     from relm.models.loading import load_causal_lm, resolve_model_dir
@@ -99,9 +101,13 @@ def bench_update(argv: list[str]) -> int:
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
     cfg = ActorConfig(
-        ppo_mini_batch_size=args.rows, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=args.max_tokens,
-        clip_ratio_low=0.2, clip_ratio_high=0.2, entropy_coeff=args.entropy_coeff,
-    )  # fmt: skip
+        ppo_mini_batch_size=args.rows,
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=args.max_tokens,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.2,
+        entropy_coeff=args.entropy_coeff,
+    )
     optimizer, scheduler = build_optimizer(model, cfg.optim, 10 * (args.repeats + 1))
     fused = FusedLayers(
         model, enabled=not args.no_compile and device.type == "cuda", functions=compiled_pieces()
@@ -110,16 +116,23 @@ def bench_update(argv: list[str]) -> int:
         args.rows, args.prompt_len, args.response_len, model.config.get_text_config().vocab_size
     )
     seq_lens = batch.attention_mask.sum(-1).tolist()
+    batching = Batching(
+        rows_per_minibatch=args.rows,
+        rows_per_microbatch=args.rows,
+        rows_per_forward=args.rows,
+        num_epochs=cfg.ppo_epochs,
+        shuffle=cfg.shuffle,
+        remove_padding=not args.padded,
+    )
+    actor = Trainee(
+        "actor", model, optimizer, scheduler, cfg, batching, MicroBatchSize(args.rows, args.max_tokens)
+    )
 
     def one_update() -> float:
         _sync(device)
         start = time.perf_counter()
         with precision.autocast(), fused.applied():
-            update_actor(
-                model, optimizer, scheduler, batch, cfg,
-                rows_per_minibatch=args.rows, rows_per_microbatch=args.rows, temperature=1.0, device=device,
-                remove_padding=not args.padded, max_tokens_per_microbatch=args.max_tokens,
-            )  # fmt: skip
+            update_actor(actor, batch, temperature=1.0, device=device)
         _sync(device)
         return time.perf_counter() - start
 

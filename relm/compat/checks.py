@@ -354,21 +354,21 @@ def _update(
         text = config.get_text_config()
         validate_config(cfg, max_position_embeddings=getattr(text, "max_position_embeddings", None))
         components = build_components(cfg, folder)
-        before = sample_weights(components.actor)
+        before = sample_weights(components.actor.module)
         for step in range(1, options.steps + 1):
             step_metrics = ppo_step(components, components.loader.next_batch(), step)
             metrics |= {key: float(step_metrics[key]) for key in _KEPT_UPDATE_METRICS if key in step_metrics}
             check_update_metrics(step_metrics, step)
-        changed = changed_fraction(before, sample_weights(components.actor))
+        changed = changed_fraction(before, sample_weights(components.actor.module))
         metrics["actor_weights_changed"] = changed
         if options.rollout == "vllm":  # its own copy of the weights: the synced copy must be the actor's
             worst, _ = components.engine.check_agreement()
             metrics["weight_sync_logprob_diff_max"] = worst
             components.engine.close()
-        dtype = next(components.actor.parameters()).dtype
+        dtype = next(components.actor.module.parameters()).dtype
         # bf16 weights that CompactAdamW rounds stochastically move in expectation: at lr 1e-6 about 1% of
         # them take a whole bf16 step, so only a step that moved none was lost.
-        stochastic = dtype == torch.bfloat16 and isinstance(components.actor_optimizer, CompactAdamW)
+        stochastic = dtype == torch.bfloat16 and isinstance(components.actor.optimizer, CompactAdamW)
         if changed < 0.5 and not (stochastic and changed > 0):
             raise CheckFailed(
                 f"the update changed {changed:.0%} of the actor's weights (median over tensors) at lr "

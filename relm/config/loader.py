@@ -324,7 +324,10 @@ def _one_line(err: BaseException) -> str:
 def _fill_derived(cfg: RelmConfig) -> list[str]:
     """Fill keys whose documented default is another key's value; returns deprecation warnings.
 
-    Done once here so that every consumer reads plain values and none re-implements a fallback.
+    Done once here so that every consumer reads plain values and none re-implements a fallback. The
+    defaults that are no key's value (16 responses per micro-batch when the actor's size is unset, the
+    logprob temperature, the step count from the epochs) are resolved once, into frozen records, by
+    `relm.trainer.components.compute_sizes`.
     """
     warnings = convert_deprecated(cfg)
     data, actor = cfg.data, cfg.actor_rollout_ref.actor
@@ -354,6 +357,11 @@ def _fill_derived(cfg: RelmConfig) -> list[str]:
     for log_prob in (ref, rollout):
         if log_prob.log_prob_micro_batch_size_per_gpu is None:
             log_prob.log_prob_micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu
+    if rollout.max_model_len is None:
+        rollout.max_model_len = data.max_prompt_length + data.max_response_length
+    for optim in (actor.optim, critic.optim):
+        if optim.min_lr_ratio is None:  # verl writes null for "no floor"
+            optim.min_lr_ratio = 0.0
     if data.seed is None:
         data.seed = cfg.seed
     return warnings

@@ -14,50 +14,45 @@ from relm.distributed.context import DistContext
 from relm.distributed.gathering import Accumulation
 from relm.learner.batch import ExperienceBatch
 from relm.learner.forward import response_logprobs
-from relm.learner.microbatch_retry import MicroBatchSize
+from relm.learner.trainee import Trainee
 from relm.learner.update_loop import UpdateResult, run_update
 
 
 def update_actor(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    actor: Trainee,
     batch: ExperienceBatch,
-    cfg: ActorConfig,
     *,
-    rows_per_minibatch: int,
-    rows_per_microbatch: int,
     temperature: float,
     device: torch.device,
     generator: torch.Generator | None = None,
-    remove_padding: bool = False,
-    max_tokens_per_microbatch: int | None = None,
     dist: DistContext | None = None,
-    vocab_limit: int | None = None,
 ) -> UpdateResult:
-    """`cfg.ppo_epochs` passes of policy-loss updates (plus entropy bonus and optional KL loss).
+    """`actor.batching.num_epochs` passes of policy-loss updates (plus entropy bonus and optional KL loss).
 
     Every micro-batch loss is normalised by its mini-batch's token/response counts (`AggScale`), so
     the accumulated gradient equals the mini-batch gradient whatever the micro-batch size, including
-    micro-batches formed by token budget (`max_tokens_per_microbatch`, verl's `use_dynamic_bsz`). With
+    micro-batches formed by token budget (`actor.microbatch.max_tokens`, verl's `use_dynamic_bsz`). With
     `dist` (data parallel, `batch` holding this rank's rows) the counts are those of the global
-    mini-batch, so the ranks' summed gradients equal one process's over the whole batch.
-    `vocab_limit` (the tokenizer's length): as in `response_logprobs`.
+    mini-batch, so the ranks' summed gradients equal one process's over the whole batch. `temperature`
+    divides the logits, as it did when the rollout sampled the responses; `actor.vocab_limit` (the
+    tokenizer's length) cuts them as in `response_logprobs`.
     """
+    cfg = actor.cfg
+    assert isinstance(cfg, ActorConfig)
     assert batch.old_logprobs is not None and batch.advantages is not None
     if cfg.use_kl_loss:
         assert batch.ref_logprobs is not None, "use_kl_loss needs reference logprobs"
     accumulate = functools.partial(
-        _accumulate_minibatch, model=model, batch=batch, cfg=cfg, temperature=temperature,
-        device=device, remove_padding=remove_padding, vocab_limit=vocab_limit,
-    )  # fmt: skip
-    return run_update(
-        model, optimizer, scheduler, batch, accumulate, name="actor", num_epochs=cfg.ppo_epochs,
-        rows_per_minibatch=rows_per_minibatch,
-        size=MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens_per_microbatch),
-        grad_clip=cfg.grad_clip, shuffle=cfg.shuffle, remove_padding=remove_padding, device=device,
-        generator=generator, dist=dist,
-    )  # fmt: skip
+        _accumulate_minibatch,
+        model=actor.module,
+        batch=batch,
+        cfg=cfg,
+        temperature=temperature,
+        device=device,
+        remove_padding=actor.batching.remove_padding,
+        vocab_limit=actor.vocab_limit,
+    )
+    return run_update(actor, batch, accumulate, device=device, generator=generator, dist=dist)
 
 
 def _accumulate_minibatch(

@@ -14,43 +14,35 @@ from relm.distributed.context import DistContext
 from relm.distributed.gathering import Accumulation
 from relm.learner.batch import ExperienceBatch
 from relm.learner.forward import response_values
-from relm.learner.microbatch_retry import MicroBatchSize
+from relm.learner.trainee import Trainee
 from relm.learner.update_loop import UpdateResult, run_update
 
 
 def update_critic(
-    value_model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    critic: Trainee,
     batch: ExperienceBatch,
-    cfg: CriticConfig,
     *,
-    rows_per_minibatch: int,
-    rows_per_microbatch: int,
-    num_epochs: int,
     device: torch.device,
     generator: torch.Generator | None = None,
-    remove_padding: bool = False,
-    max_tokens_per_microbatch: int | None = None,
     dist: DistContext | None = None,
 ) -> UpdateResult:
-    """Clipped value-loss regression of V(s_t) onto the returns, `num_epochs` passes.
+    """Clipped value-loss regression of V(s_t) onto the returns, `critic.batching.num_epochs` passes.
 
     Micro-batch losses are normalised by the mini-batch's counts (global ones with `dist`), as in
     `update_actor`.
     """
+    cfg = critic.cfg
+    assert isinstance(cfg, CriticConfig)
     assert batch.values is not None and batch.returns is not None
     accumulate = functools.partial(
-        _accumulate_minibatch, value_model=value_model, batch=batch, cfg=cfg, device=device,
-        remove_padding=remove_padding,
-    )  # fmt: skip
-    return run_update(
-        value_model, optimizer, scheduler, batch, accumulate, name="critic",
-        num_epochs=num_epochs, rows_per_minibatch=rows_per_minibatch,
-        size=MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens_per_microbatch),
-        grad_clip=cfg.grad_clip, shuffle=bool(cfg.shuffle), remove_padding=remove_padding,
-        device=device, generator=generator, dist=dist,
-    )  # fmt: skip
+        _accumulate_minibatch,
+        value_model=critic.module,
+        batch=batch,
+        cfg=cfg,
+        device=device,
+        remove_padding=critic.batching.remove_padding,
+    )
+    return run_update(critic, batch, accumulate, device=device, generator=generator, dist=dist)
 
 
 def _accumulate_minibatch(
@@ -65,7 +57,6 @@ def _accumulate_minibatch(
     remove_padding: bool,
 ) -> list[dict]:
     """Forward and backward of one mini-batch's micro-batches (`scale` normalises their losses); their metrics."""
-    agg_mode = cfg.loss_agg_mode or "token-mean"
     collected = []
     for index, micro in enumerate(micros):
         mb = batch.select(micro).to(device)
@@ -83,7 +74,7 @@ def _accumulate_minibatch(
             mb.returns,
             mb.response_mask,
             cfg.cliprange_value,
-            loss_agg_mode=agg_mode,
+            loss_agg_mode=cfg.loss_agg_mode,
             agg_scale=scale,
         )
         accumulation.backward(vf_loss, last=index == len(micros) - 1)

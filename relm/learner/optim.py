@@ -66,7 +66,7 @@ def build_optimizer(
             warmup_steps=warmup,
             total_steps=total_steps,
             style=cfg.warmup_style,
-            min_lr_ratio=cfg.min_lr_ratio or 0.0,
+            min_lr_ratio=cfg.min_lr_ratio,
         ),
     )
     return optimizer, scheduler

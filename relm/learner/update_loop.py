@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from relm.algorithms.losses import AggScale
 from relm.distributed.context import DistContext
@@ -25,6 +24,7 @@ from relm.learner.batch import ExperienceBatch
 from relm.learner.microbatch_retry import MicroBatchSize, with_halving_on_oom
 from relm.learner.minibatch import MinibatchMetrics, forward_token_counts, minibatch_indices, minibatch_split
 from relm.learner.optim import clip_and_step
+from relm.learner.trainee import Trainee
 
 Accumulate = Callable[[list[torch.Tensor], AggScale, Accumulation], list[dict]]
 """(each micro-batch's row indices, the mini-batch's loss normaliser, the accumulation context) ->
@@ -38,29 +38,26 @@ class UpdateResult:
     metrics: dict[str, list[float]]
     num_skipped_updates: int
     microbatch: MicroBatchSize | None = None
-    """The micro-batch size the update ended with: smaller than asked after an out-of-memory retry."""
+    """The trainee's micro-batch size after the update: smaller than before after an out-of-memory retry."""
 
 
 def run_update(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    trainee: Trainee,
     batch: ExperienceBatch,
     accumulate: Accumulate,
     *,
-    name: str,
-    num_epochs: int,
-    rows_per_minibatch: int,
-    size: MicroBatchSize,
-    grad_clip: float,
-    shuffle: bool,
-    remove_padding: bool,
     device: torch.device,
     generator: torch.Generator | None = None,
     dist: DistContext | None = None,
 ) -> UpdateResult:
-    """`num_epochs` passes over `batch` in mini-batches of `rows_per_minibatch` rows, one optimizer step
-    each; metrics are named `{name}/...`."""
+    """`trainee.batching.num_epochs` passes over `batch` in mini-batches (a 1/world share of
+    `rows_per_minibatch` on each rank), one optimizer step each; metrics are named `{trainee.name}/...`.
+
+    Micro-batches are cut by `trainee.microbatch`, which an out-of-memory retry makes smaller for good.
+    """
+    model, optimizer, scheduler, name = trainee.module, trainee.optimizer, trainee.scheduler, trainee.name
+    batching = trainee.batching
+    remove_padding = batching.remove_padding
     model.train()
     stats = MinibatchMetrics(name)
     skipped = 0
@@ -69,30 +66,35 @@ def run_update(
 
     def one_pass(mini: torch.Tensor, accumulation: Accumulation, size: MicroBatchSize) -> list[dict]:
         scale, micros = minibatch_split(
-            batch.response_mask, mini, size.rows,
-            token_counts=token_counts, max_tokens=size.max_tokens, dist=dist,
-        )  # fmt: skip
+            batch.response_mask,
+            mini,
+            size.rows,
+            token_counts=token_counts,
+            max_tokens=size.max_tokens,
+            dist=dist,
+        )
         size.largest_rows = max(len(micro) for micro in micros)
         return accumulate(micros, scale, accumulation)
 
     world_size = 1 if single_process else dist.world_size
+    rows_per_minibatch = batching.rows_per_minibatch // world_size
     with Accumulation.planned(model, device, world_size) as accumulation:
-        for _ in range(num_epochs):
+        for _ in range(batching.num_epochs):
             for mini in minibatch_indices(
-                len(batch), rows_per_minibatch, shuffle=shuffle, generator=generator
+                len(batch), rows_per_minibatch, shuffle=batching.shuffle, generator=generator
             ):
                 this_minibatch = functools.partial(one_pass, mini, accumulation)
                 for micro_metrics in with_halving_on_oom(
-                    this_minibatch, size, model, f"{name} update", single_process
+                    this_minibatch, trainee.microbatch, model, f"{name} update", single_process
                 ):
                     stats.add(micro_metrics)
                 accumulation.end_minibatch()
-                grad_norm, stepped = clip_and_step(model, optimizer, scheduler, grad_clip)
+                grad_norm, stepped = clip_and_step(model, optimizer, scheduler, trainee.cfg.grad_clip)
                 skipped += int(not stepped)
                 stats.end_minibatch({"grad_norm": grad_norm})
     model.eval()
     return UpdateResult(
         metrics={**stats.result(), f"{name}/lr": [scheduler.get_last_lr()[0]]},
         num_skipped_updates=skipped,
-        microbatch=size,
+        microbatch=trainee.microbatch,
     )

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from relm.algorithms.advantages import ESTIMATORS_WITH_CRITIC
+from relm.algorithms.advantages import estimator_needs
 from relm.config.schema import RelmConfig
 from relm.errors import UserError
 from relm.memory.model_shape import ModelShape
@@ -42,19 +42,44 @@ MOMENTS_DTYPES = {
 
 
 @dataclass
+class ModelMemory:
+    """One trained model's memory settings, planned or as the user set them."""
+
+    checkpointing: bool
+    """Gradient checkpointing during its updates."""
+    max_tokens: int | None
+    """Token budget of its micro-batches and no-grad forwards (the actor's also cuts the reference's
+    forwards); None cuts them by rows."""
+    moments_dtype: torch.dtype = torch.float32
+    """Dtype of its AdamW moments."""
+    offload_optimizer: bool = False
+    """Its AdamW moments wait in CPU memory between steps."""
+
+
+@dataclass
 class MemoryChoices:
     """What the run uses, planned or as the user set it."""
 
-    actor_checkpointing: bool
-    critic_checkpointing: bool
-    actor_max_tokens: int | None
-    """Token budget of actor/reference micro-batches; None cuts them by rows."""
-    critic_max_tokens: int | None
+    models: dict[str, ModelMemory]
+    """Per trained model (`actor`, `critic`): the critic's entry is there whether or not a critic is built."""
     precision: Precision
     """Dtype of the trained weights and of their matrix products (bf16 for both at the plan's last rung)."""
-    actor_moments_dtype: torch.dtype = torch.float32
-    critic_moments_dtype: torch.dtype = torch.float32
     plan: MemoryPlan | None = None
+
+
+def builds_critic(cfg: RelmConfig) -> bool:
+    """A critic is built only for an estimator that reads values (`relm.algorithms.advantages`)."""
+    return estimator_needs(cfg.algorithm.adv_estimator).critic
+
+
+def builds_reference(cfg: RelmConfig) -> bool:
+    """The reference model is built only when a KL term, or the estimator, reads it."""
+    algo = cfg.algorithm
+    return (
+        algo.use_kl_in_reward
+        or cfg.actor_rollout_ref.actor.use_kl_loss
+        or estimator_needs(algo.adv_estimator).reference
+    )
 
 
 def device_memory(device: torch.device) -> tuple[int, int] | None:
@@ -122,11 +147,6 @@ def choose_memory(
     return planned_choices(cfg, plan, precision)
 
 
-def _critic_dynamic(cfg: RelmConfig) -> bool:
-    actor_cfg, critic_cfg = cfg.actor_rollout_ref.actor, cfg.critic
-    return actor_cfg.use_dynamic_bsz if critic_cfg.use_dynamic_bsz is None else critic_cfg.use_dynamic_bsz
-
-
 def user_choices(
     cfg: RelmConfig, precision: Precision, user_moments: dict[str, torch.dtype | None] | None = None
 ) -> MemoryChoices:
@@ -135,34 +155,50 @@ def user_choices(
     actor_cfg, critic_cfg = arr.actor, cfg.critic
     user_moments = user_moments or {}
     return MemoryChoices(
-        actor_checkpointing=bool(arr.model.enable_gradient_checkpointing),
-        critic_checkpointing=bool(critic_cfg.model.enable_gradient_checkpointing),
-        actor_max_tokens=(actor_cfg.ppo_max_token_len_per_gpu or 16384)
-        if actor_cfg.use_dynamic_bsz
-        else None,
-        critic_max_tokens=(critic_cfg.ppo_max_token_len_per_gpu or 32768) if _critic_dynamic(cfg) else None,
+        models={
+            "actor": ModelMemory(
+                checkpointing=bool(arr.model.enable_gradient_checkpointing),
+                max_tokens=(actor_cfg.ppo_max_token_len_per_gpu or 16384)
+                if actor_cfg.use_dynamic_bsz
+                else None,
+                moments_dtype=user_moments.get("actor") or torch.float32,
+            ),
+            "critic": ModelMemory(
+                checkpointing=bool(critic_cfg.model.enable_gradient_checkpointing),
+                max_tokens=(critic_cfg.ppo_max_token_len_per_gpu or 32768)
+                if critic_cfg.use_dynamic_bsz
+                else None,
+                moments_dtype=user_moments.get("critic") or torch.float32,
+            ),
+        },
         precision=precision,
-        actor_moments_dtype=user_moments.get("actor") or torch.float32,
-        critic_moments_dtype=user_moments.get("critic") or torch.float32,
     )
 
 
 def planned_choices(cfg: RelmConfig, plan: MemoryPlan, precision: Precision) -> MemoryChoices:
-    """The plan's checkpointing, token budgets and moment dtypes (micro-batches by the plan's token
-    budget unless the user fixed their row count)."""
+    """The plan's checkpointing, token budgets, moment dtypes and offload (micro-batches by the plan's
+    token budget unless the user fixed their row count)."""
     actor_cfg, critic_cfg = cfg.actor_rollout_ref.actor, cfg.critic
     by_tokens = actor_cfg.use_dynamic_bsz or actor_cfg.ppo_micro_batch_size_per_gpu is None
-    critic_by_tokens = _critic_dynamic(cfg) or critic_cfg.ppo_micro_batch_size_per_gpu is None
+    critic_by_tokens = critic_cfg.use_dynamic_bsz or critic_cfg.ppo_micro_batch_size_per_gpu is None
     return MemoryChoices(
-        actor_checkpointing=plan.gradient_checkpointing,
-        critic_checkpointing=plan.critic_gradient_checkpointing,
-        actor_max_tokens=plan.max_tokens_per_microbatch if by_tokens else None,
-        critic_max_tokens=(critic_cfg.ppo_max_token_len_per_gpu or plan.max_tokens_per_microbatch)
-        if critic_by_tokens
-        else None,
+        models={
+            "actor": ModelMemory(
+                checkpointing=plan.gradient_checkpointing,
+                max_tokens=plan.max_tokens_per_microbatch if by_tokens else None,
+                moments_dtype=plan.rung.actor_moments,
+                offload_optimizer=plan.offload_optimizer,
+            ),
+            "critic": ModelMemory(
+                checkpointing=plan.critic_gradient_checkpointing,
+                max_tokens=(critic_cfg.ppo_max_token_len_per_gpu or plan.max_tokens_per_microbatch)
+                if critic_by_tokens
+                else None,
+                moments_dtype=plan.rung.critic_moments,
+                offload_optimizer=plan.offload_critic_optimizer,
+            ),
+        },
         precision=precision,
-        actor_moments_dtype=plan.rung.actor_moments,
-        critic_moments_dtype=plan.rung.critic_moments,
         plan=plan,
     )
 
@@ -208,29 +244,23 @@ def whole_model_plan(request: PlanRequest) -> tuple[MemoryPlan | None, str]:
 
 
 def data_parallel_choices(
-    cfg: RelmConfig,
-    plan: MemoryPlan | None,
-    precision: Precision,
-    *,
-    actor_replicated: bool,
-    critic_replicated: bool,
+    cfg: RelmConfig, plan: MemoryPlan | None, precision: Precision, *, replicated: dict[str, bool]
 ) -> MemoryChoices:
-    """Per model: the single-GPU plan's choices when the model is replicated and the plan holds every
-    model whole (`data_parallel_plan`), else the user's settings. The actor's budget also cuts the
-    reference's forwards."""
+    """Per model: the single-GPU plan's checkpointing and token budget when the model is replicated
+    (`replicated[name]`) and the plan holds every model whole (`data_parallel_plan`), else the user's
+    settings. Moments stay fp32 and on the GPU (torch's AdamW steps sharded models)."""
     user = user_choices(cfg, precision)
     if plan is None:
         return user
     planned = planned_choices(cfg, plan, precision)
-    actor, critic = (planned if actor_replicated else user), (planned if critic_replicated else user)
-    return MemoryChoices(
-        actor_checkpointing=actor.actor_checkpointing,
-        critic_checkpointing=critic.critic_checkpointing,
-        actor_max_tokens=actor.actor_max_tokens,
-        critic_max_tokens=critic.critic_max_tokens,
-        precision=precision,
-        plan=plan if actor_replicated or critic_replicated else None,
-    )
+    models = {
+        name: ModelMemory(
+            checkpointing=source.models[name].checkpointing, max_tokens=source.models[name].max_tokens
+        )
+        for name in user.models
+        for source in [planned if replicated.get(name, False) else user]
+    }
+    return MemoryChoices(models=models, precision=precision, plan=plan if any(replicated.values()) else None)
 
 
 def _plan_request(
@@ -248,7 +278,7 @@ def _plan_request(
     )
     actor = ModelShape.from_config(config, trust_remote_code=arr.model.trust_remote_code)
     critic = None
-    if cfg.algorithm.adv_estimator in ESTIMATORS_WITH_CRITIC:
+    if builds_critic(cfg):
         critic_dir = resolve_model_dir(critic_cfg.model.path) if critic_cfg.model.path else model_dir
         trust = critic_cfg.model.trust_remote_code
         _, critic_config, _ = load_config(
@@ -262,7 +292,7 @@ def _plan_request(
     return PlanRequest(
         actor=actor,
         critic=critic,
-        has_reference=cfg.algorithm.use_kl_in_reward or arr.actor.use_kl_loss,
+        has_reference=builds_reference(cfg),
         max_sequence_length=cfg.data.max_prompt_length + cfg.data.max_response_length,
         gpu_bytes=gpu_bytes,
         host_bytes=host_bytes,

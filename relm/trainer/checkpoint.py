@@ -42,6 +42,7 @@ from relm.distributed.checkpoint import (
     save_sharded,
 )
 from relm.errors import UserError
+from relm.learner.trainee import Trainee
 from relm.trainer.durable import fsync_dir, fsync_tree, write_atomic_text
 
 if TYPE_CHECKING:
@@ -94,7 +95,8 @@ def _save_optimizer(folder: Path, optimizer: torch.optim.Optimizer, scheduler: A
 
 
 def save_checkpoint(c: RunComponents, step: int, loop_state: dict[str, Any] | None = None) -> Path:
-    """Save actor, critic, their optimizers and schedulers, data position, KL, RNG and `loop_state`.
+    """Save each trainee (actor, critic) with its optimizer and scheduler, then data position, KL, RNG and
+    `loop_state`.
 
     `loop_state` holds the loop's own counters (e.g. the skip guard's), restored by `load_checkpoint`.
     Data-parallel, every rank calls it (a collective); the run folder must be shared by all nodes.
@@ -107,19 +109,16 @@ def save_checkpoint(c: RunComponents, step: int, loop_state: dict[str, Any] | No
         staging.mkdir(parents=True)
     c.dist.barrier()
     if c.dist.is_distributed:
-        save_sharded(c.actor, c.actor_optimizer, c.actor_scheduler, staging / "actor", c.dist)
-        if c.critic is not None:
-            save_sharded(c.critic, c.critic_optimizer, c.critic_scheduler, staging / "critic", c.dist)
+        for trainee in c.trainees:
+            save_sharded(trainee.module, trainee.optimizer, trainee.scheduler, staging / trainee.name, c.dist)
         c.dist.barrier()  # every shard is written before rank 0 commits
         if c.dist.is_main:
             c.tokenizer.save_pretrained(staging / "actor")
     else:
-        c.actor.save_pretrained(staging / "actor")
+        for trainee in c.trainees:
+            trainee.module.save_pretrained(staging / trainee.name)
+            _save_optimizer(staging / trainee.name, trainee.optimizer, trainee.scheduler)
         c.tokenizer.save_pretrained(staging / "actor")
-        _save_optimizer(staging / "actor", c.actor_optimizer, c.actor_scheduler)
-        if c.critic is not None:
-            c.critic.save_pretrained(staging / "critic")
-            _save_optimizer(staging / "critic", c.critic_optimizer, c.critic_scheduler)
     if c.dist.is_main:
         _commit(c, step, staging, final, loop_state)
     c.dist.barrier()
@@ -262,33 +261,34 @@ def _require_folder(path: Path, what: str) -> Path:
     return folder
 
 
-def _load_model_and_optimizer(c: RunComponents, folder: Path, state: dict[str, Any], what: str) -> None:
-    """One model's weights, optimizer and schedule, from either format into a sharded or plain model."""
-    model = c.actor if what == "actor" else c.critic
-    optimizer = c.actor_optimizer if what == "actor" else c.critic_optimizer
-    scheduler = c.actor_scheduler if what == "actor" else c.critic_scheduler
+def _load_trainee(c: RunComponents, trainee: Trainee, folder: Path, state: dict[str, Any]) -> None:
+    """One trained model's weights, optimizer and schedule, from either format into a sharded or plain model.
+
+    A plain folder holds a causal LM's weights, or a `ValueModel`'s backbone beside its
+    `value_head.safetensors`.
+    """
+    model, what = trainee.module, trainee.name
     if is_sharded(folder):
-        load_sharded(model, optimizer, scheduler, folder, what)
+        load_sharded(model, trainee.optimizer, trainee.scheduler, folder, what)
         return
     sharded = model if c.dist.is_distributed else None
-    if what == "actor":
-        load = None
-        if sharded is not None:
-            load = lambda tensors: load_full_into_sharded(model, tensors)  # noqa: E731
-        _load_module_weights(model, folder, what, load)
-    elif sharded is None:
-        _load_module_weights(model.backbone, folder, what)
-        model.value_head.load_state_dict(load_file(str(folder / "value_head.safetensors")))
+    head_file = folder / "value_head.safetensors"
+    has_head = hasattr(model, "value_head")
+    head = load_file(str(head_file)) if has_head else {}
+    if sharded is None:
+        _load_module_weights(model.backbone if has_head else model, folder, what)
+        if has_head:
+            model.value_head.load_state_dict(head)
     else:
-        head = load_file(str(folder / "value_head.safetensors"))
 
-        def load_critic(tensors: dict[str, torch.Tensor]) -> None:
-            whole = {f"backbone.{k}": v for k, v in tensors.items()}
-            whole.update({f"value_head.{k}": v for k, v in head.items()})
-            load_full_into_sharded(model, whole)
+        def load_whole(tensors: dict[str, torch.Tensor]) -> None:
+            if has_head:
+                tensors = {f"backbone.{k}": v for k, v in tensors.items()}
+                tensors.update({f"value_head.{k}": v for k, v in head.items()})
+            load_full_into_sharded(model, tensors)
 
-        _load_module_weights(model.backbone, folder, what, load_critic)
-    _load_optimizer(folder, state, what, optimizer, scheduler, sharded)
+        _load_module_weights(model.backbone if has_head else model, folder, what, load_whole)
+    _load_optimizer(folder, state, what, trainee.optimizer, trainee.scheduler, sharded)
 
 
 @dataclass
@@ -309,17 +309,15 @@ def load_checkpoint(c: RunComponents, path: Path) -> Restored:
         raise UserError(
             f"`{path / STATE_FILE}` cannot be read ({type(exc).__name__}); resume from another step"
         ) from exc
-    actor_dir = _require_folder(path, "actor")
-    _load_model_and_optimizer(c, actor_dir, state, "actor")
-    if c.critic is not None:
-        if not state.get("has_critic", "critic_optimizer" in state):
-            raise UserError(f"checkpoint `{path}` has no critic; it was saved by a critic-free run")
-        _load_model_and_optimizer(c, _require_folder(path, "critic"), state, "critic")
+    if c.critic is not None and not state.get("has_critic", "critic_optimizer" in state):
+        raise UserError(f"checkpoint `{path}` has no critic; it was saved by a critic-free run")
+    for trainee in c.trainees:
+        _load_trainee(c, trainee, _require_folder(path, trainee.name), state)
     c.loader.load_state_dict(state["loader"])
     c.kl_ctrl.load_state_dict(state["kl_ctrl"])
     torch.set_rng_state(state["torch_rng"])
     c.generator.set_state(state["shuffle_rng"])
-    c.engine.sync_weights(c.actor.named_parameters())
+    c.engine.sync_weights(c.actor.module.named_parameters())
     return Restored(step=int(state["step"]), loop_state=dict(state.get("loop", {})))
 
 

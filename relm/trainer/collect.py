@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from relm.algorithms.advantages import estimator_needs
 from relm.algorithms.filtering import groups_with_variance
 from relm.data.records import PromptBatch
 from relm.errors import UserError
@@ -74,7 +75,7 @@ def generate_and_score(
         extras["overlong_penalty"] = penalty
     batch.token_scores = token_scores
     batch.reward_extras = [{k: float(v[row]) for k, v in extras.items()} for row in range(len(batch))]
-    if c.cfg.algorithm.adv_estimator == "remax":
+    if estimator_needs(c.cfg.algorithm.adv_estimator).greedy_baseline:
         batch.baseline_scores = _greedy_baseline(c, prompts, params.n)
     return batch, extras
 
@@ -132,8 +133,12 @@ def _fill_with_varied_groups(
             logger.warning(
                 "step %d: only %d of %d responses come from groups with differing %s after %d generation rounds "
                 "(algorithm.filter_groups.max_num_gen_batches); filling up with uniform groups",
-                step, num_kept, wanted, filt.metric, rounds,
-            )  # fmt: skip
+                step,
+                num_kept,
+                wanted,
+                filt.metric,
+                rounds,
+            )
             kept.extend(dropped)
             break
         offset = int(batch.group_ids.max()) + 1

@@ -1,23 +1,32 @@
 """Building everything one run needs from a validated config: models, optimizers, engine, data, reward.
 
 Kept apart from the loop so that `trainer/ppo.py` reads as the algorithm alone, and so tests can build
-a run's parts and drive one step by hand.
+a run's parts and drive one step by hand. Each trained model (the actor, the critic when the estimator
+reads values) is loaded, sharded and given its optimizer by the same code (`load_trained_model`,
+`build_trainee`); the config sections that tell them apart are looked up in one place (`_sections`).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from relm.algorithms.advantages import ESTIMATORS_WITH_CRITIC
 from relm.algorithms.kl import FixedKLController, make_kl_controller
-from relm.config.schema import RelmConfig, RolloutConfig
+from relm.config.schema import (
+    ActorConfig,
+    CriticConfig,
+    CriticModelConfig,
+    FSDPConfig,
+    ModelConfig,
+    RelmConfig,
+    RolloutConfig,
+)
 from relm.data.dataset import PromptDataset
 from relm.data.demo_task import write_demo_parquet
 from relm.data.loader import PromptLoader
@@ -26,14 +35,22 @@ from relm.distributed.fsdp import shard_model
 from relm.distributed.layout import Layout
 from relm.distributed.rollout import DataParallelEngine
 from relm.errors import UserError
+from relm.learner.microbatch_retry import MicroBatchSize
 from relm.learner.optim import build_optimizer
+from relm.learner.trainee import Batching, Trainee
 from relm.learner.varlen_attention import (
     VARLEN_ATTENTION,
     register_varlen_attention,
     varlen_kernel_available,
 )
 from relm.learner.vocab_chunks import compiled_pieces
-from relm.memory.choices import MemoryChoices, build_residency, choose_memory, data_parallel_choices
+from relm.memory.choices import (
+    MemoryChoices,
+    build_residency,
+    builds_critic,
+    builds_reference,
+    choose_memory,
+)
 from relm.memory.offload import OffloadedOptimizerStates, Residency
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype, resolve_model_dir
@@ -48,20 +65,27 @@ from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.engine import NativeRolloutEngine
 from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
 from relm.rollout.watchdog import WatchedEngine
+from relm.trainer.data_parallel import choose_layouts, data_parallel_memory
 
 logger = logging.getLogger("relm")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sizes:
-    """Row counts the loop cuts batches by, derived once from the config."""
+    """The run's sizes, resolved once from the config by `compute_sizes`.
 
-    actor_rows_per_minibatch: int
-    actor_rows_per_microbatch: int
-    critic_rows_per_minibatch: int
-    critic_rows_per_microbatch: int
-    critic_epochs: int
-    rows_per_logprob_forward: int
+    Fallbacks from one config key to another are filled in `relm.config.loader._fill_derived`; the
+    defaults that are no key's value (16 responses per micro-batch, the logprob temperature, the step
+    count from the epochs) are computed here and nowhere else.
+    """
+
+    batching: dict[str, Batching]
+    """Per trained model (`actor`, `critic`) how its update and no-grad forwards cut the rows."""
+    rows_per_ref_forward: int
+    """Responses per reference forward (`actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu`)."""
+    logprob_temperature: float
+    """Logits are divided by it in every logprob forward and in the policy loss: the rollout's
+    sampling temperature, 1.0 for a greedy rollout (temperature 0)."""
     total_training_steps: int
 
 
@@ -73,13 +97,10 @@ class RunComponents:
     device: torch.device
     run_dir: Path
     tokenizer: PreTrainedTokenizerBase
-    actor: nn.Module
-    actor_optimizer: torch.optim.Optimizer
-    actor_scheduler: torch.optim.lr_scheduler.LRScheduler
+    actor: Trainee
+    critic: Trainee | None
+    """Built only for an estimator that reads values (`relm.algorithms.advantages.estimator_needs`)."""
     ref: nn.Module | None
-    critic: nn.Module | None
-    critic_optimizer: torch.optim.Optimizer | None
-    critic_scheduler: torch.optim.lr_scheduler.LRScheduler | None
     engine: RolloutEngine
     reward: RewardManager
     loader: PromptLoader
@@ -95,12 +116,13 @@ class RunComponents:
     """Gradient checkpointing and micro-batch token budgets, planned on a GPU (`relm.memory.choices`)."""
     residency: Residency
     """Which models wait on the CPU outside their phases (none unless the plan parks them)."""
-    actor_optimizer_offload: OffloadedOptimizerStates | None = None
-    """Set when the plan keeps the actor's AdamW moments in CPU memory (its `step` is chunked)."""
-    critic_optimizer_offload: OffloadedOptimizerStates | None = None
-    """The same for the critic's."""
-    dist: DistContext = field(default_factory=DistContext)
+    dist: DistContext
     """This process's place in a data-parallel run (the single-process context by default)."""
+
+    @property
+    def trainees(self) -> list[Trainee]:
+        """The trained models, actor first: what updates, checkpoints and offload loop over."""
+        return [self.actor] if self.critic is None else [self.actor, self.critic]
 
 
 def pick_device(name: str, key: str = "trainer.device") -> torch.device:
@@ -129,38 +151,63 @@ def resolve_train_files(cfg: RelmConfig) -> list[str]:
 
 def compute_sizes(cfg: RelmConfig, batches_per_epoch: int) -> Sizes:
     """Rows per mini/micro-batch from verl's sizes (mini-batches count prompts, micro-batches responses)."""
-    actor, critic, rollout = cfg.actor_rollout_ref.actor, cfg.critic, cfg.actor_rollout_ref.rollout
-    actor_mini = actor.ppo_mini_batch_size * rollout.n
-    actor_micro = actor.ppo_micro_batch_size_per_gpu
-    if actor_micro is None:
-        actor_micro = min(actor_mini, 16)
+    arr, critic = cfg.actor_rollout_ref, cfg.critic
+    actor, rollout = arr.actor, arr.rollout
+    micro = actor.ppo_micro_batch_size_per_gpu
+    if micro is None:
+        micro = min(actor.ppo_mini_batch_size * rollout.n, 16)
         logger.warning(
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is unset: relm uses %d responses per "
             "forward/backward; set it to change this",
-            actor_micro,
+            micro,
         )
-    critic_mini = (critic.ppo_mini_batch_size or actor.ppo_mini_batch_size) * rollout.n
-    critic_micro = critic.ppo_micro_batch_size_per_gpu or actor_micro
-    logprob_rows = rollout.log_prob_micro_batch_size_per_gpu or actor_micro
-    total = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * batches_per_epoch
+
+    def rows(value: int | None) -> int:  # every unset per-GPU size falls back to the actor's
+        return micro if value is None else value
+
+    batching = {
+        "actor": Batching(
+            rows_per_minibatch=actor.ppo_mini_batch_size * rollout.n,
+            rows_per_microbatch=micro,
+            rows_per_forward=rows(rollout.log_prob_micro_batch_size_per_gpu),
+            num_epochs=actor.ppo_epochs,
+            shuffle=actor.shuffle,
+            remove_padding=arr.model.use_remove_padding,
+        ),
+        "critic": Batching(
+            rows_per_minibatch=critic.ppo_mini_batch_size * rollout.n,
+            rows_per_microbatch=rows(critic.ppo_micro_batch_size_per_gpu),
+            rows_per_forward=rows(critic.forward_micro_batch_size_per_gpu),
+            num_epochs=critic.ppo_epochs,
+            shuffle=bool(critic.shuffle),
+            remove_padding=critic.model.use_remove_padding,
+        ),
+    }
     return Sizes(
-        actor_rows_per_minibatch=actor_mini,
-        actor_rows_per_microbatch=actor_micro,
-        critic_rows_per_minibatch=critic_mini,
-        critic_rows_per_microbatch=critic_micro,
-        critic_epochs=critic.ppo_epochs or actor.ppo_epochs,
-        rows_per_logprob_forward=logprob_rows,
-        total_training_steps=total,
+        batching=batching,
+        rows_per_ref_forward=rows(arr.ref.log_prob_micro_batch_size_per_gpu),
+        logprob_temperature=rollout.temperature or 1.0,
+        total_training_steps=cfg.trainer.total_training_steps or cfg.trainer.total_epochs * batches_per_epoch,
     )
 
 
-def _optimizer_steps(total_steps: int, rows_per_step: int, rows_per_minibatch: int, epochs: int) -> int:
-    return total_steps * max(1, rows_per_step // rows_per_minibatch) * epochs
+@dataclass(frozen=True)
+class _Sections:
+    """The config sections that describe one trained model."""
+
+    train: ActorConfig | CriticConfig
+    model: ModelConfig | CriticModelConfig
+    fsdp: FSDPConfig
+    seed_offset: int
+    """Added to `seed` for its optimizer's stochastic rounding, so the models draw different streams."""
 
 
-def needs_reference(cfg: RelmConfig) -> bool:
-    """The reference model is built only when a KL term reads it."""
-    return cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss
+def _sections(cfg: RelmConfig, name: str) -> _Sections:
+    """The one place that tells the trained models' config sections apart by name."""
+    arr = cfg.actor_rollout_ref
+    if name == "actor":
+        return _Sections(arr.actor, arr.model, arr.actor.fsdp_config, seed_offset=0)
+    return _Sections(cfg.critic, cfg.critic.model, cfg.critic.model.fsdp_config, seed_offset=1)
 
 
 def build_components(
@@ -182,41 +229,23 @@ def build_components(
     device = dist.device if dist.is_distributed else pick_device(cfg.trainer.device)
     # Planned before loading: the plan's last rung loads the trained models in bf16.
     memory = choose_memory(cfg, model_dir, device=device, sharded=dist.is_distributed)
+    if dist.is_distributed:  # FSDP's MixedPrecisionPolicy casts instead of autocast
+        memory.precision = replace(memory.precision, use_autocast=False)
     precision = memory.precision
-    if dist.is_distributed:
-        precision = replace(precision, use_autocast=False)  # FSDP's MixedPrecisionPolicy casts instead
-    dtype = precision.master
     torch.manual_seed(cfg.seed)
 
-    tokenizer = load_tokenizer(
-        arr.model.tokenizer_path or model_dir,
-        trust_remote_code=arr.model.trust_remote_code,
-        path_key="actor_rollout_ref.model.tokenizer_path"
-        if arr.model.tokenizer_path
-        else "actor_rollout_ref.model.path",
-    )
-    dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer)
-    seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
-    loader = PromptLoader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=seed)
+    tokenizer = _load_run_tokenizer(cfg, model_dir)
+    loader = _prompt_loader(cfg, tokenizer)
     sizes = compute_sizes(cfg, loader.batches_per_epoch)
-    rows_per_step = cfg.data.train_batch_size * arr.rollout.n
     if compute_score is None:
         compute_score = resolve_compute_score(
             cfg.custom_reward_function.path, cfg.custom_reward_function.name
         )
+    sources = {"actor": model_dir}
+    if builds_critic(cfg):
+        sources["critic"] = resolve_model_dir(cfg.critic.model.path) if cfg.critic.model.path else model_dir
 
-    load_kwargs = dict(
-        dtype=dtype, device=device, trust_remote_code=arr.model.trust_remote_code, seed=cfg.seed
-    )
-    logger.info("loading the actor from %s (%s on %s)", model_dir, dtype, device)
-    actor = load_causal_lm(model_dir, override_config=arr.model.override_config, **load_kwargs)
-    if arr.model.use_remove_padding:
-        use_varlen_attention(actor, device)
-    actor.eval()
-    ref = None
-    if needs_reference(cfg):
-        # A frozen copy of the starting policy: identical weights without a second read from disk.
-        ref = copy.deepcopy(actor).to(precision.compute).requires_grad_(False).eval()
+    actor = load_trained_model(cfg, "actor", model_dir, device, precision.master)
     # Taken before sharding: the engine generates with whole weights (a copy when data-parallel).
     # vLLM keeps its own copy of the weights (in rollout.dtype), so no HF copy is made for it.
     generator = (
@@ -224,147 +253,45 @@ def build_components(
         if arr.rollout.name == "vllm"
         else generator_model(actor, arr.rollout, device, precision, separate=dist.is_distributed)
     )
-    critic_dir = None
-    if cfg.algorithm.adv_estimator in ESTIMATORS_WITH_CRITIC:
-        critic_dir = cfg.critic.model.path or model_dir
-        if cfg.critic.model.path:
-            critic_dir = resolve_model_dir(cfg.critic.model.path)
     layouts: dict[str, Layout] = {}
-    data_parallel_plan = None
     if dist.is_distributed:
-        # Pending: data_parallel imports RunComponents back (a file cycle the Trainee rework removes).
-        from relm.trainer.data_parallel import choose_layouts
-
-        layouts, data_parallel_plan = choose_layouts(
-            cfg, model_dir, dist, has_reference=ref is not None, has_critic=critic_dir is not None
+        layouts, plan = choose_layouts(
+            cfg, model_dir, dist, has_reference=builds_reference(cfg), has_critic="critic" in sources
         )
-        offload = arr.actor.fsdp_config.offload_policy
-        actor = shard_model(actor, dist, precision, offload=offload, shard_size=layouts["actor"].shard_size)
-        if ref is not None:
-            ref = shard_model(
-                ref, dist, replace(precision, master=precision.compute), offload=offload,
-                shard_size=layouts["reference"].shard_size,
-            )  # fmt: skip
-    # CompactAdamW where a moment or weight is bf16 (one process); torch's AdamW otherwise.
-    compact = not dist.is_distributed and precision.master in (torch.float32, torch.bfloat16)
-    compact_weights = precision.master == torch.bfloat16
-    actor_moments = memory.actor_moments_dtype
-    actor_optimizer, actor_scheduler = build_optimizer(
-        actor,
-        arr.actor.optim,
-        _optimizer_steps(
-            sizes.total_training_steps, rows_per_step, sizes.actor_rows_per_minibatch, arr.actor.ppo_epochs
-        ),
-        moments_dtype=actor_moments
-        if compact and (compact_weights or actor_moments != torch.float32)
-        else None,
-        seed=cfg.seed,
+        memory = data_parallel_memory(cfg, plan, precision, layouts)
+    ref = (
+        reference_model(cfg, actor, precision, dist, layouts.get("reference"))
+        if builds_reference(cfg)
+        else None
     )
-
-    critic = critic_optimizer = critic_scheduler = None
-    if critic_dir is not None:
-        logger.info("loading the critic from %s", critic_dir)
-        critic = load_value_model(
-            critic_dir,
-            override_config=cfg.critic.model.override_config,
-            **{**load_kwargs, "trust_remote_code": cfg.critic.model.trust_remote_code},
+    trainees: dict[str, Trainee] = {}
+    for name, source in sources.items():
+        module = actor if name == "actor" else load_trained_model(cfg, name, source, device, precision.master)
+        trainees[name] = build_trainee(
+            cfg, name, module, sizes, memory, device=device, dist=dist, layout=layouts.get(name)
         )
-        if cfg.critic.model.use_remove_padding:
-            use_varlen_attention(critic.backbone, device)
-        critic.eval()
-        if dist.is_distributed:
-            critic = shard_model(
-                critic, dist, precision, offload=cfg.critic.model.fsdp_config.offload_policy,
-                shard_size=layouts["critic"].shard_size,
-            )  # fmt: skip
-        critic_moments = memory.critic_moments_dtype
-        critic_optimizer, critic_scheduler = build_optimizer(
-            critic,
-            cfg.critic.optim,
-            _optimizer_steps(
-                sizes.total_training_steps,
-                rows_per_step,
-                sizes.critic_rows_per_minibatch,
-                sizes.critic_epochs,
-            ),
-            moments_dtype=critic_moments
-            if compact and (compact_weights or critic_moments != torch.float32)
-            else None,
-            seed=cfg.seed + 1,
-        )
-
-    if dist.is_distributed:
-        memory = data_parallel_choices(
-            cfg, data_parallel_plan, precision, actor_replicated=layouts["actor"].replicated,
-            critic_replicated="critic" in layouts and layouts["critic"].replicated,
-        )  # fmt: skip
-        if memory.plan is not None:
-            followers = [name for name in ("actor", "critic") if name in layouts and layouts[name].replicated]
-            logger.info(
-                "%s\n  data parallel: the replicated %s follow this plan; sharded models, the config's settings",
-                memory.plan.describe(),
-                " and ".join(followers),
-            )
-    if memory.actor_checkpointing:
-        actor.gradient_checkpointing_enable()
-    if critic is not None and memory.critic_checkpointing:
-        critic.gradient_checkpointing_enable()
-    optimizer_offload = critic_optimizer_offload = None
-    if memory.plan is not None and memory.plan.offload_optimizer:
-        optimizer_offload = OffloadedOptimizerStates(actor_optimizer, device)
-    if memory.plan is not None and memory.plan.offload_critic_optimizer and critic_optimizer is not None:
-        critic_optimizer_offload = OffloadedOptimizerStates(critic_optimizer, device)
+    trainees["actor"].vocab_limit = len(tokenizer)  # the policy's logprobs cover only ids it can sample
+    actor, critic = trainees["actor"].module, trainees.get("critic")
     residency = build_residency(
-        memory.plan, device, ref=ref, generator=generator if generator is not actor else None,
-        critic=critic, critic_optimizer=critic_optimizer,
-    )  # fmt: skip
-    eos_ids = eos_token_ids_of(tokenizer, actor)
-    logger.info(
-        "responses end at %s; no id at or past %d (the tokenizer's length) is sampled",
-        ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in eos_ids) or "no token",
-        len(tokenizer),
+        memory.plan,
+        device,
+        ref=ref,
+        generator=generator if generator is not actor else None,
+        critic=critic.module if critic else None,
+        critic_optimizer=critic.optimizer if critic else None,
     )
-    # Every generate call of the run is watched: no progress for rollout.timeout_s ends the run.
-    engine = WatchedEngine(
-        build_engine(
-            arr.rollout,
-            generator,
-            model_dir=model_dir,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_ids=eos_ids,
-            vocab_limit=len(tokenizer),
-            device=device,
-            seed=cfg.seed + dist.rank,  # ranks generate different prompts: independent streams
-            precision=precision,
-            max_model_len=arr.rollout.max_model_len
-            or cfg.data.max_prompt_length + cfg.data.max_response_length,
-        ),
-        arr.rollout.timeout_s,
-    )
-    if dist.is_distributed:
-        # The native and HF engines hold the whole model on every rank, so every rank is its own
-        # generation group; an engine that shards the model (vLLM) would pass its tensor-parallel size.
-        if arr.rollout.tensor_model_parallel_size > 1:
-            logger.warning(
-                "actor_rollout_ref.rollout.tensor_model_parallel_size=%d has no effect with the %s engine: "
-                "each rank generates with the whole model",
-                arr.rollout.tensor_model_parallel_size, arr.rollout.name,
-            )  # fmt: skip
-        engine = DataParallelEngine(engine, dist, tp_size=1)
     kl = cfg.algorithm.kl_ctrl
     return RunComponents(
         cfg=cfg,
         device=device,
         run_dir=Path(cfg.trainer.default_local_dir),
         tokenizer=tokenizer,
-        actor=actor,
-        actor_optimizer=actor_optimizer,
-        actor_scheduler=actor_scheduler,
-        ref=ref,
+        actor=trainees["actor"],
         critic=critic,
-        critic_optimizer=critic_optimizer,
-        critic_scheduler=critic_scheduler,
-        engine=engine,
+        ref=ref,
+        engine=build_run_engine(
+            cfg, generator, model_dir, tokenizer, dist=dist, device=device, precision=precision
+        ),
         reward=RewardManager(tokenizer, compute_score),
         loader=loader,
         kl_ctrl=make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon),
@@ -376,10 +303,158 @@ def build_components(
         ),
         memory=memory,
         residency=residency,
-        actor_optimizer_offload=optimizer_offload,
-        critic_optimizer_offload=critic_optimizer_offload,
         dist=dist,
     )
+
+
+def reference_model(
+    cfg: RelmConfig, actor: nn.Module, precision: Precision, dist: DistContext, layout: Layout | None
+) -> nn.Module:
+    """A frozen copy of the starting policy (identical weights without a second read from disk), in
+    the compute dtype; sharded by `layout` in a data-parallel run. Taken before the actor is sharded."""
+    ref = copy.deepcopy(actor).to(precision.compute).requires_grad_(False).eval()
+    if layout is None:
+        return ref
+    offload = (
+        cfg.actor_rollout_ref.actor.fsdp_config.offload_policy
+    )  # the reference is offloaded with the actor
+    return shard_model(
+        ref, dist, replace(precision, master=precision.compute), offload=offload, shard_size=layout.shard_size
+    )
+
+
+def _load_run_tokenizer(cfg: RelmConfig, model_dir: str) -> PreTrainedTokenizerBase:
+    model = cfg.actor_rollout_ref.model
+    return load_tokenizer(
+        model.tokenizer_path or model_dir,
+        trust_remote_code=model.trust_remote_code,
+        path_key="actor_rollout_ref.model.tokenizer_path"
+        if model.tokenizer_path
+        else "actor_rollout_ref.model.path",
+    )
+
+
+def _prompt_loader(cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase) -> PromptLoader:
+    dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer)
+    return PromptLoader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
+
+
+def load_trained_model(
+    cfg: RelmConfig, name: str, model_dir: str, device: torch.device, dtype: torch.dtype
+) -> nn.Module:
+    """The actor (a causal LM) or the critic (a `ValueModel`) from `model_dir`, in eval mode, with
+    packed forwards attending through the flash varlen kernel where the config packs them."""
+    model_cfg = _sections(cfg, name).model
+    load = load_causal_lm if name == "actor" else load_value_model
+    logger.info("loading the %s from %s (%s on %s)", name, model_dir, dtype, device)
+    module = load(
+        model_dir,
+        override_config=model_cfg.override_config,
+        dtype=dtype,
+        device=device,
+        trust_remote_code=model_cfg.trust_remote_code,
+        seed=cfg.seed,
+    )
+    if model_cfg.use_remove_padding:
+        use_varlen_attention(getattr(module, "backbone", module), device)
+    return module.eval()
+
+
+def build_trainee(
+    cfg: RelmConfig,
+    name: str,
+    module: nn.Module,
+    sizes: Sizes,
+    memory: MemoryChoices,
+    *,
+    device: torch.device,
+    dist: DistContext,
+    layout: Layout | None,
+) -> Trainee:
+    """Shard `module` (data parallel, by `layout`), give it its optimizer and schedule, and apply its
+    memory choices (gradient checkpointing, AdamW moments in CPU memory)."""
+    sections, choice, precision = _sections(cfg, name), memory.models[name], memory.precision
+    batching = sizes.batching[name]
+    if layout is not None:
+        module = shard_model(
+            module, dist, precision, offload=sections.fsdp.offload_policy, shard_size=layout.shard_size
+        )
+    # CompactAdamW where a moment or weight is bf16 (one process); torch's AdamW otherwise.
+    compact = not dist.is_distributed and precision.master in (torch.float32, torch.bfloat16)
+    compact_moments = compact and (
+        precision.master == torch.bfloat16 or choice.moments_dtype != torch.float32
+    )
+    minibatches_per_step = max(
+        1, cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // batching.rows_per_minibatch
+    )
+    optimizer, scheduler = build_optimizer(
+        module,
+        sections.train.optim,
+        sizes.total_training_steps * minibatches_per_step * batching.num_epochs,
+        moments_dtype=choice.moments_dtype if compact_moments else None,
+        seed=cfg.seed + sections.seed_offset,
+    )
+    if choice.checkpointing:
+        module.gradient_checkpointing_enable()
+    return Trainee(
+        name=name,
+        module=module,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        cfg=sections.train,
+        batching=batching,
+        microbatch=MicroBatchSize(rows=batching.rows_per_microbatch, max_tokens=choice.max_tokens),
+        optimizer_offload=OffloadedOptimizerStates(optimizer, device) if choice.offload_optimizer else None,
+    )
+
+
+def build_run_engine(
+    cfg: RelmConfig,
+    generator: nn.Module,
+    model_dir: str,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    dist: DistContext,
+    device: torch.device,
+    precision: Precision,
+) -> RolloutEngine:
+    """The run's engine (`build_engine`), watched for stalls, and shared out over the ranks when
+    data-parallel."""
+    arr = cfg.actor_rollout_ref
+    eos_ids = eos_token_ids_of(tokenizer, generator)
+    logger.info(
+        "responses end at %s; no id at or past %d (the tokenizer's length) is sampled",
+        ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in eos_ids) or "no token",
+        len(tokenizer),
+    )
+    # Every generate call of the run is watched: no progress for rollout.timeout_s ends the run.
+    engine: RolloutEngine = WatchedEngine(
+        build_engine(
+            arr.rollout,
+            generator,
+            model_dir=model_dir,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_ids=eos_ids,
+            vocab_limit=len(tokenizer),
+            device=device,
+            seed=cfg.seed + dist.rank,  # ranks generate different prompts: independent streams
+            precision=precision,
+            max_model_len=arr.rollout.max_model_len,
+        ),
+        arr.rollout.timeout_s,
+    )
+    if dist.is_distributed:
+        # The native and HF engines hold the whole model on every rank, so every rank is its own
+        # generation group; an engine that shards the model (vLLM) would pass its tensor-parallel size.
+        if arr.rollout.tensor_model_parallel_size > 1:
+            logger.warning(
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=%d has no effect with the %s engine: "
+                "each rank generates with the whole model",
+                arr.rollout.tensor_model_parallel_size,
+                arr.rollout.name,
+            )
+        engine = DataParallelEngine(engine, dist, tp_size=1)
+    return engine
 
 
 def use_varlen_attention(model: nn.Module, device: torch.device) -> None:
@@ -458,14 +533,23 @@ def build_engine(
             engine_kwargs=vllm_engine_kwargs(rollout.engine_kwargs),
         )
         return VLLMRolloutEngine(
-            model, model_dir, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=device,
-            settings=settings, vocab_limit=vocab_limit,
-        )  # fmt: skip
+            model,
+            model_dir,
+            pad_token_id=pad_token_id,
+            eos_token_ids=eos_token_ids,
+            device=device,
+            settings=settings,
+            vocab_limit=vocab_limit,
+        )
     if rollout.name == "hf":
         return HFRolloutEngine(
-            model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=device, seed=seed,
+            model,
+            pad_token_id=pad_token_id,
+            eos_token_ids=eos_token_ids,
+            device=device,
+            seed=seed,
             vocab_limit=vocab_limit,
-        )  # fmt: skip
+        )
     return NativeRolloutEngine(
         model,
         pad_token_id=pad_token_id,

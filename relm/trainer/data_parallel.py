@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,11 +26,10 @@ from relm.distributed.context import DistContext
 from relm.distributed.layout import Layout, decide_layout, describe_layouts
 from relm.learner.batch import ExperienceBatch
 from relm.learner.minibatch import ADDITIVE_METRICS
-from relm.memory.choices import data_parallel_plan
+from relm.learner.trainee import Trainee
+from relm.memory.choices import MemoryChoices, data_parallel_choices, data_parallel_plan
 from relm.memory.plan import MemoryPlan
-
-if TYPE_CHECKING:
-    from relm.trainer.components import RunComponents
+from relm.models.precision import Precision
 
 logger = logging.getLogger("relm")
 
@@ -82,24 +80,41 @@ def choose_layouts(
     return layouts, plan
 
 
-def rank_rows(c: RunComponents, batch: ExperienceBatch) -> torch.Tensor | None:
+def data_parallel_memory(
+    cfg: RelmConfig, plan: MemoryPlan | None, precision: Precision, layouts: dict[str, Layout]
+) -> MemoryChoices:
+    """`data_parallel_choices` for these layouts; logs which replicated models follow the plan."""
+    replicated = {name: layout.replicated for name, layout in layouts.items() if name != "reference"}
+    memory = data_parallel_choices(cfg, plan, precision, replicated=replicated)
+    if memory.plan is not None:
+        followers = [name for name, on in replicated.items() if on]
+        logger.info(
+            "%s\n  data parallel: the replicated %s follow this plan; sharded models, the config's settings",
+            memory.plan.describe(),
+            " and ".join(followers),
+        )
+    return memory
+
+
+def rank_rows(
+    batch: ExperienceBatch, dist: DistContext, trainees: list[Trainee], *, balance: bool
+) -> torch.Tensor | None:
     """This rank's rows of the step (see `relm.distributed.balance`), or None in a single-process run.
 
-    Chunks are the largest row count that divides both the actor's and the critic's mini-batches, so
-    each rank's local mini-batches are its parts of the global ones for both models.
+    Chunks are the largest row count that divides every trainee's mini-batch, so each rank's local
+    mini-batches are its parts of the global ones for every trained model. `balance` is
+    `trainer.balance_batch`.
     """
-    if not c.dist.is_distributed:
+    if not dist.is_distributed:
         return None
-    chunk = c.sizes.actor_rows_per_minibatch
-    if c.critic is not None:
-        chunk = math.gcd(chunk, c.sizes.critic_rows_per_minibatch)
+    chunk = math.gcd(*(trainee.batching.rows_per_minibatch for trainee in trainees))
     parts = partition_rows(
         batch.attention_mask.sum(-1),
-        world_size=c.dist.world_size,
+        world_size=dist.world_size,
         chunk_rows=min(chunk, len(batch)),
-        balance=c.cfg.trainer.balance_batch,
+        balance=balance,
     )
-    return parts[c.dist.rank]
+    return parts[dist.rank]
 
 
 def on_rank_rows(

@@ -82,9 +82,16 @@ def batched_logprobs(
         return logprobs
 
     return _in_forward_passes(
-        model, batch, logprobs_of, "logprob forward", rows_per_forward=rows_per_forward, device=device,
-        max_tokens=max_tokens_per_forward, remove_padding=remove_padding, dist=dist,
-    )  # fmt: skip
+        model,
+        batch,
+        logprobs_of,
+        "logprob forward",
+        rows_per_forward=rows_per_forward,
+        device=device,
+        max_tokens=max_tokens_per_forward,
+        remove_padding=remove_padding,
+        dist=dist,
+    )
 
 
 @torch.no_grad()
@@ -111,9 +118,16 @@ def batched_values(
         )
 
     return _in_forward_passes(
-        value_model, batch, values_of, "value forward", rows_per_forward=rows_per_forward, device=device,
-        max_tokens=max_tokens_per_forward, remove_padding=remove_padding, dist=dist,
-    )  # fmt: skip
+        value_model,
+        batch,
+        values_of,
+        "value forward",
+        rows_per_forward=rows_per_forward,
+        device=device,
+        max_tokens=max_tokens_per_forward,
+        remove_padding=remove_padding,
+        dist=dist,
+    )
 
 
 def _in_forward_passes(

@@ -98,14 +98,15 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
 
     Data-parallel, each rank computes them for its own rows and every rank gets them for all rows.
     """
-    arr = c.cfg.actor_rollout_ref
-    rows = rank_rows(c, batch)
-    forward = dict(
-        rows_per_forward=c.sizes.rows_per_logprob_forward,
-        temperature=arr.rollout.temperature or 1.0,
+    rows = rank_rows(batch, c.dist, c.trainees, balance=c.cfg.trainer.balance_batch)
+    actor = c.actor
+    # The actor's token budget (made smaller by an update that ran out of memory) also cuts the
+    # reference's forwards: the two models have one shape.
+    logprobs = dict(
+        temperature=c.sizes.logprob_temperature,
         device=c.device,
-        remove_padding=arr.model.use_remove_padding,
-        max_tokens_per_forward=c.memory.actor_max_tokens,
+        remove_padding=actor.batching.remove_padding,
+        max_tokens_per_forward=actor.microbatch.max_tokens,
         dist=c.dist,
         vocab_limit=len(c.tokenizer),  # the engines never sample past the tokenizer's ids
     )
@@ -116,7 +117,12 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
     else:
         with timed(metrics, "old_log_prob"), c.residency.phase("old_log_prob"):
             batch.old_logprobs = on_rank_rows(
-                c.dist, batch, rows, lambda b: batched_logprobs(c.actor, b, **forward)
+                c.dist,
+                batch,
+                rows,
+                lambda b: batched_logprobs(
+                    actor.module, b, rows_per_forward=actor.batching.rows_per_forward, **logprobs
+                ),
             )
         # The gap between the engine's and the trainer's logprobs of the same tokens (docs/rollout.md).
         diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
@@ -124,20 +130,31 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
             metrics["rollout/logprob_diff_max"] = diff.max().item()
             metrics["rollout/logprob_diff_mean"] = diff.mean().item()
     if c.ref is not None:
+        ref = c.ref
         with timed(metrics, "ref"), c.residency.phase("reference"):
             batch.ref_logprobs = on_rank_rows(
-                c.dist, batch, rows, lambda b: batched_logprobs(c.ref, b, **forward)
+                c.dist,
+                batch,
+                rows,
+                lambda b: batched_logprobs(ref, b, rows_per_forward=c.sizes.rows_per_ref_forward, **logprobs),
             )
-    if c.critic is not None:
+    critic = c.critic
+    if critic is not None:
         with timed(metrics, "values"), c.residency.phase("values"):
             batch.values = on_rank_rows(
-                c.dist, batch, rows,
+                c.dist,
+                batch,
+                rows,
                 lambda b: batched_values(
-                    c.critic, b, rows_per_forward=forward["rows_per_forward"], device=c.device,
-                    remove_padding=c.cfg.critic.model.use_remove_padding,
-                    max_tokens_per_forward=c.memory.critic_max_tokens, dist=c.dist,
+                    critic.module,
+                    b,
+                    rows_per_forward=critic.batching.rows_per_forward,
+                    device=c.device,
+                    remove_padding=critic.batching.remove_padding,
+                    max_tokens_per_forward=critic.microbatch.max_tokens,
+                    dist=c.dist,
                 ),
-            )  # fmt: skip
+            )
 
 
 def estimate_advantages(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> None:
@@ -170,48 +187,27 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
     """Critic update, then (after `trainer.critic_warmup` steps) actor update and weight sync.
 
     Data-parallel, each rank updates with its own rows (`rank_rows`), a 1/world share of every
-    mini-batch, and the sharded models sum the ranks' gradients.
+    mini-batch, and the sharded models sum the ranks' gradients. An update that runs out of GPU
+    memory leaves its trainee's micro-batches smaller for the rest of the run (`Trainee.microbatch`).
 
     Returns:
         How many optimizer steps were skipped for a non-finite gradient norm.
     """
-    cfg, arr = c.cfg, c.cfg.actor_rollout_ref
     skipped = 0
-    mine, ranks = local_rows(batch, rank_rows(c, batch)), c.dist.world_size
+    mine = local_rows(batch, rank_rows(batch, c.dist, c.trainees, balance=c.cfg.trainer.balance_batch))
+    shared = dict(device=c.device, generator=c.generator, dist=c.dist)
     if c.critic is not None:
         with timed(metrics, "update_critic"), c.residency.phase("update_critic"):
-            result = update_critic(
-                c.critic, c.critic_optimizer, c.critic_scheduler, mine, cfg.critic,
-                rows_per_minibatch=c.sizes.critic_rows_per_minibatch // ranks,
-                rows_per_microbatch=c.sizes.critic_rows_per_microbatch,
-                num_epochs=c.sizes.critic_epochs, device=c.device, generator=c.generator,
-                remove_padding=cfg.critic.model.use_remove_padding,
-                max_tokens_per_microbatch=c.memory.critic_max_tokens, dist=c.dist,
-            )  # fmt: skip
+            result = update_critic(c.critic, mine, **shared)
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
-        if result.microbatch is not None and result.microbatch.halvings:
-            # an out-of-memory retry made them smaller: later steps' batches are as large
-            c.memory.critic_max_tokens = result.microbatch.max_tokens
-            c.sizes.critic_rows_per_microbatch = result.microbatch.rows
-    if step > cfg.trainer.critic_warmup:
+    if step > c.cfg.trainer.critic_warmup:
         with timed(metrics, "update_actor"), c.residency.phase("update_actor"):
-            result = update_actor(
-                c.actor, c.actor_optimizer, c.actor_scheduler, mine, arr.actor,
-                rows_per_minibatch=c.sizes.actor_rows_per_minibatch // ranks,
-                rows_per_microbatch=c.sizes.actor_rows_per_microbatch,
-                temperature=arr.rollout.temperature or 1.0, device=c.device, generator=c.generator,
-                remove_padding=arr.model.use_remove_padding,
-                max_tokens_per_microbatch=c.memory.actor_max_tokens, dist=c.dist,
-                vocab_limit=len(c.tokenizer),
-            )  # fmt: skip
+            result = update_actor(c.actor, mine, temperature=c.sizes.logprob_temperature, **shared)
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
-        if result.microbatch is not None and result.microbatch.halvings:
-            c.memory.actor_max_tokens = result.microbatch.max_tokens
-            c.sizes.actor_rows_per_microbatch = result.microbatch.rows
         with timed(metrics, "sync"), c.residency.phase("sync"):
-            c.engine.sync_weights(c.actor.named_parameters())
+            c.engine.sync_weights(c.actor.module.named_parameters())
     return skipped
 
 
@@ -228,7 +224,7 @@ def perf_metrics(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, fl
     peak = peak_flops(c.device)
     if peak is not None and "timing_s/update_actor" in metrics:
         seq_lens = batch.attention_mask.sum(-1).tolist()
-        flops = training_flops(c.actor, seq_lens, c.cfg.actor_rollout_ref.actor.ppo_epochs)
+        flops = training_flops(c.actor.module, seq_lens, c.actor.batching.num_epochs)
         # FLOPs of the whole batch, done by every rank together.
         perf["perf/mfu/actor"] = flops / metrics["timing_s/update_actor"] / (peak * c.dist.world_size)
     return perf
@@ -253,9 +249,9 @@ def train(c: RunComponents) -> None:
     if checkpoint is not None:
         logger.info("loading checkpoint %s", checkpoint)
         restored = load_checkpoint(c, checkpoint)
-        for offload in (c.actor_optimizer_offload, c.critic_optimizer_offload):
-            if offload is not None:
-                offload.to_host()  # loading put the moments on the GPU
+        for trainee in c.trainees:
+            if trainee.optimizer_offload is not None:
+                trainee.optimizer_offload.to_host()  # loading put the moments on the GPU
         start = restored.step
         guard.load_state_dict(restored.loop_state.get("skip_guard", {}))
         if start >= total and not trainer_cfg.val_only:  # evaluating a finished run is fine

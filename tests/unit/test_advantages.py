@@ -7,7 +7,8 @@ import torch
 
 from relm.algorithms.advantages import (
     ADV_ESTIMATORS,
-    ESTIMATORS_WITH_CRITIC,
+    ESTIMATOR_NEEDS,
+    EstimatorNeeds,
     compute_advantages,
     compute_gae,
     compute_grpo_outcome,
@@ -224,7 +225,14 @@ def test_compute_advantages_dispatches_and_maps_config_names():
     kwargs = dict(token_rewards=OUT_REWARDS, response_mask=OUT_MASK, group_ids=OUT_GROUPS)
     adv, _ = compute_advantages("grpo", **kwargs, norm_adv_by_std_in_grpo=False)
     torch.testing.assert_close(adv, compute_grpo_outcome(OUT_REWARDS, OUT_MASK, OUT_GROUPS, False)[0])
-    assert sorted(ESTIMATORS_WITH_CRITIC) == ["gae"]
+
+
+def test_estimators_declare_what_the_run_builds_for_them():
+    """Read from each estimator's required inputs: only gae asks for a critic, only remax for a greedy baseline."""
+    needs = {name: ESTIMATOR_NEEDS[name] for name in ADV_ESTIMATORS}
+    assert {name for name, need in needs.items() if need.critic} == {"gae"}
+    assert {name for name, need in needs.items() if need.greedy_baseline} == {"remax"}
+    assert not any(need.reference for need in needs.values())
 
 
 def test_compute_advantages_errors_name_the_problem():
@@ -244,7 +252,13 @@ def test_user_registered_estimator_is_dispatched():
         adv = scale * (token_rewards * response_mask).sum(-1).sign().unsqueeze(-1) * response_mask
         return adv, adv
 
+    @register_adv_estimator("test_ref", needs_reference=True)
+    def with_values(token_rewards, response_mask, values):
+        return values, values
+
     try:
+        assert ESTIMATOR_NEEDS["test_sign"] == EstimatorNeeds()
+        assert ESTIMATOR_NEEDS["test_ref"] == EstimatorNeeds(critic=True, reference=True)
         adv, _ = compute_advantages("test_sign", token_rewards=OUT_REWARDS, response_mask=OUT_MASK)
         close(adv, per_token([2.0, 0.0, 0.0, 2.0]))
         with pytest.raises(ValueError, match="already registered"):
@@ -252,5 +266,7 @@ def test_user_registered_estimator_is_dispatched():
         with pytest.raises(ValueError, match="'temperature' needs a default"):
             register_adv_estimator("test_bad")(lambda token_rewards, temperature: None)
     finally:
-        ADV_ESTIMATORS.pop("test_sign", None)
+        for name in ("test_sign", "test_ref"):
+            ADV_ESTIMATORS.pop(name, None)
+            ESTIMATOR_NEEDS.pop(name, None)
     assert "test_bad" not in ADV_ESTIMATORS

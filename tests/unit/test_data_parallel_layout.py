@@ -97,17 +97,21 @@ def test_a_plan_that_keeps_everything_on_one_gpu_is_what_replicated_models_run()
     )
     plan, reason = whole_model_plan(plan_request(cfg, SHAPE, None, gpu_bytes=100 * GIB))
     assert plan is not None and reason == "the memory plan fits one GPU"
-    replicated = data_parallel_choices(cfg, plan, FP32, actor_replicated=True, critic_replicated=False)
+    replicated = data_parallel_choices(cfg, plan, FP32, replicated={"actor": True, "critic": False})
     # micro-batches by tokens: the plan's budget; checkpointing as the plan chose (off)
-    assert (replicated.actor_checkpointing, replicated.actor_max_tokens) == (False, 65536)
+    actor = replicated.models["actor"]
+    assert (actor.checkpointing, actor.max_tokens) == (False, 65536)
     assert replicated.plan is plan
-    sharded = data_parallel_choices(cfg, plan, FP32, actor_replicated=False, critic_replicated=False)
-    assert (sharded.actor_checkpointing, sharded.actor_max_tokens, sharded.plan) == (False, 16384, None)
+    sharded = data_parallel_choices(cfg, plan, FP32, replicated={"actor": False, "critic": False})
+    actor = sharded.models["actor"]
+    assert (actor.checkpointing, actor.max_tokens, sharded.plan) == (False, 16384, None)
     cfg.actor_rollout_ref.model.enable_gradient_checkpointing = True  # the user's choice is kept
     plan, _ = whole_model_plan(plan_request(cfg, SHAPE, None, gpu_bytes=100 * GIB))
-    assert data_parallel_choices(
-        cfg, plan, FP32, actor_replicated=True, critic_replicated=False
-    ).actor_checkpointing
+    assert (
+        data_parallel_choices(cfg, plan, FP32, replicated={"actor": True, "critic": False})
+        .models["actor"]
+        .checkpointing
+    )
 
 
 def test_a_plan_that_parks_or_does_not_fit_makes_the_run_shard():
@@ -126,8 +130,9 @@ def test_a_plan_that_parks_or_does_not_fit_makes_the_run_shard():
     assert big is None and reason.startswith("the memory plan does not fit one GPU: ")
     assert layout(None, fits=big is not None).shard_size == 2
     # without a plan every model follows the config, replicated or not
-    user = data_parallel_choices(cfg, None, FP32, actor_replicated=True, critic_replicated=True)
-    assert (user.actor_checkpointing, user.actor_max_tokens, user.plan) == (False, None, None)
+    user = data_parallel_choices(cfg, None, FP32, replicated={"actor": True, "critic": True})
+    actor = user.models["actor"]
+    assert (actor.checkpointing, actor.max_tokens, user.plan) == (False, None, None)
 
 
 def test_a_data_parallel_run_plans_from_the_model_folders_config(monkeypatch):
@@ -170,6 +175,6 @@ def test_a_sharded_run_accepts_fp32_moments_and_refuses_bf16_ones():
     folder = resolve_model_dir("zoo:tiny/qwen2")
     key = "actor_rollout_ref.actor.optim.moments_dtype"
     fp32 = choose_memory(load_config([f"{key}=float32"]), folder, device=torch.device("cpu"), sharded=True)
-    assert fp32.actor_moments_dtype == torch.float32
+    assert fp32.models["actor"].moments_dtype == torch.float32
     with pytest.raises(UserError, match="single-process runs"):
         choose_memory(load_config([f"{key}=bfloat16"]), folder, device=torch.device("cpu"), sharded=True)

@@ -30,7 +30,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> RunComponents:
     # Weights that differ from the zoo's initial ones: an export that re-read the base model would fail.
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for module in (c.actor, c.critic):
+        for module in (c.actor.module, c.critic.module):
             for param in module.parameters():
                 param.add_(0.02 * torch.randn(param.shape, generator=generator))
     save_checkpoint(c, 3)
@@ -45,7 +45,7 @@ def test_actor_reloads_with_identical_logits(run: RunComponents, tmp_path: Path)
     assert "optimizer.pt" not in names
     model = AutoModelForCausalLM.from_pretrained(out)
     with torch.no_grad():
-        assert torch.equal(model(TOKENS).logits, run.actor(TOKENS).logits)
+        assert torch.equal(model(TOKENS).logits, run.actor.module(TOKENS).logits)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer("ab")["input_ids"] == run.tokenizer("ab")["input_ids"]
 
@@ -61,11 +61,11 @@ def test_critic_export_reloads_backbone_and_value_head(run: RunComponents, tmp_p
     positions = torch.arange(TOKENS.shape[1]).expand_as(TOKENS)
     with torch.no_grad():
         hidden = AutoModel.from_pretrained(out / "critic")(TOKENS).last_hidden_state
-        assert torch.equal(hidden, run.critic.backbone(input_ids=TOKENS).last_hidden_state)
+        assert torch.equal(hidden, run.critic.module.backbone(input_ids=TOKENS).last_hidden_state)
         values = load_value_model(str(out / "critic"), dtype=torch.float32, device="cpu")(
             TOKENS, mask, positions
         )
-        assert torch.equal(values, run.critic(TOKENS, mask, positions))
+        assert torch.equal(values, run.critic.module(TOKENS, mask, positions))
         assert values.abs().sum() > 0  # the trained head was read, not a fresh zero head
 
 

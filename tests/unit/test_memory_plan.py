@@ -255,15 +255,17 @@ def test_cpu_runs_follow_the_users_settings_without_a_plan():
     model_dir = resolve_model_dir(cfg.actor_rollout_ref.model.path)
     choices = choose_memory(cfg, model_dir, device=torch.device("cpu"))
     # unset checkpointing is off on CPU; unset budgets are verl's defaults; fp32 everything
-    assert choices.plan is None and not choices.actor_checkpointing
-    assert (choices.actor_max_tokens, choices.critic_max_tokens) == (16384, 32768)
-    assert choices.precision.master == FP32 and choices.actor_moments_dtype == FP32
+    actor, critic = choices.models["actor"], choices.models["critic"]
+    assert choices.plan is None and not actor.checkpointing
+    assert (actor.max_tokens, critic.max_tokens) == (16384, 32768)
+    assert choices.precision.master == FP32 and actor.moments_dtype == FP32
     cfg = load_config(
         ["actor_rollout_ref.model.enable_gradient_checkpointing=true", "critic.optim.moments_dtype=bfloat16"]
     )
     choices = choose_memory(cfg, model_dir, device=torch.device("cpu"))
-    assert choices.actor_checkpointing and choices.actor_max_tokens is None
-    assert (choices.actor_moments_dtype, choices.critic_moments_dtype) == (FP32, BF16)
+    actor, critic = choices.models["actor"], choices.models["critic"]
+    assert actor.checkpointing and actor.max_tokens is None
+    assert (actor.moments_dtype, critic.moments_dtype) == (FP32, BF16)
     assert (
         build_residency(
             None, torch.device("cpu"), ref=tiny_lm(seed=0), generator=None, critic=None, critic_optimizer=None

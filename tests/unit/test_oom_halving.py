@@ -55,19 +55,16 @@ def test_an_update_that_runs_out_of_memory_is_redone_with_smaller_micro_batches(
     that used the smaller size from the start, and the smaller size is returned to be kept."""
     from relm.config.schema import ActorConfig
     from relm.learner.actor import update_actor
-    from tests.unit.test_update_accumulation import batch_with_uneven_lengths, sgd, tiny_lm
+    from tests.unit.test_update_accumulation import batch_with_uneven_lengths, tiny_lm, trainee
 
     cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, use_kl_loss=True, grad_clip=1e9)
 
     def step(rows: int, max_tokens: int | None, limit: int | None):
         model = tiny_lm()
         seen = limit_tokens(model, limit) if limit else []
-        optimizer, scheduler = sgd(model)
-        result = update_actor(
-            model, optimizer, scheduler, batch_with_uneven_lengths(), cfg, rows_per_minibatch=4,
-            rows_per_microbatch=rows, temperature=1.0, device=torch.device("cpu"), remove_padding=True,
-            max_tokens_per_microbatch=max_tokens,
-        )  # fmt: skip
+        actor = trainee(model, cfg, rows_per_microbatch=rows, max_tokens=max_tokens, remove_padding=True)
+        result = update_actor(actor, batch_with_uneven_lengths(), temperature=1.0, device=torch.device("cpu"))
+        assert result.microbatch is actor.microbatch  # the smaller size stays with the trainee
         return model, result, seen
 
     # packed rows hold 4, 7, 5 and 6 tokens (3 prompt + 1, 4, 2, 3 response): 22 in all, room for 12.
@@ -88,13 +85,10 @@ def test_an_update_that_runs_out_of_memory_is_redone_with_smaller_micro_batches(
 def test_an_update_whose_single_row_does_not_fit_raises():
     from relm.config.schema import ActorConfig
     from relm.learner.actor import update_actor
-    from tests.unit.test_update_accumulation import batch_with_uneven_lengths, sgd, tiny_lm
+    from tests.unit.test_update_accumulation import batch_with_uneven_lengths, tiny_lm, trainee
 
     model = tiny_lm()
     limit_tokens(model, 3)
-    optimizer, scheduler = sgd(model)
+    actor = trainee(model, ActorConfig(), rows_per_microbatch=4, remove_padding=True)
     with pytest.raises(torch.OutOfMemoryError):
-        update_actor(
-            model, optimizer, scheduler, batch_with_uneven_lengths(), ActorConfig(), rows_per_minibatch=4,
-            rows_per_microbatch=4, temperature=1.0, device=torch.device("cpu"), remove_padding=True,
-        )  # fmt: skip
+        update_actor(actor, batch_with_uneven_lengths(), temperature=1.0, device=torch.device("cpu"))

@@ -11,6 +11,8 @@ from relm.config.schema import ActorConfig, CriticConfig
 from relm.learner.actor import update_actor
 from relm.learner.batch import ExperienceBatch
 from relm.learner.critic import update_critic
+from relm.learner.microbatch_retry import MicroBatchSize
+from relm.learner.trainee import Batching, Trainee
 from relm.models.value_model import ValueModel
 
 
@@ -51,17 +53,34 @@ def sgd(model: torch.nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_s
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 
 
+def trainee(
+    module: torch.nn.Module,
+    cfg: ActorConfig | CriticConfig,
+    *,
+    rows_per_microbatch: int,
+    max_tokens: int | None = None,
+    remove_padding: bool = False,
+) -> Trainee:
+    """`module` as a trainee updated with SGD (lr 1) over mini-batches of the 4 rows, one epoch."""
+    name = "actor" if isinstance(cfg, ActorConfig) else "critic"
+    batching = Batching(
+        rows_per_minibatch=4, rows_per_microbatch=rows_per_microbatch, rows_per_forward=4, num_epochs=1,
+        shuffle=False, remove_padding=remove_padding,
+    )  # fmt: skip
+    size = MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens)
+    return Trainee(name, module, *sgd(module), cfg, batching, size)
+
+
 def actor_step(micro: int, mode: str, max_tokens: int | None = None) -> dict[str, torch.Tensor]:
     model = tiny_lm()
     cfg = ActorConfig(
         loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.28, entropy_coeff=0.01,
         use_kl_loss=True, grad_clip=1e9,
     )  # fmt: skip
-    update_actor(
-        model, *sgd(model), batch_with_uneven_lengths(), cfg,
-        rows_per_minibatch=4, rows_per_microbatch=micro, temperature=1.0, device=torch.device("cpu"),
-        remove_padding=max_tokens is not None, max_tokens_per_microbatch=max_tokens,
-    )  # fmt: skip
+    actor = trainee(
+        model, cfg, rows_per_microbatch=micro, max_tokens=max_tokens, remove_padding=max_tokens is not None
+    )
+    update_actor(actor, batch_with_uneven_lengths(), temperature=1.0, device=torch.device("cpu"))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -93,10 +112,12 @@ def critic_step(micro: int) -> dict[str, torch.Tensor]:
     torch.nn.init.normal_(
         critic.value_head.weight, std=0.1
     )  # zero-init would leave the backbone without grads
+    cfg = CriticConfig(cliprange_value=0.5, grad_clip=1e9, loss_agg_mode="token-mean")
     update_critic(
-        critic, *sgd(critic), batch_with_uneven_lengths(), CriticConfig(cliprange_value=0.5, grad_clip=1e9),
-        rows_per_minibatch=4, rows_per_microbatch=micro, num_epochs=1, device=torch.device("cpu"),
-    )  # fmt: skip
+        trainee(critic, cfg, rows_per_microbatch=micro),
+        batch_with_uneven_lengths(),
+        device=torch.device("cpu"),
+    )
     return {k: v.detach().clone() for k, v in critic.state_dict().items()}
 
 
@@ -114,10 +135,10 @@ def test_reported_loss_is_the_minibatch_loss_whatever_the_split():
     results = []
     for micro in (1, 2, 4):
         model = tiny_lm()
-        result = update_actor(
-            model, *sgd(model), batch_with_uneven_lengths(), ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.2),
-            rows_per_minibatch=4, rows_per_microbatch=micro, temperature=1.0, device=torch.device("cpu"),
-        )  # fmt: skip
+        actor = trainee(
+            model, ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.2), rows_per_microbatch=micro
+        )
+        result = update_actor(actor, batch_with_uneven_lengths(), temperature=1.0, device=torch.device("cpu"))
         results.append(result.metrics["actor/pg_loss"][0])
     assert results[0] == pytest.approx(results[2], rel=1e-5) and results[1] == pytest.approx(
         results[2], rel=1e-5
