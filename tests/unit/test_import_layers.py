@@ -36,12 +36,8 @@ ROOMS: tuple[tuple[str, ...], ...] = (
 )
 """Bottom up, as docs/design.md lists them: a room imports only from itself and the rooms before it."""
 
-PENDING_CYCLES = {
-    # Issue 16 part 1 (the Trainee record) removes it: components builds the layouts with
-    # data_parallel, which types its arguments with components' RunComponents.
-    frozenset({"relm.trainer.components", "relm.trainer.data_parallel"}),
-}
-"""File cycles known and being removed on another branch; any other cycle fails."""
+PENDING_CYCLES: set[frozenset[str]] = set()
+"""File cycles known and being removed on another branch (none now); any other cycle fails."""
 
 
 class Import(NamedTuple):
