@@ -59,8 +59,14 @@ def train_command(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if any(arg in ("-h", "--help") for arg in args):
+        from relm.config.lookup import train_help
+
+        print(train_help())
+        return 0
     setup_logging()
-    return run_guarded(lambda: train_command(sys.argv[1:] if argv is None else argv))
+    return run_guarded(lambda: train_command(args))
 
 
 if __name__ == "__main__":
