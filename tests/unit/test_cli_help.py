@@ -68,3 +68,14 @@ def test_config_unknown_key_is_one_error_line_with_a_suggestion(capsys):
     assert relm_main(["config", "data.max_promt_length"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: unknown key `data.max_promt_length`; did you mean `data.max_prompt_length`?"
+
+
+def test_bench_step_prompt_len_below_the_chat_template_is_one_line(tmp_path):
+    from relm.bench.step import write_prompts
+    from relm.errors import UserError
+    from relm.models.loading import resolve_model_dir
+    from relm.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(resolve_model_dir("zoo:tiny/qwen2"))
+    with pytest.raises(UserError, match=r"--prompt-len 16 leaves no room .* use --prompt-len \d+ or more"):
+        write_prompts(tmp_path / "p.parquet", tokenizer, 2, 16)
