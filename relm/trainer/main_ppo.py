@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import sys
 
+import torch
+
 from relm.config.loader import load_config
 from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
 from relm.distributed.context import in_torchrun, init_distributed
 from relm.distributed.launcher import launch, needs_torchrun, world_size_of
-from relm.errors import run_guarded
+from relm.errors import UserError, run_guarded
 from relm.logs import setup_logging
 from relm.models.loading import load_config as load_model_config
 from relm.models.registry import import_external_lib
@@ -40,6 +42,12 @@ def train_command(argv: list[str]) -> int:
     compute_score = resolve_compute_score(reward.path, reward.name)
     check_logger_packages(cfg.trainer.logger)
     device = pick_device(cfg.trainer.device)  # `cuda` on a machine without one fails here, not after loading
+    if cfg.actor_rollout_ref.rollout.name == "vllm":
+        from relm.rollout.vllm_engine import cpu_head_size_problem
+
+        problem = cpu_head_size_problem(model_config, torch.device(device))
+        if problem:
+            raise UserError(problem)
     if needs_torchrun(cfg, device) and not in_torchrun():
         return launch(cfg, argv, device)
     dist = init_distributed(device, expected_world_size=world_size_of(cfg))

@@ -79,3 +79,10 @@ def test_bench_step_prompt_len_below_the_chat_template_is_one_line(tmp_path):
     tokenizer = load_tokenizer(resolve_model_dir("zoo:tiny/qwen2"))
     with pytest.raises(UserError, match=r"--prompt-len 16 leaves no room .* use --prompt-len \d+ or more"):
         write_prompts(tmp_path / "p.parquet", tokenizer, 2, 16)
+
+
+def test_vllm_on_cpu_with_the_demo_models_head_size_is_one_line_before_loading(capsys):
+    assert main_ppo(["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: `actor_rollout_ref.rollout.name=vllm` on CPU: vLLM's CPU attention kernels")
+    assert "head size 16" in err and "zoo:tiny/qwen2-hd64" in err and "\n" not in err
