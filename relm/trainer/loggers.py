@@ -142,9 +142,10 @@ class ConsoleLogger:
         self._progress.start()  # replaces sys.stderr with a proxy that prints above the bar
         for handler in logging.getLogger("relm").handlers:
             if getattr(handler, "_relm_console", False) and isinstance(handler, logging.StreamHandler):
-                previous = handler.setStream(sys.stderr)  # None when it already was that stream
-                if previous is not None:
-                    self._handler_streams.append((handler, previous))
+                # Swapped directly, not by setStream: that flushes the old stream, which an embedding
+                # app (or a test's capture) may already have closed.
+                self._handler_streams.append((handler, handler.stream))
+                handler.stream = sys.stderr
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         line = console_line(step, metrics)
@@ -157,7 +158,7 @@ class ConsoleLogger:
     def close(self) -> None:
         if self._progress is not None:
             for handler, stream in self._handler_streams:
-                handler.setStream(stream)
+                handler.stream = stream
             self._handler_streams.clear()
             self._progress.stop()
 
