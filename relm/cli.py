@@ -1,4 +1,4 @@
-"""`relm <command>`: train, bench, compat, export, plot."""
+"""`relm <command>`: train, config, bench, compat, export, plot."""
 
 from __future__ import annotations
 
@@ -8,10 +8,22 @@ USAGE = """usage: relm <command> [args]
 
 commands:
   train [--config FILE.yaml] [section.key=value ...]   run PPO-family training (same as python -m relm.trainer.main_ppo)
+  config [KEY ...]                                       a config key's type, default and meaning (no KEY: the sections)
   bench step|rollout|update [options]                    time full training steps, generation or the actor update alone
   compat MODEL [options]                                 check that a model loads, generates and trains (relm compat --help)
   export CHECKPOINT OUT_DIR [--critic]                   write a checkpoint's actor (and critic) as Hugging Face folders
   plot RUN_DIR [--out FILE.png]                          draw reward, KL, entropy, length, throughput curves (RUN_DIR/curves.png)
+
+`relm COMMAND --help` describes each command; `relm --version` prints the version.
+"""
+
+BENCH_USAGE = """usage: relm bench step|rollout|update [options]
+
+  step     whole training steps (`--peer trl` adds TRL's GRPOTrainer beside them)
+  rollout  generation alone (native and/or HF engine)
+  update   the actor update alone, with its MFU
+
+`relm bench KIND --help` lists each one's options.
 """
 
 
@@ -20,11 +32,20 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        from relm import __version__
+
+        print(f"relm {__version__}")
+        return 0
     command, rest = args[0], args[1:]
     if command == "train":
         from relm.trainer.main_ppo import main as train_main
 
         return train_main(rest)
+    if command == "config":
+        from relm.config.lookup import main as config_main
+
+        return config_main(rest)
     if command == "bench":
         return _bench(rest)
     if command == "compat":
@@ -46,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 def _bench(args: list[str]) -> int:
     """`relm bench step ...` (full training steps), `rollout` (generation alone), `update` (actor update alone)."""
     kind, rest = (args[0], args[1:]) if args else ("", [])
+    if kind in ("-h", "--help", "help"):
+        print(BENCH_USAGE)
+        return 0
     if kind == "step":
         from relm.bench.step import main as step_main
 

@@ -52,6 +52,11 @@ def _weights(folder: Path) -> list[Path]:
 
 def _require_model(checkpoint: Path, name: str) -> Path:
     folder = checkpoint / name
+    if name == "critic" and not folder.exists() and not any(checkpoint.parent.glob("global_step_*/critic")):
+        raise UserError(
+            f"checkpoint `{checkpoint}` has no critic: the run trained without one (GRPO, RLOO and the other "
+            "critic-free estimators); export without --critic"
+        )
     if not (folder / "config.json").is_file() or not (_weights(folder) or is_sharded(folder)):
         raise UserError(
             f"checkpoint `{checkpoint}` has no complete {name} (config.json and *.safetensors); "
@@ -64,7 +69,9 @@ def _copy_files(source: Path, dest: Path, keep: Callable[[Path], bool]) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for file in sorted(source.iterdir()):
         if file.is_file() and file.name not in (OPTIMIZER_FILE, SCHEDULER_FILE) and keep(file):
-            shutil.copy2(file, dest / file.name)
+            # copyfile, not copy2: checkpoint files are written private (0600, via a temporary file);
+            # an exported model is for others to read, so it gets the user's usual mode (umask).
+            shutil.copyfile(file, dest / file.name)
 
 
 def _is_tokenizer_file(file: Path) -> bool:

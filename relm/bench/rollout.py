@@ -1,7 +1,7 @@
 """`relm bench rollout`: new tokens/s, time to first token, peak memory and share of the bandwidth limit.
 
 A random-weight model with a zoo entry's shape is built directly on the device (no weights written
-or read), prompts are random ids of one length, and eos is ignored, so every run generates exactly
+or read; a local folder or Hub id loads its own weights instead), prompts are random ids of one length, and eos is ignored, so every run generates exactly
 batch x response-len tokens and runs are comparable across engines, machines and versions.
 
 `--eos-rate P` makes lengths vary instead, as RL rollouts do: a random P share of the vocabulary
@@ -33,7 +33,7 @@ from torch import nn
 
 from relm.errors import UserError, run_guarded
 from relm.memory.rollout_budget import kv_bytes_per_token
-from relm.models.loading import pick_dtype
+from relm.models.loading import load_causal_lm, pick_dtype
 from relm.models.zoo import zoo_config
 from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
@@ -55,7 +55,11 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="relm bench rollout", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="zoo:NAME (random weights with that shape)")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="zoo:NAME (random weights with that shape), a local model folder or a Hub id",
+    )
     parser.add_argument("--batch", type=int, required=True, help="prompts per generate call (n = 1)")
     parser.add_argument("--prompt-len", type=int, required=True)
     parser.add_argument("--response-len", type=int, required=True)
@@ -111,13 +115,14 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(f"relm bench rollout: --eos-rate must be in [0, 1), got {args.eos_rate}")
     if args.waves and not args.max_num_seqs:
         raise UserError("relm bench rollout: --waves needs --max-num-seqs (the prompts per call)")
-    if not args.model.startswith("zoo:"):
-        raise UserError(f"relm bench rollout: --model `{args.model}` must be zoo:NAME (random weights)")
     from relm.trainer.components import pick_device
 
     device = pick_device(args.device, key="--device")
     dtype = pick_dtype(args.dtype, device)
-    model = build_random_model(args.model, dtype, device, args.seed)
+    if args.model.startswith("zoo:"):
+        model = build_random_model(args.model, dtype, device, args.seed)
+    else:  # a local folder or Hub id: its own weights, loaded (and checked) as the trainer loads them
+        model = load_causal_lm(args.model, dtype=dtype, device=device).eval().requires_grad_(False)
     copy_bandwidth = measure_copy_bandwidth(device)
     vocab = model.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(args.seed)

@@ -62,7 +62,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=4,
         help="responses per prompt (rollout.n); under torchrun write --rollout-n, which its parser leaves alone",
     )
-    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument(
+        "--prompt-len",
+        type=int,
+        default=32,
+        help="tokens per prompt, chat template included (so at least the template's length plus one)",
+    )
     parser.add_argument("--response-len", type=int, default=32)
     parser.add_argument("--steps", type=int, default=2, help="measured steps (after one warm-up step)")
     parser.add_argument("--micro", type=int, default=8, help="ppo_micro_batch_size_per_gpu")
@@ -77,9 +82,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def write_prompts(path: Path, tokenizer, num_prompts: int, prompt_len: int, seed: int = 0) -> None:
     """Parquet of `num_prompts` chat prompts that encode to exactly `prompt_len` tokens (or as near as the
-    tokenizer allows from below), with a reward that always scores (the bench measures speed)."""
+    tokenizer allows from below), with a reward that always scores (the bench measures speed).
+
+    Raises:
+        UserError: `prompt_len` is no longer than the chat template with an empty message.
+    """
     from relm.models.tokenizer import encode_prompt
 
+    template_only = len(encode_prompt(tokenizer, [{"role": "user", "content": ""}]))
+    if template_only >= prompt_len:
+        raise UserError(
+            f"relm bench step: --prompt-len {prompt_len} leaves no room for a prompt: this model's chat "
+            f"template alone is {template_only} tokens; use --prompt-len {template_only + 1} or more"
+        )
     rng = random.Random(seed)
     rows = []
     for index in range(num_prompts):

@@ -136,6 +136,8 @@ def compat_command(argv: list[str]) -> int:
     for model in models:
         if not model.startswith("zoo:"):
             resolve_model_dir(model)  # a wrong path is the user's mistake: exit 2 before any work
+    if device == "cpu":
+        _say_cpu_memory(models)
     options = CompatOptions(
         device=device,
         steps=args.steps,
@@ -164,6 +166,20 @@ def compat_command(argv: list[str]) -> int:
         write_json(reports, Path(args.json), env)
     print(f"reports: {out / 'compat.json'}, {out / 'compat.md'}", file=sys.stderr)
     return exit_code(reports)
+
+
+def _say_cpu_memory(models: list[str]) -> None:
+    """Before a CPU check of a model large enough for memory to matter: its estimate, warned if over."""
+    from relm.compat.host_memory import available_host_bytes, cpu_memory_note
+    from relm.memory.model_shape import ModelShape
+    from relm.models.loading import load_config
+
+    for model in models:
+        _, config, _ = load_config(model)
+        note = cpu_memory_note(model, ModelShape.from_config(config).num_params, available_host_bytes())
+        if note is not None:
+            line, warn = note
+            (logging.getLogger("relm").warning if warn else logging.getLogger("relm").info)(line)
 
 
 @contextlib.contextmanager

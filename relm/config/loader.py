@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from relm.config import verl_keys
+from relm.config.paths import expand_config_paths
 from relm.config.schema import RelmConfig
 from relm.config.validate import convert_deprecated
 from relm.errors import UserError
@@ -63,6 +64,7 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
         f"not used by relm ({verl_keys.ACCEPTED_UNUSED[pattern]})"
         for pattern, keys in ignored.items()
     ]
+    expand_config_paths(cfg)
     warnings += _fill_derived(cfg)
     return cfg, warnings
 

@@ -38,8 +38,8 @@ def resolve_model_dir(path: str) -> str:
     """A local folder holding `config.json` for `path` (`zoo:` name, local folder or cached Hub id).
 
     Raises:
-        UserError: the folder is missing or has no config.json, or a Hub id is not in the local
-            cache (this machine has no network to download it).
+        UserError: the folder is missing or has no config.json, or a Hub id is neither in the local
+            cache nor downloadable (offline, unknown id, network failure).
     """
     if path.startswith("zoo:"):
         return str(materialize_zoo(path))
@@ -58,28 +58,77 @@ def resolve_model_dir(path: str) -> str:
     return _cached_hub_dir(path)
 
 
-def _cached_hub_dir(repo_id: str) -> str:
-    """The HF-cache snapshot folder of `repo_id`, with its weights, or a UserError."""
-    from transformers.utils import cached_file
+_NOT_FOR_TORCH = ["*.h5", "*.msgpack", "*.onnx", "*.onnx_data", "*.gguf", "*.tflite", "*.ot", "original/*"]
+"""Other frameworks' copies of the weights in a Hub repo: never downloaded."""
+_PICKLED_WEIGHTS = ["*.bin", "*.pth", "*.pt"]
+"""Pickled torch weights: downloaded only for a repo that has no safetensors."""
 
-    not_cached = (
-        f"model `{repo_id}` is not in the local Hugging Face cache and this machine cannot download it; "
-        "pass a local folder"
-    )
-    try:
-        config_file = cached_file(repo_id, "config.json", local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise UserError(not_cached) from exc
-    if config_file is None:
-        raise UserError(not_cached)
-    folder = Path(config_file).parent
-    # Only the config being cached would silently turn a real model into random weights.
+
+def _cached_hub_dir(repo_id: str) -> str:
+    """The HF-cache snapshot folder of `repo_id` with its weights, downloading what is missing.
+
+    The local cache is looked at first, so a machine without network trains from it. Otherwise the
+    model comes through `huggingface_hub.snapshot_download`, which honours `HF_ENDPOINT` (a mirror),
+    `HF_HOME`/`HF_HUB_CACHE` and `HF_TOKEN`; with `HF_HUB_OFFLINE=1` nothing is downloaded.
+
+    Raises:
+        UserError: offline and not cached, the id does not exist (or is gated), or the download failed.
+    """
+    cached = _cached_folder(repo_id)
+    if cached is not None and _has_weight_files(cached):
+        return str(cached)
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        raise UserError(
+            f"model `{repo_id}` is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; unset "
+            "HF_HUB_OFFLINE to download it, or pass a local folder"
+        )
+    folder = _download(repo_id, ignore=_NOT_FOR_TORCH + _PICKLED_WEIGHTS)
+    if not _has_weight_files(folder):  # an older repo with only pytorch_model.bin
+        folder = _download(repo_id, ignore=_NOT_FOR_TORCH)
     if not _has_weight_files(folder):
         raise UserError(
-            f"model `{repo_id}` has its config but not its weights in the local Hugging Face cache; "
-            "pass a local folder with the weights"
+            f"model `{repo_id}` on {constants.ENDPOINT} has no weights relm can load (model.safetensors or "
+            "pytorch_model.bin); pass a local folder with the weights"
         )
     return str(folder)
+
+
+def _cached_folder(repo_id: str) -> Path | None:
+    from transformers.utils import cached_file
+
+    try:
+        config_file = cached_file(repo_id, "config.json", local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    return Path(config_file).parent if config_file is not None else None
+
+
+def _download(repo_id: str, *, ignore: list[str]) -> Path:
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    logger.info("downloading `%s` from %s", repo_id, constants.ENDPOINT)
+    try:
+        return Path(snapshot_download(repo_id, ignore_patterns=ignore))
+    except GatedRepoError as exc:
+        raise UserError(
+            f"model `{repo_id}` is gated on {constants.ENDPOINT}; accept its terms on the model page and "
+            "log in (`hf auth login` or HF_TOKEN), or pass a local folder"
+        ) from exc
+    except RepositoryNotFoundError as exc:
+        raise UserError(
+            f"model `{repo_id}` does not exist on {constants.ENDPOINT} (or is private: log in with "
+            "`hf auth login` or HF_TOKEN); check `model.path`"
+        ) from exc
+    except (HfHubHTTPError, OSError, ValueError) as exc:  # LocalEntryNotFoundError (no network) is an OSError
+        cause = exc.__cause__ or exc  # no network: huggingface_hub wraps the connection error
+        reason = f"{type(cause).__name__}: {' '.join(str(cause).split())[:200]}"
+        raise UserError(
+            f"cannot download model `{repo_id}` from {constants.ENDPOINT} ({reason}); "
+            "check the network or HF_ENDPOINT, or pass a local folder (HF_HUB_OFFLINE=1: cache only)"
+        ) from exc
 
 
 def _has_weight_files(folder: Path) -> bool:

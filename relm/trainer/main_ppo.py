@@ -6,12 +6,14 @@ import logging
 import sys
 from pathlib import Path
 
+import torch
+
 from relm.config.loader import load_config
 from relm.config.schema import RelmConfig
 from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
 from relm.distributed.context import in_torchrun, init_distributed
 from relm.distributed.launcher import launch, needs_torchrun, world_size_of
-from relm.errors import run_guarded
+from relm.errors import UserError, run_guarded
 from relm.logs import setup_logging
 from relm.models.loading import load_config as load_model_config
 from relm.models.registry import import_external_lib
@@ -49,6 +51,12 @@ def train_command(argv: list[str]) -> int:
     if checkpoint is not None:
         check_resumed_settings(cfg, run_dir, checkpoint)  # before anything loads
     device = pick_device(cfg.trainer.device)  # `cuda` on a machine without one fails here, not after loading
+    if cfg.actor_rollout_ref.rollout.name == "vllm":
+        from relm.rollout.vllm_engine import cpu_head_size_problem
+
+        problem = cpu_head_size_problem(model_config, torch.device(device))
+        if problem:
+            raise UserError(problem)
     if needs_torchrun(cfg, device) and not in_torchrun():
         return launch(cfg, argv, device)
     dist = init_distributed(device, expected_world_size=world_size_of(cfg))
@@ -72,8 +80,14 @@ def record_run_config(cfg: RelmConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if any(arg in ("-h", "--help") for arg in args):
+        from relm.config.lookup import train_help
+
+        print(train_help())
+        return 0
     setup_logging()
-    return run_guarded(lambda: train_command(sys.argv[1:] if argv is None else argv))
+    return run_guarded(lambda: train_command(args))
 
 
 if __name__ == "__main__":

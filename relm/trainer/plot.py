@@ -32,12 +32,20 @@ class Panel:
 
 PANELS = (
     Panel("reward", ("critic/score/mean",), prefixes=("val-core/",)),
-    Panel("KL", ("actor/ppo_kl", "actor/reward_kl_penalty", "actor/kl_loss")),
+    Panel("KL", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
     Panel("entropy", ("actor/entropy",)),
     Panel("response length (tokens)", ("response_length/mean", "response_length/max")),
     Panel("losses", ("actor/pg_loss", "critic/vf_loss")),
     Panel("throughput (tokens/s/GPU)", ("perf/throughput",)),
 )
+
+
+LABELS = {
+    "actor/kl_loss": "actor/kl_loss: KL to the reference (loss term)",
+    "actor/reward_kl_penalty": "actor/reward_kl_penalty: KL to the reference (in the reward)",
+    "actor/ppo_kl": "actor/ppo_kl: old vs new policy (one update)",
+}
+"""Legend text for metrics whose name alone is read the wrong way: the KL panel holds two kinds of KL."""
 
 
 def _as_float(value: Any) -> float:
@@ -54,11 +62,13 @@ def _series(records: list[dict[str, Any]], name: str) -> tuple[list[int], list[f
 
 
 def _draw(ax: Any, panel: Panel, records: list[dict[str, Any]]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     drawn = 0
     for name in panel.metrics:
         steps, values = _series(records, name)
         if steps:
-            ax.plot(steps, values, label=name, linewidth=1.2)
+            ax.plot(steps, values, label=LABELS.get(name, name), linewidth=1.2)
             drawn += 1
     # Validation headlines: val-core/<data_source>/<metric>/mean@N, present on validation steps only.
     extra = sorted(
@@ -70,11 +80,26 @@ def _draw(ax: Any, panel: Panel, records: list[dict[str, Any]]) -> None:
         drawn += 1
     ax.set_title(panel.title)
     ax.set_xlabel("step")
+    # Steps are whole numbers (a 3-step run otherwise gets ticks at 1.5, 2.5), and a flat curve keeps
+    # its values on the axis instead of "+1e-3" offset notation.
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
     ax.grid(alpha=0.3)
     if drawn:
         ax.legend(fontsize=7)
     else:
         ax.text(0.5, 0.5, "not in this run", ha="center", va="center", transform=ax.transAxes, alpha=0.6)
+
+
+def draw_figure(records: list[dict[str, Any]], title: str) -> Any:
+    """The six panels of `records` on one matplotlib `Figure` (returned, not saved)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 8), layout="constrained")
+    fig.suptitle(title)
+    for ax, panel in zip(fig.subplots(2, 3).flat, PANELS, strict=True):
+        _draw(ax, panel, records)
+    return fig
 
 
 def plot_curves(run_dir: Path, out: Path | None = None) -> Path:
@@ -85,8 +110,6 @@ def plot_curves(run_dir: Path, out: Path | None = None) -> Path:
     Raises:
         UserError: `run_dir` has no metrics.jsonl or it holds no steps.
     """
-    from matplotlib.figure import Figure
-
     metrics_file = run_dir / "metrics.jsonl"
     if not metrics_file.is_file():
         raise UserError(
@@ -96,10 +119,7 @@ def plot_curves(run_dir: Path, out: Path | None = None) -> Path:
     if not records:
         raise UserError(f"`{metrics_file}` holds no steps yet; plot again once the run has logged one")
     out = out or run_dir / CURVES_FILE
-    fig = Figure(figsize=(15, 8), layout="constrained")
-    fig.suptitle(f"{run_dir.name}: {max(r.get('step', 0) for r in records)} steps")
-    for ax, panel in zip(fig.subplots(2, 3).flat, PANELS, strict=True):
-        _draw(ax, panel, records)
+    fig = draw_figure(records, f"{run_dir.name}: {max(r.get('step', 0) for r in records)} steps")
     tmp = out.with_name(out.name + ".tmp")
     fig.savefig(tmp, format="png", dpi=90)
     os.replace(tmp, out)

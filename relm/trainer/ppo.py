@@ -34,6 +34,7 @@ from relm.trainer.checkpoint import (
 )
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
+from relm.trainer.cpu_threads import CpuThreads
 from relm.trainer.data_parallel import local_rows, on_rank_rows, rank_rows, reduce_update_metrics
 from relm.trainer.experience import batched_logprobs, batched_values
 from relm.trainer.flops import peak_flops, training_flops
@@ -308,6 +309,7 @@ def train(c: RunComponents) -> None:
         logger.info("validation only (trainer.val_only): metrics in %s", c.run_dir / "metrics.jsonl")
         return
     last_step = last_saved = start
+    cpu_threads = CpuThreads(c.device)  # fewer torch threads while other processes hold cores
     try:
         with stop_on_signals() as stop:
             if val_dataset is not None and trainer_cfg.val_before_train and start == 0:
@@ -317,6 +319,7 @@ def train(c: RunComponents) -> None:
             for step in range(start + 1, total + 1):
                 if c.dist.any_true(stop.requested):
                     break
+                cpu_threads.adjust()
                 metrics = ppo_step(c, c.loader.next_batch(), step)
                 metrics["training/epoch"] = float(c.loader.epoch)
                 diverged = guard.update(step, metrics)

@@ -6,6 +6,7 @@ import json
 import math
 
 from relm.bench.rollout import TABLE_HEADER, main, markdown_row
+from tests.tiny_models import tiny_lm
 
 
 def test_bench_rollout_runs_both_engines_on_cpu(tmp_path, capsys):
@@ -36,7 +37,14 @@ def test_bench_rollout_refuses_bad_arguments(capsys):
     )
     assert "--batch must be >= 1" in capsys.readouterr().err
     assert main(["--model", "/some/folder", "--batch", "1", "--prompt-len", "8", "--response-len", "8"]) == 2
-    assert "zoo:NAME" in capsys.readouterr().err
+    assert "model folder `/some/folder` does not exist" in capsys.readouterr().err
+
+
+def test_bench_rollout_takes_a_local_model_folder(tmp_path, capsys):
+    tiny_lm().save_pretrained(tmp_path / "model")
+    args = ["--model", str(tmp_path / "model"), "--batch", "2", "--prompt-len", "4", "--response-len", "4"]
+    assert main([*args, "--engine", "hf", "--device", "cpu", "--warmup", "0"]) == 0
+    assert str(tmp_path / "model") in capsys.readouterr().out
 
 
 def test_bench_rollout_with_eos_and_fewer_slots_than_rows(tmp_path, capsys):

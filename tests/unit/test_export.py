@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,25 @@ def test_a_pruned_actor_is_named(tmp_path: Path, capsys):
     assert relm_main(["export", str(checkpoint), str(tmp_path / "out")]) == 2
     assert "max_actor_ckpt_to_keep" in one_error_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+def test_critic_of_a_run_without_one_says_so(tmp_path: Path, capsys):
+    checkpoint = tmp_path / "global_step_1"
+    (checkpoint / "actor").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "../trainer_state.pt"):  # only looked at, not read
+        (checkpoint / "actor" / name).write_bytes(b"")
+    assert relm_main(["export", str(checkpoint), str(tmp_path / "out"), "--critic"]) == 2
+    line = one_error_line(capsys)
+    assert "the run trained without one" in line and "max_critic_ckpt_to_keep" not in line
+
+
+def test_exported_files_are_readable_by_others(run: RunComponents, tmp_path: Path):
+    weights = run.run_dir / "global_step_3" / "actor" / "model.safetensors"
+    weights.chmod(0o600)  # as a checkpoint written through a private temporary file is
+    previous = os.umask(0o022)
+    try:
+        assert relm_main(["export", str(run.run_dir / "global_step_3"), str(tmp_path / "hf")]) == 0
+    finally:
+        os.umask(previous)
+    for file in (tmp_path / "hf").iterdir():
+        assert stat.S_IMODE(file.stat().st_mode) == 0o644, file.name

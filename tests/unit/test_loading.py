@@ -56,7 +56,10 @@ def test_folder_without_config_json(tmp_path):
         resolve_model_dir(str(tmp_path / "weights.bin"))
 
 
-def test_hub_id_not_in_cache_says_so():
+def test_hub_id_not_in_cache_says_so(monkeypatch: pytest.MonkeyPatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # no download attempt (test_hub_download.py)
     with pytest.raises(UserError, match="not in the local Hugging Face cache") as info:
         resolve_model_dir("relm-test-org/surely-not-cached-7f3a")
     assert "`relm-test-org/surely-not-cached-7f3a`" in str(info.value)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import logging
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 from rich.console import Console
 
 from relm.errors import UserError
+from relm.logs import setup_logging
 from relm.trainer import loggers
 from relm.trainer.loggers import ConsoleLogger, JsonlLogger, make_loggers, read_metrics
 
@@ -55,9 +58,51 @@ def test_non_finite_values_are_written_as_strings(tmp_path: Path):
 def test_console_line_shows_the_key_metrics_with_short_labels():
     out = io.StringIO()
     sink = ConsoleLogger(10, Console(file=out, width=200))
-    sink.log(3, {"critic/score/mean": 0.25, "actor/ppo_kl": 0.001, "val-core/a/reward/mean@1": 0.5, "x": 1.0})
+    sink.log(
+        3, {"critic/score/mean": 0.25, "actor/kl_loss": 0.001, "val-core/a/reward/mean@1": 0.5, "x": 1.0}
+    )
     sink.close()
     assert "step 3: score=0.25 kl=0.001 val-core/a/reward/mean@1=0.5" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("metrics", "shown"),
+    [
+        ({"actor/ppo_kl": 0.5, "actor/kl_loss": 0.02}, "kl=0.02"),
+        ({"actor/ppo_kl": 0.5, "actor/reward_kl_penalty": 0.03}, "kl=0.03"),
+        ({"actor/ppo_kl": 0.5}, None),
+    ],
+    ids=["kl-loss", "kl-in-reward", "no-reference"],
+)
+def test_console_kl_is_the_kl_to_the_reference_and_absent_without_one(metrics, shown):
+    line = loggers.console_line(1, {"actor/entropy": 1.0, **metrics})
+    assert ("kl=" in line) == (shown is not None)
+    if shown:
+        assert line == f"step 1: entropy=1 {shown}"
+
+
+def test_redirected_output_gets_plain_unwrapped_lines():
+    out = io.StringIO()  # not a terminal
+    sink = ConsoleLogger(10, Console(file=out, width=80))
+    metrics = {f"val-core/source_{i}/reward/mean@1": 0.5 for i in range(6)}
+    sink.log(1, {"critic/score/mean": 0.25, **metrics})
+    sink.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and len(lines[0]) > 80
+    assert lines[0].startswith("step 1: score=0.25 val-core/source_0")
+
+
+def test_a_warning_on_a_terminal_prints_on_its_own_line_above_the_bar():
+    setup_logging()
+    out = io.StringIO()
+    sink = ConsoleLogger(10, Console(file=out, width=100, force_terminal=True))
+    sink.log(1, {"critic/score/mean": 0.25})
+    logging.getLogger("relm").warning("something to say")
+    sink.log(2, {"critic/score/mean": 0.5})
+    sink.close()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # drop cursor/colour codes
+    assert re.search(r"(^|[\r\n])relm WARNING: something to say\r?\n", text)
+    assert "step 2: score=0.5" in text
 
 
 @pytest.mark.parametrize(("name", "module"), [("wandb", "wandb"), ("tensorboard", "tensorboard")])

@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from PIL import Image
 
 from relm.cli import main as relm_main
-from relm.trainer.plot import plot_curves
+from relm.trainer.plot import draw_figure, plot_curves
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -59,3 +60,28 @@ def test_a_folder_without_steps_is_one_error_line(tmp_path: Path, capsys, conten
     assert relm_main(["plot", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "metrics.jsonl" in err[0]
+
+
+def test_short_runs_get_whole_step_ticks_no_offset_and_named_kls():
+    records = [
+        {
+            "step": s,
+            "actor/kl_loss": 0.001,
+            "actor/ppo_kl": 0.0002,
+            "response_length/mean": 1000.001 + s * 1e-6,
+        }
+        for s in (1, 2, 3)
+    ]
+    fig = draw_figure(records, "t")
+    FigureCanvasAgg(fig).draw()  # tick positions and offsets are settled by drawing
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    for ax in axes.values():
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+    length_axis = axes["response length (tokens)"].yaxis
+    assert length_axis.get_major_formatter().get_offset() == ""
+    legend = [t.get_text() for t in axes["KL"].get_legend().get_texts()]
+    assert legend == [
+        "actor/kl_loss: KL to the reference (loss term)",
+        "actor/ppo_kl: old vs new policy (one update)",
+    ]
