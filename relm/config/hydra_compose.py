@@ -11,6 +11,7 @@ a verl checkout. Interpolations stay unresolved here and resolve against the fin
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -52,7 +53,13 @@ def compose_config(config_path: str | None, config_name: str) -> tuple[DictConfi
     stored = _store_relm_defaults(directory)
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(directory.resolve()), version_base=None):
+        with (
+            warnings.catch_warnings(),
+            initialize_config_dir(config_dir=str(directory.resolve()), version_base=None),
+        ):
+            # verl's recipes add `file://verl/trainer/config` (a verl checkout) to the search path; without
+            # one, relm's defaults stand in for what it would hold, so its absence is no news.
+            warnings.filterwarnings("ignore", message=r"provider=hydra\.searchpath .* is not available")
             composed = compose(config_name=name)
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         first = " ".join(str(err).strip().splitlines()[0].split()) if str(err).strip() else type(err).__name__

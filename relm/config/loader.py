@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from relm.config import verl_keys, verl_renames
+from relm.config.fallbacks import fall_back_on_missing_parts
 from relm.config.hydra_compose import compose_config
 from relm.config.schema import RelmConfig
 from relm.config.validate import convert_deprecated
@@ -71,6 +72,7 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
         for pattern, keys in ignored.items()
     ]
     warnings += _fill_derived(cfg)
+    warnings += fall_back_on_missing_parts(cfg)
     return cfg, warnings
 
 

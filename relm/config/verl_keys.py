@@ -37,7 +37,6 @@ _KERNELS = "fused/Liger kernels are not wired in yet"
 _LORA = "LoRA is not supported yet"
 _RM = "reward models are not supported yet (`reward_model.enable=true` is an error)"
 _CKPT = "relm saves model, optimizer and loop state in every checkpoint"
-_HYDRA = "relm does not compose Hydra configs; write the values out in full"
 _MEGATRON = "Megatron is not supported; relm trains with PyTorch FSDP"
 _SHM = "relm loads models directly, without a shared-memory copy"
 _DYN_LOGPROB = "log-prob forwards use the actor's `use_dynamic_bsz` and `ppo_max_token_len_per_gpu`"
@@ -66,8 +65,8 @@ _ROLLOUT_CORRECTION = (
 
 ACCEPTED_UNUSED: dict[str, str] = {
     # Hydra's own keys, present in verl's unflattened YAML files.
-    "defaults": _HYDRA,
-    "hydra.*": _HYDRA,
+    "defaults": "`defaults:` lists are composed with `--config-path DIR --config-name NAME`; `--config FILE` reads one file",
+    "hydra.*": "Hydra's own run settings (output folders, job logging); relm does not use them",
     # data
     "data.tokenizer": "relm uses `actor_rollout_ref.model.tokenizer_path` (or the model's tokenizer)",
     "data.use_shm": _SHM,
