@@ -58,6 +58,7 @@ _DISTILL = "on-policy distillation is not implemented"
 _TRANSFER_QUEUE = "verl's transfer queue moves data between Ray workers; relm has no workers to feed"
 _SKIP = "rollout dumps and replays for debugging are not implemented"
 _TRAINER_V1 = "relm has one synchronous trainer loop (verl's v1 trainer modes do not apply)"
+_OTHER_ENGINE = "VeOmni and TorchTitan engines are not supported; relm trains with PyTorch FSDP"
 _CRITIC_ENGINE = "verl 0.9's engine copy of the critic's FSDP settings; relm reads `critic.model.fsdp_config`"
 _ROLLOUT_CORRECTION = (
     "importance-sampling and rejection corrections are not implemented; relm acts on `bypass_mode` alone"
@@ -82,6 +83,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "data.sampler.*": "relm samples prompts in (seeded) shuffled order; custom samplers are not supported",
     "data.datagen.*": "dynamic data generation is not supported",
     "data.apply_chat_template_kwargs": "relm applies the chat template without extra arguments",
+    "data.apply_chat_template_kwargs.*": "relm applies the chat template without extra arguments",
     # actor_rollout_ref
     "actor_rollout_ref.nccl_timeout": "relm uses PyTorch's default process-group timeout",
     "actor_rollout_ref.model.use_shm": _SHM,
@@ -294,6 +296,24 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "trainer.npu_profile.*": _PROFILER,
     "trainer.use_v1": _TRAINER_V1,
     "trainer.v1.*": _TRAINER_V1,
+    # Keys verl's own scripts add with `+` (not in its default config).
+    "actor_rollout_ref.actor.model_engine": "relm trains with PyTorch FSDP (verl's `dp` engine)",
+    "actor_rollout_ref.actor.veomni.*": _OTHER_ENGINE,
+    "actor_rollout_ref.ref.veomni.*": _OTHER_ENGINE,
+    "critic.veomni.*": _OTHER_ENGINE,
+    "actor_rollout_ref.actor.torchtitan.*": _OTHER_ENGINE,
+    "actor_rollout_ref.ref.torchtitan.*": _OTHER_ENGINE,
+    "critic.torchtitan.*": _OTHER_ENGINE,
+    "actor_rollout_ref.actor.policy_loss.tau_pos": "only used by verl's `sapo` policy loss, which relm does not implement",
+    "actor_rollout_ref.actor.policy_loss.tau_neg": "only used by verl's `sapo` policy loss, which relm does not implement",
+    "actor_rollout_ref.actor.optim.override_optimizer_config.*": _OPTIM,
+    "critic.optim.override_optimizer_config.*": _OPTIM,
+    "actor_rollout_ref.rollout.moe_tensor_parallel_size": _IN_PROCESS,
+    "actor_rollout_ref.actor.mindspeed.*": "MindSpeed (Ascend's Megatron) is not supported; relm trains with PyTorch FSDP",
+    "actor_rollout_ref.ref.mindspeed.*": "MindSpeed (Ascend's Megatron) is not supported; relm trains with PyTorch FSDP",
+    "actor_rollout_ref.actor.optim.min_lr": "relm's cosine schedule decays to `optim.min_lr_ratio` x `optim.lr`",
+    "critic.optim.min_lr": "relm's cosine schedule decays to `optim.min_lr_ratio` x `optim.lr`",
+    "algorithm.gdpo_reward_keys": "only used by verl's `gdpo` estimator, which relm does not implement",
     # top level
     "model_engine": "relm trains with PyTorch FSDP (verl's `dp` engine)",
     "ray_init.*": _RAY,
@@ -335,6 +355,9 @@ UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
     "skip.async_rollout.enable": "rollout dumps and replays are not supported yet",
     "skip.rollout_tq.enable": "rollout dumps and replays are not supported yet",
     "model_engine": "relm trains with PyTorch FSDP only; use verl's `dp` engine (model_engine=dp)",
+    "actor_rollout_ref.actor.optim.min_lr": "an absolute floor is not supported; set `optim.min_lr_ratio` instead",
+    "critic.optim.min_lr": "an absolute floor is not supported; set `optim.min_lr_ratio` instead",
+    "actor_rollout_ref.actor.model_engine": "relm trains with PyTorch FSDP only; use verl's `dp` engine",
     "data.train_max_samples": "limiting the training rows is not supported yet; trim the parquet file instead",
     "data.val_max_samples": "limiting the validation rows is not supported yet; trim the parquet file instead",
     "actor_rollout_ref.actor.optim.optimizer": "relm trains with AdamW only",
@@ -346,6 +369,7 @@ UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
 
 OFF_VALUES: dict[str, tuple[object, ...]] = {
     "model_engine": (None, "dp", "fsdp"),
+    "actor_rollout_ref.actor.model_engine": (None, "dp", "fsdp"),
     "data.train_max_samples": (None, -1),
     "data.val_max_samples": (None, -1),
     "actor_rollout_ref.actor.optim.optimizer": (None, "AdamW", "adamw"),
