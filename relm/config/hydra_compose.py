@@ -37,7 +37,7 @@ def compose_config(config_path: str | None, config_name: str) -> tuple[DictConfi
     """
     name = config_name.removesuffix(".yaml")
     shown = f"--config-name {config_name}" if config_path is None else f"{config_path}/{name}.yaml"
-    if name in MEGATRON_NAMES:
+    if name in MEGATRON_NAMES or "megatron" in name:  # also recipes' own, e.g. dapo_megatron_trainer
         raise UserError(
             f"`{shown}`: Megatron is not supported; relm trains with PyTorch FSDP (verl's ppo_trainer)"
         )
