@@ -1,10 +1,14 @@
-"""Build a `RelmConfig` from a YAML file and verl/Hydra-style dotted overrides.
+"""Build a `RelmConfig` from a YAML file (or a Hydra-composed one) and verl/Hydra command-line overrides.
 
 Layers, lowest first: the schema's defaults, the demo preset (only when no `data.train_files` is
-given anywhere), the `--config` file, the overrides in command-line order. OmegaConf merges them and
-resolves `${...}` interpolations; the dataclasses are then built here by hand, not by OmegaConf's
-structured mode, so that every mistake becomes one `UserError` line naming the key, with a "did you
-mean" for typos, instead of an OmegaConf traceback.
+given anywhere), the `--config` file or the config Hydra composes from `--config-path DIR
+--config-name NAME` (`relm.config.hydra_compose`), the overrides in command-line order, parsed by
+Hydra's own override grammar (`+key`, `++key`, `~key` included). OmegaConf merges them and resolves
+`${...}` interpolations; keys verl renamed are folded onto relm's names (`relm.config.verl_renames`);
+the dataclasses are then built here by hand, not by OmegaConf's structured mode, so that every mistake
+becomes one `UserError` line naming the key, with a "did you mean" for typos, instead of an OmegaConf
+traceback. Last, optional parts the machine lacks (vLLM, a logger's package) are swapped or dropped
+(`relm.config.fallbacks`).
 
 Keys of verl's config that relm does not implement are accepted and reported as warnings (see
 `relm.config.verl_keys`). `load_config` logs them on the "relm" logger; `load_config_with_warnings`

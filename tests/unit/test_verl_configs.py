@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from relm.config import verl_keys
 from relm.config.loader import _schema_keys, load_config, load_config_with_warnings
 from relm.config.schema import RelmConfig
+from relm.config.verl_renames import MAX_RESP_LEN_KEYS, RENAMED
 from relm.errors import UserError
 
 WHEELS = Path(os.environ.get("RELM_VERL_WHEELS", Path(__file__).resolve().parents[2] / ".cache" / "verl"))
@@ -66,8 +67,6 @@ def test_every_leaf_of_verls_default_config_is_read_or_accepted(release: str, tm
     schema = set(_schema_keys(RelmConfig, ""))
     leaves = list(_leaves(OmegaConf.load(default)))
     assert len(leaves) > 250  # the file was read, not an empty stand-in
-    from relm.config.verl_renames import MAX_RESP_LEN_KEYS, RENAMED
-
     renamed = {new for new, _ in RENAMED} | set(MAX_RESP_LEN_KEYS)
     rejected = [
         key
