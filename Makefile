@@ -13,7 +13,12 @@ VERL_STAMP := $(VENV)/.relm-verl-installed
 VERL_PACKAGES := verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0 cloudpickle==3.1.3 \
 	orjson==3.13.0 importlib_metadata==10.2.0 zipp==4.1.2 psutil==7.2.2
 
-.PHONY: demo test lint format setup setup-vllm setup-verl test-vllm test-kernels test-verl clean
+# verl releases whose default PPO configs tests/unit/test_verl_configs.py walks (read from the wheels).
+VERL_RELEASES := 0.4.1 0.5.0 0.6.1 0.7.0 0.9.1
+VERL_WHEELS := .cache/verl
+VERL_WHEELS_STAMP := $(VERL_WHEELS)/.downloaded
+
+.PHONY: demo test lint format setup setup-vllm setup-verl test-vllm test-kernels test-verl verl-wheels clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,6 +32,16 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# verl's wheels, without their dependencies (nothing is installed): only their config YAMLs are read.
+$(VERL_WHEELS_STAMP): $(BIN)/python
+	mkdir -p $(VERL_WHEELS)
+	for release in $(VERL_RELEASES); do \
+		$(BIN)/pip download -q --no-deps --only-binary=:all: -d $(VERL_WHEELS) verl==$$release || exit 1; \
+	done
+	touch $(VERL_WHEELS_STAMP)
+
+verl-wheels: $(VERL_WHEELS_STAMP)
 
 # vLLM for rollout.name=vllm: its CUDA build (the `vllm` extra) where a GPU is visible, else its CPU build,
 # which pins the same torch 2.13 CPU build. The torchvision/torchaudio/torchcodec wheels it pulls in from
@@ -50,7 +65,7 @@ setup-verl: $(VERL_STAMP)
 demo: $(STAMP)
 	$(BIN)/relm train
 
-test: $(STAMP)
+test: $(STAMP) $(VERL_WHEELS_STAMP)
 	$(BIN)/ruff check relm tests
 	$(BIN)/ruff format --check relm tests
 	$(BIN)/python -m pytest -q tests
@@ -78,4 +93,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix relm tests
 
 clean:
-	rm -rf $(VENV) outputs
+	rm -rf $(VENV) outputs .cache

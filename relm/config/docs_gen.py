@@ -93,7 +93,7 @@ def render_choices() -> str:
     not_yet = ", ".join(f"`{name}`" for name in validate.LOGGERS_NOT_YET)
     lines += [
         "",
-        f"Logger names verl knows that relm does not provide yet (an error naming them): {not_yet}.",
+        f"Logger names verl knows that relm does not provide yet (dropped with a warning line): {not_yet}.",
     ]
     return "\n".join(lines) + "\n"
 

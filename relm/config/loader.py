@@ -1,10 +1,14 @@
-"""Build a `RelmConfig` from a YAML file and verl/Hydra-style dotted overrides.
+"""Build a `RelmConfig` from a YAML file (or a Hydra-composed one) and verl/Hydra command-line overrides.
 
 Layers, lowest first: the schema's defaults, the demo preset (only when no `data.train_files` is
-given anywhere), the `--config` file, the overrides in command-line order. OmegaConf merges them and
-resolves `${...}` interpolations; the dataclasses are then built here by hand, not by OmegaConf's
-structured mode, so that every mistake becomes one `UserError` line naming the key, with a "did you
-mean" for typos, instead of an OmegaConf traceback.
+given anywhere), the `--config` file or the config Hydra composes from `--config-path DIR
+--config-name NAME` (`relm.config.hydra_compose`), the overrides in command-line order, parsed by
+Hydra's own override grammar (`+key`, `++key`, `~key` included). OmegaConf merges them and resolves
+`${...}` interpolations; keys verl renamed are folded onto relm's names (`relm.config.verl_renames`);
+the dataclasses are then built here by hand, not by OmegaConf's structured mode, so that every mistake
+becomes one `UserError` line naming the key, with a "did you mean" for typos, instead of an OmegaConf
+traceback. Last, optional parts the machine lacks (vLLM, a logger's package) are swapped or dropped
+(`relm.config.fallbacks`).
 
 Keys of verl's config that relm does not implement are accepted and reported as warnings (see
 `relm.config.verl_keys`). `load_config` logs them on the "relm" logger; `load_config_with_warnings`
@@ -24,10 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from relm.config import verl_keys
+from relm.config import verl_keys, verl_renames
+from relm.config.fallbacks import fall_back_on_missing_parts
+from relm.config.hydra_compose import compose_config
 from relm.config.paths import expand_config_paths
 from relm.config.schema import RelmConfig
 from relm.config.validate import convert_deprecated
@@ -56,55 +65,118 @@ def load_config(argv: list[str]) -> RelmConfig:
 
 def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
     """`load_config` that returns the warning lines instead of logging them."""
-    merged = _merge_layers(_user_layers(argv))
+    layers, warnings = _user_layers(argv)
+    merged = _merge_layers(layers)
+    renamed = verl_renames.fold(merged, [layer.values for layer in layers if layer.values is not None])
     ignored: dict[str, list[str]] = {}
     cfg = _build(RelmConfig, merged, "", _Walk(root=merged, ignored=ignored))
-    warnings = [
+    verl_renames.check_built(cfg, renamed)
+    warnings += [
         f"{', '.join(f'`{key}`' for key in keys)}: verl {'keys' if len(keys) > 1 else 'key'} "
         f"not used by relm ({verl_keys.ACCEPTED_UNUSED[pattern]})"
         for pattern, keys in ignored.items()
     ]
     expand_config_paths(cfg)
     warnings += _fill_derived(cfg)
+    warnings += fall_back_on_missing_parts(cfg)
     return cfg, warnings
 
 
-def _user_layers(argv: list[str]) -> list[tuple[str, DictConfig]]:
-    """The file (if any) then each override, lowest first, each with the text that names it in errors."""
-    config_path: str | None = None
-    overrides: list[tuple[str, DictConfig]] = []
+@dataclasses.dataclass(frozen=True)
+class _Layer:
+    """One user layer: values to merge, or (Hydra's `~key`) a key to delete; `source` names it in errors."""
+
+    source: str
+    values: DictConfig | None = None
+    deleted: str | None = None
+    deleted_value: Any = None
+    """For `~key=value`: delete only when the key holds this value (None: whatever it holds)."""
+
+
+_CONFIG_FLAGS = {
+    "--config": "config",
+    "--config-path": "path",
+    "-cp": "path",
+    "--config-name": "name",
+    "-cn": "name",
+}
+
+
+def _user_layers(argv: list[str]) -> tuple[list[_Layer], list[str]]:
+    """The file or composed config (if any) then each override, lowest first; and warnings."""
+    flags: dict[str, str] = {}
+    overrides: list[_Layer] = []
     args = iter(argv)
     for arg in args:
-        if arg == "--config" or arg.startswith("--config="):
-            if config_path is not None:
-                raise UserError(f"`{arg}`: `--config` given twice; merge the files or pass one")
-            config_path = arg.partition("=")[2] if "=" in arg else next(args, None)
-            if not config_path:
-                raise UserError("`--config` needs a file name: `--config FILE.yaml`")
+        flag, has_value, inline = arg.partition("=")
+        if flag in _CONFIG_FLAGS:
+            kind = _CONFIG_FLAGS[flag]
+            if kind in flags:
+                raise UserError(f"`{arg}`: `{flag}` given twice; pass it once")
+            value = inline if has_value else next(args, None)
+            if not value:
+                raise UserError(
+                    f"`{flag}` needs a value: `--config FILE.yaml` or `--config-path DIR --config-name NAME`"
+                )
+            flags[kind] = value
         elif arg.startswith("-"):
             raise UserError(
-                f"`{arg}`: unknown option; relm takes `--config FILE.yaml` and `section.key=value` overrides"
+                f"`{arg}`: unknown option; relm takes `--config FILE.yaml` (or Hydra's `--config-path DIR "
+                "--config-name NAME`) and `section.key=value` overrides"
             )
         else:
-            overrides.append((arg, _parse_override(arg)))
-    return ([(config_path, _load_file(config_path))] if config_path else []) + overrides
+            overrides.append(_parse_override(arg))
+    if "config" in flags and ("path" in flags or "name" in flags):
+        raise UserError("`--config` and `--config-path`/`--config-name` both given; use one of the two")
+    if "path" in flags and "name" not in flags:
+        raise UserError(f"`--config-path {flags['path']}` needs `--config-name NAME` (the YAML file's name)")
+    base: list[_Layer] = []
+    warnings: list[str] = []
+    if "config" in flags:
+        base = [_Layer(flags["config"], values=_load_file(flags["config"]))]
+    elif "name" in flags:
+        composed, warnings = compose_config(flags.get("path"), flags["name"])
+        if composed is not None:
+            base = [_Layer(f"--config-name {flags['name']}", values=composed)]
+    return base + overrides, warnings
 
 
-def _parse_override(arg: str) -> DictConfig:
+_PARSER = OverridesParser.create()
+
+
+def _parse_override(arg: str) -> _Layer:
+    """One command-line override in Hydra's grammar: `key=value`, `+key=value`, `++key=value`, `~key`.
+
+    Hydra's `+` (add a key) and `++` (add or override) are both plain assignments here: relm's schema,
+    not a default file, decides which keys exist, so there is nothing for `+` to guard.
+    """
     key, sep, value = arg.partition("=")
-    if not sep:
+    if not sep and not arg.startswith("~"):
         raise UserError(f"`{arg}`: an override must look like `section.key=value` (no `=` found)")
-    if key.startswith("~"):
-        raise UserError(f"`{arg}`: deleting keys with `~` is not supported; set the key to a value instead")
-    # Hydra's `+key` (add a key) and `++key` (add or override) are plain assignments here: the
-    # schema, not the default file, decides which keys exist.
-    key = key.lstrip("+")
-    if not key or any(not part for part in key.split(".")):
-        raise UserError(f"`{arg}`: malformed key `{key}`; use dotted names like `data.train_batch_size=64`")
+    bare = key.lstrip("+~")
+    if not bare or any(not part for part in bare.split(".")):
+        raise UserError(f"`{arg}`: malformed key `{bare}`; use dotted names like `data.train_batch_size=64`")
     try:
-        return OmegaConf.from_dotlist([f"{key}={value}"])
-    except (OmegaConfBaseException, yaml.YAMLError) as err:
+        override = _PARSER.parse_override(arg)
+    except HydraException as err:
+        if value.startswith("~") and "'" not in value:
+            # A home-relative path, which Hydra's grammar only takes quoted; relm expands `~` in paths.
+            return _parse_override(f"{key}='{value}'")
         raise UserError(f"`{arg}`: cannot parse the value ({_one_line(err)})") from err
+    if override.is_sweep_override():
+        raise UserError(f"`{arg}`: a sweep (several values) needs Hydra's --multirun; relm runs one value")
+    if override.package is not None:
+        raise UserError(
+            f"`{arg}`: config-group overrides (`group@package=option`) are not supported; set keys"
+        )
+    if override.type == OverrideType.DEL:
+        return _Layer(arg, deleted=override.key_or_group, deleted_value=override.value() if sep else None)
+    layer = OmegaConf.create()
+    try:
+        OmegaConf.update(layer, override.key_or_group, override.value(), merge=True, force_add=True)
+    except (OmegaConfBaseException, ValueError) as err:
+        raise UserError(f"`{arg}`: cannot parse the value ({_one_line(err)})") from err
+    return _Layer(arg, values=layer)
 
 
 def _load_file(path: str) -> DictConfig:
@@ -123,28 +195,50 @@ def _load_file(path: str) -> DictConfig:
 _ABSENT = object()
 
 
-def _merge_layers(layers: list[tuple[str, DictConfig]]) -> DictConfig:
+def _merge_layers(layers: list[_Layer]) -> DictConfig:
     """Defaults, then the demo preset when no layer names training data, then the user's layers."""
     train_files = None
-    for _, layer in layers:
-        value = OmegaConf.select(
-            layer, "data.train_files", default=_ABSENT, throw_on_resolution_failure=False
-        )
-        if value is not _ABSENT:
-            train_files = value  # a later `data.train_files=null` unsets an earlier value
+    for layer in layers:
+        if layer.deleted == "data.train_files":
+            train_files = None
+        elif layer.values is not None:
+            value = OmegaConf.select(
+                layer.values, "data.train_files", default=_ABSENT, throw_on_resolution_failure=False
+            )
+            if value is not _ABSENT:
+                train_files = value  # a later `data.train_files=null` unsets an earlier value
     merged = OmegaConf.create(dataclasses.asdict(RelmConfig()))
     if train_files is None:
         merged = OmegaConf.merge(merged, OmegaConf.load(DEMO_PRESET))
-    for source, layer in layers:
+    for layer in layers:
+        if layer.deleted is not None:
+            _delete(merged, layer)
+            continue
         try:
-            merged = OmegaConf.merge(merged, layer)
+            merged = OmegaConf.merge(merged, layer.values)
         except (OmegaConfBaseException, TypeError, ValueError) as err:
             raise UserError(
-                f"`{source}`: does not fit the config's shape ({_one_line(err)}); a section takes keys, "
+                f"`{layer.source}`: does not fit the config's shape ({_one_line(err)}); a section takes keys, "
                 "a key takes a value"
             ) from err
     assert isinstance(merged, DictConfig)
     return merged
+
+
+def _delete(tree: DictConfig, layer: _Layer) -> None:
+    """Hydra's `~key` / `~key=value`: the key goes, so the schema's default applies again."""
+    assert layer.deleted is not None
+    parent_key, _, leaf = layer.deleted.rpartition(".")
+    parent = OmegaConf.select(tree, parent_key, throw_on_resolution_failure=False) if parent_key else tree
+    if not isinstance(parent, DictConfig) or leaf not in parent:
+        raise UserError(f"`{layer.source}`: there is no key `{layer.deleted}` to delete")
+    if layer.deleted_value is not None:
+        current = OmegaConf.select(tree, layer.deleted, throw_on_resolution_failure=False)
+        if current != layer.deleted_value:
+            raise UserError(
+                f"`{layer.source}`: `{layer.deleted}` is {current!r}, not {layer.deleted_value!r}"
+            )
+    del parent[leaf]
 
 
 @dataclasses.dataclass
@@ -201,7 +295,7 @@ def _accept_unimplemented(node: DictConfig, key: str, dotted: str, walk: _Walk) 
         if reason is None:
             continue
         value = OmegaConf.select(walk.root, leaf, throw_on_resolution_failure=False, throw_on_missing=False)
-        if value not in (None, False, 0, ""):  # the off values verl's defaults use
+        if not verl_keys.is_off(leaf, value):
             raise UserError(f"`{leaf}={value}`: {reason}")
 
 

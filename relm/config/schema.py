@@ -376,7 +376,8 @@ class RewardModelConfig:
     enable: bool = False
     """Score responses with a reward model (not supported yet: true is an error)."""
     reward_manager: str = "naive"
-    """How rule scores are computed; relm scores one response at a time (`naive`; `dapo` is accepted)."""
+    """verl's reward manager: `naive`, `dapo` (with `overlong_buffer`) and `prime` score one response at a time;
+    `batch` is not supported yet. verl 0.9 spells it `reward.reward_manager.name`."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO overlong reward shaping."""
 

@@ -52,7 +52,14 @@ LOGGERS_NOT_YET = ("swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "fi
 """verl logger names relm knows of but does not provide yet."""
 RESUME_MODES = ("auto", "disable", "resume_path")
 STRATEGIES = ("fsdp", "fsdp2")
-REWARD_MANAGERS = ("naive", "dapo")
+REWARD_MANAGERS = ("naive", "dapo", "prime")
+"""verl's reward managers relm has the behaviour of: each scores one response at a time with the rule or
+custom function (`prime` in verl only spreads that over a process pool); `dapo` adds the overlong shaping
+that `reward_model.overlong_buffer` switches on."""
+REWARD_MANAGERS_NOT_YET = {
+    "batch": "batched reward functions (one call for the whole batch) are not supported yet; write a "
+    "per-response `compute_score` and use `naive`",
+}
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -135,6 +142,9 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
 
 def _check_choices(cfg: RelmConfig) -> None:
     arr, algo, trainer = cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
+    manager = cfg.reward_model.reward_manager
+    if manager in REWARD_MANAGERS_NOT_YET:
+        raise UserError(f"`reward_model.reward_manager={manager}`: {REWARD_MANAGERS_NOT_YET[manager]}")
     for key, value, allowed in (
         ("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
         ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS),

@@ -5,8 +5,10 @@ knobs, profilers, offload). Rejecting them would make every verl script fail on 
 silently dropping them would hide that a setting has no effect. So each such key is accepted with
 one warning line that says why relm ignores it.
 
-The table covers every key of verl's default PPO trainer config (ppo_trainer.yaml of verl 0.3-0.4 and
-the flattened `_generated_ppo_trainer.yaml` of 0.5), plus the Megatron sections and Hydra's own keys.
+The table covers every leaf key of verl's default PPO trainer config (ppo_trainer.yaml of verl 0.3-0.4
+and the flattened `_generated_ppo_trainer.yaml` of 0.5, 0.6, 0.7 and 0.9; a test walks each release's
+file), plus the Megatron sections and Hydra's own keys. Keys verl renamed whose new spelling relm acts
+on (`optim.lr_scheduler_type`, 0.9's `reward.*` section) are folded in by `relm.config.verl_renames`.
 A key ending in `.*` stands for a whole subtree. Keys that would change what is trained if relm
 ignored them (LoRA, multi-turn) are listed in `UNSUPPORTED_WHEN_ENABLED`: they
 are accepted at their off value and are an error when turned on.
@@ -35,21 +37,37 @@ _KERNELS = "fused/Liger kernels are not wired in yet"
 _LORA = "LoRA is not supported yet"
 _RM = "reward models are not supported yet (`reward_model.enable=true` is an error)"
 _CKPT = "relm saves model, optimizer and loop state in every checkpoint"
-_HYDRA = "relm does not compose Hydra configs; write the values out in full"
 _MEGATRON = "Megatron is not supported; relm trains with PyTorch FSDP"
 _SHM = "relm loads models directly, without a shared-memory copy"
 _DYN_LOGPROB = "log-prob forwards use the actor's `use_dynamic_bsz` and `ppo_max_token_len_per_gpu`"
 _ENTROPY_MEM = "relm computes the entropy in one pass"
 _CLIP_COV = "only used by the `clip_cov`/`kl_cov` policy losses, which relm does not implement"
 _ASYNC = "relm generates synchronously, in-process"
+_QAT = "quantization-aware training is not implemented"
+_QUANT = "quantized rollout weights are not implemented; the engine generates in `rollout.dtype`"
+_ROUTER_REPLAY = "MoE router replay is not implemented"
+_MTP = "multi-token prediction (MTP) heads are not implemented"
+_TILED_MLP = "tiled MLP is not implemented; the memory plan turns on gradient checkpointing"
+_IN_PROCESS = "relm's engine runs inside the training processes, one copy per GPU"
+_OPTIM = "relm trains with AdamW (torch's, or its CompactAdamW when the memory plan needs it)"
+_SEED = "relm seeds every shuffle and sample from `seed` (and `data.seed`)"
+_ROLLOUT_N = "relm reads `actor_rollout_ref.rollout.n` directly"
+_REWARD_IN_PROCESS = "relm scores rewards in the training process (no reward workers or reward loop)"
+_SANDBOX = "remote code sandboxes are not supported; score in a custom function"
+_DISTILL = "on-policy distillation is not implemented"
+_TRANSFER_QUEUE = "verl's transfer queue moves data between Ray workers; relm has no workers to feed"
+_SKIP = "rollout dumps and replays for debugging are not implemented"
+_TRAINER_V1 = "relm has one synchronous trainer loop (verl's v1 trainer modes do not apply)"
+_OTHER_ENGINE = "VeOmni and TorchTitan engines are not supported; relm trains with PyTorch FSDP"
+_CRITIC_ENGINE = "verl 0.9's engine copy of the critic's FSDP settings; relm reads `critic.model.fsdp_config`"
 _ROLLOUT_CORRECTION = (
     "importance-sampling and rejection corrections are not implemented; relm acts on `bypass_mode` alone"
 )
 
 ACCEPTED_UNUSED: dict[str, str] = {
     # Hydra's own keys, present in verl's unflattened YAML files.
-    "defaults": _HYDRA,
-    "hydra.*": _HYDRA,
+    "defaults": "`defaults:` lists are composed with `--config-path DIR --config-name NAME`; `--config FILE` reads one file",
+    "hydra.*": "Hydra's own run settings (output folders, job logging); relm does not use them",
     # data
     "data.tokenizer": "relm uses `actor_rollout_ref.model.tokenizer_path` (or the model's tokenizer)",
     "data.use_shm": _SHM,
@@ -157,7 +175,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "reward_model.profiler.*": _RM,
     "reward_model.megatron.*": _MEGATRON,
     "reward_model.launch_reward_fn_async": "relm scores rewards in the training process",
-    "reward_model.sandbox_fusion.*": "remote code sandboxes are not supported; score in a custom function",
+    "reward_model.sandbox_fusion.*": _SANDBOX,
     # algorithm
     "algorithm.use_pf_ppo": "PF-PPO (policy filtration) reweighting is not implemented",
     "algorithm.pf_ppo.*": "PF-PPO (policy filtration) reweighting is not implemented",
@@ -168,7 +186,130 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "trainer.del_local_ckpt_after_load": _HDFS,
     "trainer.ray_wait_register_center_timeout": _RAY,
     "trainer.use_legacy_worker_impl": "relm has one worker implementation",
+    # Added in verl 0.6-0.9 (the leaves of their _generated_ppo_trainer.yaml).
+    "data.audio_key": _MULTIMODAL,
+    "data.image_patch_size": _MULTIMODAL,
+    "data.mm_processor_kwargs": _MULTIMODAL,
+    "data.mm_processor_kwargs.*": _MULTIMODAL,
+    "data.tool_config_path": _MULTI_TURN,
+    "data.function_tool_path": _MULTI_TURN,
+    "data.train_max_samples": "relm trains on every row of `data.train_files`; trim the file to use fewer",
+    "data.val_max_samples": "relm validates on every row of `data.val_files`; trim the file to use fewer",
+    "actor_rollout_ref.profiler.*": _PROFILER,
+    "actor_rollout_ref.model.hf_config_path": "relm reads the model's config from `actor_rollout_ref.model.path`",
+    "actor_rollout_ref.model.lora_adapter_path": _LORA,
+    "actor_rollout_ref.model.lora.*": _LORA,
+    "actor_rollout_ref.model.mtp.*": _MTP,
+    "actor_rollout_ref.model.tiled_mlp.*": _TILED_MLP,
+    "actor_rollout_ref.actor.calculate_entropy": "relm always computes the entropy (`actor/entropy`)",
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": "a diagnostic relm does not compute",
+    "actor_rollout_ref.actor.data_loader_seed": _SEED,
+    "actor_rollout_ref.actor.freeze_vision_tower": _MULTIMODAL,
+    "actor_rollout_ref.actor.loss_scale_factor": "a constant loss divisor is not implemented; `loss_agg_mode` decides",
+    "actor_rollout_ref.actor.entropy_from_logits_chunk_size": _ENTROPY_MEM,
+    "actor_rollout_ref.actor.pad_to_length": "relm packs or pads micro-batches itself",
+    "actor_rollout_ref.actor.rollout_n": _ROLLOUT_N,
+    "actor_rollout_ref.actor.tau_pos": "only used by verl's `sapo` policy loss, which relm does not implement",
+    "actor_rollout_ref.actor.tau_neg": "only used by verl's `sapo` policy loss, which relm does not implement",
+    "actor_rollout_ref.actor.use_prefix_grouper": "shared-prefix forwards are not implemented",
+    "actor_rollout_ref.actor.policy_loss.dro_beta": "only used by verl's `dro` policy loss, which relm does not implement",
+    "actor_rollout_ref.actor.optim.optimizer": _OPTIM,
+    "actor_rollout_ref.actor.optim.optimizer_impl": _OPTIM,
+    "actor_rollout_ref.actor.optim.override_optimizer_config": _OPTIM,
+    "actor_rollout_ref.actor.optim.zero_indexed_step": "relm's learning-rate schedules count steps from 0",
+    "actor_rollout_ref.actor.qat.*": _QAT,
+    "actor_rollout_ref.actor.router_replay.*": _ROUTER_REPLAY,
+    "actor_rollout_ref.ref.entropy_from_logits_chunk_size": _ENTROPY_MEM,
+    "actor_rollout_ref.ref.pad_to_length": "relm packs or pads micro-batches itself",
+    "actor_rollout_ref.ref.rollout_n": _ROLLOUT_N,
+    "actor_rollout_ref.ref.router_replay.*": _ROUTER_REPLAY,
+    "actor_rollout_ref.rollout.data_parallel_size": _IN_PROCESS,
+    "actor_rollout_ref.rollout.expert_parallel_size": _IN_PROCESS,
+    "actor_rollout_ref.rollout.pipeline_model_parallel_size": _IN_PROCESS,
+    "actor_rollout_ref.rollout.n_gpus_per_node": _IN_PROCESS,
+    "actor_rollout_ref.rollout.nnodes": _IN_PROCESS,
+    "actor_rollout_ref.rollout.enable_prefix_caching": _VLLM,
+    "actor_rollout_ref.rollout.scheduling_policy": _VLLM,
+    "actor_rollout_ref.rollout.full_determinism": _VLLM,
+    "actor_rollout_ref.rollout.skip_tokenizer_init": "relm's engines take and return token ids, never text",
+    "actor_rollout_ref.rollout.logprobs_mode": "relm's engines return the logprobs of the distribution they sample from",
+    "actor_rollout_ref.rollout.seed": _SEED,
+    "actor_rollout_ref.rollout.enable_rollout_routing_replay": _ROUTER_REPLAY,
+    "actor_rollout_ref.rollout.router_config_path": _ROUTER_REPLAY,
+    "actor_rollout_ref.rollout.moe_load_balance_metrics_interval": "MoE load-balance metrics are not logged",
+    "actor_rollout_ref.rollout.quantization": _QUANT,
+    "actor_rollout_ref.rollout.quantization_config_file": _QUANT,
+    "actor_rollout_ref.rollout.qat.*": _QAT,
+    "actor_rollout_ref.rollout.mtp": _MTP,
+    "actor_rollout_ref.rollout.mtp.*": _MTP,
+    "actor_rollout_ref.rollout.checkpoint_engine.*": "relm hands weights to its engine in-process",
+    "actor_rollout_ref.rollout.disaggregation.*": "prefill/decode disaggregation is not implemented",
+    "actor_rollout_ref.rollout.prometheus.*": "relm's engines export no Prometheus metrics",
+    "critic.data_loader_seed": _SEED,
+    "critic.loss_scale_factor": "a constant loss divisor is not implemented; `critic.loss_agg_mode` decides",
+    "critic.fsdp.*": _CRITIC_ENGINE,
+    "critic.model.custom_chat_template": "the critic scores the actor's token ids; it applies no chat template",
+    "critic.model.exclude_modules": _LORA,
+    "critic.model.hf_config_path": "relm reads the critic's config from `critic.model.path`",
+    "critic.model.lora_adapter_path": _LORA,
+    "critic.model.lora.*": _LORA,
+    "critic.model.mtp.*": _MTP,
+    "critic.model.tiled_mlp.*": _TILED_MLP,
+    "critic.model.use_fused_kernels": _KERNELS,
+    "critic.model.use_liger": _KERNELS,
+    "critic.model.fused_kernel_options.*": _KERNELS,
+    "critic.optim.optimizer": _OPTIM,
+    "critic.optim.optimizer_impl": _OPTIM,
+    "critic.optim.override_optimizer_config": _OPTIM,
+    "critic.optim.zero_indexed_step": "relm's learning-rate schedules count steps from 0",
+    "algorithm.filter_groups.max_inflight_gen_batches": _ASYNC,
+    "reward_model.use_reward_loop": _REWARD_IN_PROCESS,
+    "reward_model.num_workers": _REWARD_IN_PROCESS,
+    "reward_model.reward_loop_source": _REWARD_IN_PROCESS,
+    "reward_model.reward_loop_module_path": _REWARD_IN_PROCESS,
+    "reward_model.reward_loop_class_name": _REWARD_IN_PROCESS,
+    "reward_model.enable_resource_pool": _RM,
+    "reward_model.n_gpus_per_node": _RM,
+    "reward_model.nnodes": _RM,
+    "reward_model.rollout.*": _RM,
+    "reward.num_workers": _REWARD_IN_PROCESS,
+    "reward.reward_manager.source": _REWARD_IN_PROCESS,
+    "reward.reward_manager.module.*": _REWARD_IN_PROCESS,
+    "reward.reward_model.*": _RM,
+    "reward.sandbox_fusion.*": _SANDBOX,
+    "reward_manager.source": _REWARD_IN_PROCESS,
+    "reward_manager.module.*": _REWARD_IN_PROCESS,
+    "sandbox_fusion.*": _SANDBOX,
+    "distillation.*": _DISTILL,
+    "transfer_queue.*": _TRANSFER_QUEUE,
+    "skip.*": _SKIP,
+    "trainer.checkpoint_callback_class": _CKPT,
+    "trainer.profile_steps": _PROFILER,
+    "trainer.controller_nsight_options.*": _PROFILER,
+    "trainer.worker_nsight_options.*": _PROFILER,
+    "trainer.npu_profile.*": _PROFILER,
+    "trainer.use_v1": _TRAINER_V1,
+    "trainer.v1.*": _TRAINER_V1,
+    # Keys verl's own scripts add with `+` (not in its default config).
+    "actor_rollout_ref.actor.model_engine": "relm trains with PyTorch FSDP (verl's `dp` engine)",
+    "actor_rollout_ref.actor.veomni.*": _OTHER_ENGINE,
+    "actor_rollout_ref.ref.veomni.*": _OTHER_ENGINE,
+    "critic.veomni.*": _OTHER_ENGINE,
+    "actor_rollout_ref.actor.torchtitan.*": _OTHER_ENGINE,
+    "actor_rollout_ref.ref.torchtitan.*": _OTHER_ENGINE,
+    "critic.torchtitan.*": _OTHER_ENGINE,
+    "actor_rollout_ref.actor.policy_loss.tau_pos": "only used by verl's `sapo` policy loss, which relm does not implement",
+    "actor_rollout_ref.actor.policy_loss.tau_neg": "only used by verl's `sapo` policy loss, which relm does not implement",
+    "actor_rollout_ref.actor.optim.override_optimizer_config.*": _OPTIM,
+    "critic.optim.override_optimizer_config.*": _OPTIM,
+    "actor_rollout_ref.rollout.moe_tensor_parallel_size": _IN_PROCESS,
+    "actor_rollout_ref.actor.mindspeed.*": "MindSpeed (Ascend's Megatron) is not supported; relm trains with PyTorch FSDP",
+    "actor_rollout_ref.ref.mindspeed.*": "MindSpeed (Ascend's Megatron) is not supported; relm trains with PyTorch FSDP",
+    "actor_rollout_ref.actor.optim.min_lr": "relm's cosine schedule decays to `optim.min_lr_ratio` x `optim.lr`",
+    "critic.optim.min_lr": "relm's cosine schedule decays to `optim.min_lr_ratio` x `optim.lr`",
+    "algorithm.gdpo_reward_keys": "only used by verl's `gdpo` estimator, which relm does not implement",
     # top level
+    "model_engine": "relm trains with PyTorch FSDP (verl's `dp` engine)",
     "ray_init.*": _RAY,
     "ray_kwargs.*": _RAY,
     "global_profiler.*": _PROFILER,
@@ -187,8 +328,57 @@ UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
     "algorithm.rollout_correction.bypass_old_logprob_for_rollout": (
         "later verl names this `algorithm.rollout_correction.bypass_mode`; set that key"
     ),
+    "actor_rollout_ref.model.lora.rank": "LoRA is not supported yet; set it to 0 (full fine-tuning)",
+    "actor_rollout_ref.model.lora_adapter_path": "LoRA is not supported yet; train the full model",
+    "critic.model.lora.rank": "LoRA is not supported yet; set it to 0 (full fine-tuning)",
+    "critic.model.lora_adapter_path": "LoRA is not supported yet; train the full model",
+    "actor_rollout_ref.actor.qat.enable": "quantization-aware training is not supported yet",
+    "actor_rollout_ref.rollout.qat.enable": "quantization-aware training is not supported yet",
+    "actor_rollout_ref.rollout.quantization": "quantized rollout weights are not supported yet",
+    "actor_rollout_ref.model.mtp.enable": "multi-token prediction (MTP) is not supported yet",
+    "actor_rollout_ref.actor.loss_scale_factor": (
+        "a constant loss divisor is not supported yet; leave it null and pick `loss_agg_mode`"
+    ),
+    "data.tool_config_path": "tool calling (multi-turn rollouts) is not supported yet",
+    "distillation.enabled": "on-policy distillation is not supported yet",
+    "transfer_queue.enable": "verl's transfer queue is not supported; leave it off",
+    "reward.reward_manager.module.path": "custom reward-manager classes are not supported; use a custom function",
+    "reward_manager.module.path": "custom reward-manager classes are not supported; use a custom function",
+    "skip.rollout.enable": "rollout dumps and replays are not supported yet",
+    "skip.async_rollout.enable": "rollout dumps and replays are not supported yet",
+    "skip.rollout_tq.enable": "rollout dumps and replays are not supported yet",
+    "model_engine": "relm trains with PyTorch FSDP only; use verl's `dp` engine (model_engine=dp)",
+    "actor_rollout_ref.actor.optim.min_lr": "an absolute floor is not supported; set `optim.min_lr_ratio` instead",
+    "critic.optim.min_lr": "an absolute floor is not supported; set `optim.min_lr_ratio` instead",
+    "actor_rollout_ref.actor.model_engine": "relm trains with PyTorch FSDP only; use verl's `dp` engine",
+    "data.train_max_samples": "limiting the training rows is not supported yet; trim the parquet file instead",
+    "data.val_max_samples": "limiting the validation rows is not supported yet; trim the parquet file instead",
+    "actor_rollout_ref.actor.optim.optimizer": "relm trains with AdamW only",
+    "critic.optim.optimizer": "relm trains with AdamW only",
+    "actor_rollout_ref.actor.optim.optimizer_impl": "relm trains with torch's AdamW (`torch.optim`) only",
+    "critic.optim.optimizer_impl": "relm trains with torch's AdamW (`torch.optim`) only",
 }
 """Accepted keys whose non-off value would change what is trained: turning them on is an error."""
+
+OFF_VALUES: dict[str, tuple[object, ...]] = {
+    "model_engine": (None, "dp", "fsdp"),
+    "actor_rollout_ref.actor.model_engine": (None, "dp", "fsdp"),
+    "data.train_max_samples": (None, -1),
+    "data.val_max_samples": (None, -1),
+    "actor_rollout_ref.actor.optim.optimizer": (None, "AdamW", "adamw"),
+    "critic.optim.optimizer": (None, "AdamW", "adamw"),
+    "actor_rollout_ref.actor.optim.optimizer_impl": (None, "torch.optim"),
+    "critic.optim.optimizer_impl": (None, "torch.optim"),
+}
+"""Values meaning "as relm does" for keys of `UNSUPPORTED_WHEN_ENABLED` where that is not verl's usual off
+value (`null`, `false`, `0`, `""`)."""
+_USUAL_OFF: tuple[object, ...] = (None, False, 0, "")
+
+
+def is_off(key: str, value: object) -> bool:
+    """Whether an accepted key's value leaves relm's behaviour as it is (see `UNSUPPORTED_WHEN_ENABLED`)."""
+    return value in OFF_VALUES.get(key, _USUAL_OFF)
+
 
 HYDRA_TARGET_KEY = "_target_"
 """Hydra's class pointer, present in every section of verl 0.5's flattened config; skipped silently."""

@@ -171,6 +171,10 @@ def load_config(
             config.rope_parameters = {**config.rope_parameters, "rope_theta": value}
         elif hasattr(config, key) or key in config.to_dict():
             setattr(config, key, value)
+        elif ("dropout" in key or key.endswith("pdrop")) and not value:
+            # verl's DAPO scripts zero every family's dropout names (embd_pdrop, resid_pdrop, ...); relm
+            # has zeroed this model's already, so a name it lacks asks for nothing.
+            continue
         else:
             raise UserError(
                 f"override_config key `{key}` is not an attribute of the {config.model_type} config of "

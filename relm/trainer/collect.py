@@ -63,6 +63,8 @@ def generate_and_score(
     scored = _score(c, batch)
     extras = {name: torch.tensor(values, dtype=torch.float32) for name, values in scored.extra.items()}
     token_scores = scored.token_scores
+    if "acc" not in extras:  # as verl's naive and DAPO managers do, a plain float score is also `acc`
+        extras["acc"] = token_scores.sum(-1)
     overlong = c.cfg.reward_model.overlong_buffer
     if overlong.enable:
         penalty = overlong_penalty(

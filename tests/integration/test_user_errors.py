@@ -238,7 +238,7 @@ def unknown_kl_estimator(ctx: Ctx) -> CaseInput:
 
 def unknown_engine(ctx: Ctx) -> CaseInput:
     key = "actor_rollout_ref.rollout.name"
-    return [f"{key}=sglang"], [key, "sglang", "native"]
+    return [f"{key}=tgi"], [key, "tgi", "native"]
 
 
 def override_without_value(ctx: Ctx) -> CaseInput:

@@ -1,0 +1,315 @@
+"""Run verl's example scripts through relm: each `main_ppo` (or DAPO `main_dapo`) command line, with only its
+data and model paths and its sizes changed, for one step on CPU.
+
+    python bench/verl_scripts.py --verl-dir DIR [--only SUBSTRING ...] [--jsonl OUT] [--markdown]
+
+`DIR` holds verl's `examples/` (and `recipe/dapo/`), e.g. from a checkout of verl's release branch and
+its `recipe` submodule (verl-project/verl-recipe). Each script runs under bash with `python`, `python3`,
+`ray` and the usual GPU-side commands replaced by a stub that records the command line instead of running
+it, so the shell expands the script's own variables. The recorded overrides are then rewritten: data
+files become relm's built-in task, model paths `zoo:tiny/qwen2`, batch sizes and lengths tiny, one step,
+no validation or checkpoints, one process. Everything else (estimator, losses, loggers, engine names, the
+keys relm does not have) stays as the script wrote it. Each is run as `python -m relm.trainer.main_ppo`
+with the verl folder as the working folder (so relative `--config-path`s resolve), and recorded as
+
+- `ran`: exit 0 with one step in metrics.jsonl;
+- `stopped`: exit 2 with one `error:` line (a feature relm does not have, named in the line);
+- `failed`: anything else (a traceback, a timeout, no step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ENTRY_MODULES = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo")
+STUBBED_COMMANDS = (
+    "python", "python3", "ray", "nvidia-smi", "huggingface-cli", "hf", "wget", "curl", "pip", "pip3", "git",
+    "sleep", "torchrun", "npu-smi", "ifconfig", "hostname",
+)  # fmt: skip
+TINY_MODEL = "zoo:tiny/qwen2"
+PROMPT_LEN, RESPONSE_LEN, BATCH, MINI_BATCH, MICRO_BATCH, MAX_TOKENS = 32, 16, 4, 2, 2, 256
+
+_STUB = """#!/bin/bash
+for arg in "$@"; do
+  case "$arg" in
+    *main_ppo*|*main_dapo*) printf '%s\\0' "$@" > "$RELM_CAPTURE/$(date +%s%N).args"; exit 0;;
+  esac
+done
+exit 0
+"""
+
+
+@dataclasses.dataclass
+class ScriptRun:
+    """One command line of one script and what relm made of it."""
+
+    script: str
+    index: int
+    result: str = "failed"
+    """`ran`, `stopped` or `failed`."""
+    detail: str = ""
+    """The `error:` line, or the last lines of output for a failure."""
+    argv: list[str] = dataclasses.field(default_factory=list)
+
+
+def find_scripts(verl_dir: Path) -> list[Path]:
+    """Shell scripts under examples/ and recipe/dapo/ that start one of the entry modules."""
+    found = []
+    for root in ("examples", "recipe/dapo", "recipe/gspo"):
+        for path in sorted((verl_dir / root).rglob("*.sh")):
+            text = path.read_text(errors="replace")
+            if any(module in text for module in ENTRY_MODULES):
+                found.append(path)
+    return found
+
+
+def capture_command_lines(script: Path, verl_dir: Path, work: Path) -> list[list[str]]:
+    """Run the script with stubs on PATH; the argv of each entry-module command it would have started."""
+    stubs, capture, home = work / "stubs", work / "capture", work / "home"
+    for folder in (stubs, capture, home):
+        folder.mkdir(parents=True, exist_ok=True)
+    for name in STUBBED_COMMANDS:
+        stub = stubs / name
+        stub.write_text(_STUB)
+        stub.chmod(0o755)
+    # `set -e`/`-u` would stop a script at its first unset variable (a user's WANDB key, a data folder).
+    body = re.sub(r"^\s*set -[a-zA-Z]+.*$", "true", script.read_text(errors="replace"), flags=re.MULTILINE)
+    copy = work / script.name
+    copy.write_text(body)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(home), "RELM_CAPTURE": str(capture)}
+    with contextlib.suppress(subprocess.TimeoutExpired):  # whatever it recorded until then counts
+        subprocess.run(
+            ["bash", str(copy)], cwd=verl_dir, env=env, timeout=30, capture_output=True, check=False
+        )
+    lines = []
+    for record in sorted(capture.glob("*.args")):
+        args = record.read_bytes().decode(errors="replace").split("\0")[:-1]
+        record.unlink()
+        for position, arg in enumerate(args):
+            if arg == "-m" and position + 1 < len(args) and args[position + 1] in ENTRY_MODULES:
+                lines.append(args[position + 1 :])
+                break
+    return lines
+
+
+def _key(arg: str) -> str:
+    return arg.partition("=")[0].lstrip("+~")
+
+
+def rewrite(module_and_args: list[str], verl_dir: Path, data: tuple[Path, Path], run_dir: Path) -> list[str]:
+    """The overrides with paths and sizes replaced, plus what one step on CPU needs."""
+    module, *args = module_and_args
+    out: list[str] = []
+    skip_next = False
+    for position, arg in enumerate(args):
+        if skip_next:
+            skip_next = False
+            continue
+        if arg in ("--config-path", "-cp") and position + 1 < len(args):
+            out += [arg, _config_path(args[position + 1], module, verl_dir)]
+            skip_next = True
+            continue
+        if arg.startswith(("--config-path=", "-cp=")):
+            flag, _, value = arg.partition("=")
+            out.append(f"{flag}={_config_path(value, module, verl_dir)}")
+            continue
+        if arg.startswith("-") or "=" not in arg:
+            out.append(arg)
+            continue
+        replaced = _replace(arg, data)
+        if replaced is not None:
+            out.append(replaced)
+        # None: dropped (a size relm derives, or a path relm has no use for)
+    forced = {
+        "trainer.total_training_steps": "1",
+        "trainer.total_epochs": "1",
+        "trainer.val_before_train": "False",
+        "trainer.test_freq": "-1",
+        "trainer.save_freq": "-1",
+        "trainer.n_gpus_per_node": "1",
+        "trainer.nnodes": "1",
+        "trainer.resume_mode": "disable",
+        "trainer.default_local_dir": str(run_dir),
+        "data.train_files": str(data[0]),
+        "data.val_files": str(data[1]),
+        "data.train_batch_size": str(BATCH),
+        "data.max_prompt_length": str(PROMPT_LEN),
+        "data.max_response_length": str(RESPONSE_LEN),
+        "actor_rollout_ref.model.path": TINY_MODEL,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": str(MINI_BATCH),
+    }
+    # Appended after the script's own values, so they win (a later override replaces an earlier one).
+    return out + [f"{key}={value}" for key, value in forced.items()]
+
+
+def _config_path(value: str, module: str, verl_dir: Path) -> str:
+    """Hydra resolves a relative `--config-path` against the entry module's folder; relm against the cwd."""
+    if Path(value).is_absolute() or (verl_dir / value).is_dir():
+        return value
+    module_dir = verl_dir / Path(*module.split(".")[:-1])
+    return str(module_dir / value) if (module_dir / value).is_dir() else value
+
+
+def _replace(arg: str, data: tuple[Path, Path]) -> str | None:
+    raw_key, _, value = arg.partition("=")
+    key = raw_key.lstrip("+")
+    leaf = key.rsplit(".", 1)[-1]
+    if key == "data.train_files":
+        return f"{raw_key}={data[0]}"
+    if key == "data.val_files":
+        return f"{raw_key}={data[1]}"
+    if key in ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path"):
+        return f"{raw_key}={TINY_MODEL}"
+    if key in ("critic.model.tokenizer_path", "actor_rollout_ref.model.tokenizer_path", "data.tokenizer"):
+        return None
+    if key in ("data.train_batch_size", "data.val_batch_size", "data.gen_batch_size"):
+        return f"{raw_key}={BATCH}"
+    if key == "data.max_prompt_length":
+        return f"{raw_key}={PROMPT_LEN}"
+    if key in (
+        "data.max_response_length",
+        "reward_model.reward_kwargs.max_resp_len",
+        "reward.reward_kwargs.max_resp_len",
+    ):
+        return f"{raw_key}={RESPONSE_LEN}"
+    if key.endswith("overlong_buffer_cfg.len") or key == "reward_model.overlong_buffer.len":
+        return f"{raw_key}={RESPONSE_LEN // 4}"
+    if leaf == "ppo_mini_batch_size":
+        return f"{raw_key}={MINI_BATCH}"
+    if "micro_batch_size" in leaf:
+        return f"{raw_key}={MICRO_BATCH}"
+    if leaf == "fsdp_size":
+        return f"{raw_key}=-1"  # one process: shard over all of it
+    if "max_token_len" in leaf:
+        return f"{raw_key}={MAX_TOKENS}"
+    if key == "actor_rollout_ref.rollout.n":
+        return f"{raw_key}={min(int(value), 2)}" if value.isdigit() else arg
+    if key in (
+        "actor_rollout_ref.rollout.max_num_batched_tokens",
+        "actor_rollout_ref.rollout.max_model_len",
+        "actor_rollout_ref.rollout.prompt_length",
+        "actor_rollout_ref.rollout.response_length",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
+        "actor_rollout_ref.rollout.max_num_seqs",
+    ):
+        return None
+    return arg
+
+
+def run_one(argv: list[str], verl_dir: Path, run_dir: Path, timeout_s: int) -> tuple[str, str]:
+    """(result, detail) of `python -m relm.trainer.main_ppo argv` in `verl_dir`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RELM_DEBUG": ""}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "relm.trainer.main_ppo", *argv],
+            cwd=verl_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "failed", f"timed out after {timeout_s} s"
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    metrics = run_dir / "metrics.jsonl"
+    if proc.returncode == 0 and metrics.is_file() and metrics.read_text().strip():
+        return "ran", ""
+    if proc.returncode == 2 and len(errors) == 1:
+        return "stopped", errors[0]
+    tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+    return "failed", f"exit {proc.returncode}: {tail}"
+
+
+def check_config(argv: list[str], verl_dir: Path) -> tuple[str, str]:
+    """(result, detail) of loading and validating the config alone, in this process: `ran` means it got
+    as far as the run itself. Seconds instead of a minute per command line, for a first pass over all."""
+    from relm.config.loader import load_config_with_warnings
+    from relm.config.validate import validate_config
+    from relm.errors import UserError
+
+    cwd = Path.cwd()
+    os.chdir(verl_dir)
+    try:
+        cfg, _ = load_config_with_warnings(argv)
+        validate_config(cfg)
+    except UserError as err:
+        return "stopped", f"error: {err}"
+    except Exception as err:  # a bug in relm: the table must show it, not stop the pass
+        return "failed", f"{type(err).__name__}: {err}"
+    finally:
+        os.chdir(cwd)
+    return "ran", "(config only)"
+
+
+def run_scripts(
+    verl_dir: Path,
+    only: list[str] | None = None,
+    timeout_s: int = 600,
+    work: Path | None = None,
+    config_only: bool = False,
+) -> list[ScriptRun]:
+    """Every command line of every script (those whose path contains one of `only`, when given)."""
+    from relm.data.demo_task import write_demo_parquet
+
+    work = work or Path(tempfile.mkdtemp(prefix="relm-verl-scripts-"))
+    data = write_demo_parquet(work / "data", num_train=64, num_val=8)
+    runs = []
+    for script in find_scripts(verl_dir):
+        name = str(script.relative_to(verl_dir))
+        if only and not any(part in name for part in only):
+            continue
+        for index, command in enumerate(capture_command_lines(script, verl_dir, work / "capture")):
+            run_dir = work / "runs" / f"{len(runs)}"
+            argv = rewrite(command, verl_dir, data, run_dir)
+            # The config alone first (in-process, a fraction of a second): most stops happen there.
+            result, detail = check_config(argv, verl_dir)
+            if result == "ran" and not config_only:
+                result, detail = run_one(argv, verl_dir, run_dir, timeout_s)
+            runs.append(ScriptRun(name, index, result, detail, argv))
+            print(f"{result:8} {name}#{index} {detail}", flush=True)
+    return runs
+
+
+def markdown(runs: list[ScriptRun]) -> str:
+    """The table docs/configuration.md shows: script, result, the line it stopped with."""
+    lines = ["| Script | Result | Line |", "| --- | --- | --- |"]
+    for run in runs:
+        suffix = f" #{run.index + 1}" if run.index else ""
+        detail = run.detail.replace("|", "\\|")
+        lines.append(f"| `{run.script}`{suffix} | {run.result} | {detail} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--verl-dir", type=Path, required=True)
+    parser.add_argument("--only", nargs="*", help="run scripts whose path contains one of these")
+    parser.add_argument("--jsonl", type=Path, help="write one JSON record per command line here")
+    parser.add_argument("--markdown", action="store_true", help="print the table for docs/configuration.md")
+    parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument(
+        "--config-only", action="store_true", help="load and validate each config, do not train"
+    )
+    args = parser.parse_args()
+    runs = run_scripts(args.verl_dir.resolve(), args.only, args.timeout, config_only=args.config_only)
+    if args.jsonl:
+        args.jsonl.write_text("".join(json.dumps(dataclasses.asdict(run)) + "\n" for run in runs))
+    if args.markdown:
+        print(markdown(runs))
+    counts = {result: sum(run.result == result for run in runs) for result in ("ran", "stopped", "failed")}
+    print(f"{len(runs)} command lines: {counts}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Hydra's `--config-path DIR --config-name NAME`: a verl-style YAML composed by Hydra itself.
+
+A verl config file names others in a `defaults:` list (`- ppo_trainer`, `- actor@actor_rollout_ref.actor:
+dp_actor`, `- _self_`) and refers to values with `${...}`. Hydra's compose API builds the tree exactly as
+verl's `@hydra.main` would; relm then layers it like a `--config` file, so the schema still decides which
+keys exist. A `defaults:` entry `ppo_trainer` that the folder does not hold resolves to relm's own
+defaults (which are verl's for every key relm reads), so a recipe's `dapo_trainer.yaml` composes without
+a verl checkout. Interpolations stay unresolved here and resolve against the final config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from relm.config.schema import RelmConfig
+from relm.errors import UserError
+
+VERL_DEFAULT_NAMES = ("ppo_trainer", "_generated_ppo_trainer")
+"""verl's default PPO config: relm's own defaults stand for it."""
+MEGATRON_NAMES = ("ppo_megatron_trainer", "_generated_ppo_megatron_trainer")
+
+
+def compose_config(config_path: str | None, config_name: str) -> tuple[DictConfig | None, list[str]]:
+    """The composed tree of `config_name` in `config_path` (None: relm's defaults), and warnings.
+
+    Raises:
+        UserError: a Megatron config, a folder or file that is not there, or a file Hydra cannot compose.
+    """
+    name = config_name.removesuffix(".yaml")
+    shown = f"--config-name {config_name}" if config_path is None else f"{config_path}/{name}.yaml"
+    if name in MEGATRON_NAMES or "megatron" in name:  # also recipes' own, e.g. dapo_megatron_trainer
+        raise UserError(
+            f"`{shown}`: Megatron is not supported; relm trains with PyTorch FSDP (verl's ppo_trainer)"
+        )
+    directory = Path(config_path).expanduser() if config_path else None
+    if directory is None or not (directory / f"{name}.yaml").is_file():
+        if name in VERL_DEFAULT_NAMES:
+            # verl's scripts pass `--config-path=config`, verl's own package folder, which relm does not ship.
+            return None, [
+                f"`{shown}`: verl's default PPO config; relm's defaults (verl's, for every key relm reads) apply"
+            ]
+        where = "the folder is not there" if directory is None or not directory.is_dir() else "no such file"
+        raise UserError(f"`{shown}`: {where}; `--config-path` is relative to the current folder")
+    stored = _store_relm_defaults(directory)
+    GlobalHydra.instance().clear()
+    try:
+        with (
+            warnings.catch_warnings(),
+            initialize_config_dir(config_dir=str(directory.resolve()), version_base=None),
+        ):
+            # verl's recipes add `file://verl/trainer/config` (a verl checkout) to the search path; without
+            # one, relm's defaults stand in for what it would hold, so its absence is no news.
+            warnings.filterwarnings("ignore", message=r"provider=hydra\.searchpath .* is not available")
+            composed = compose(config_name=name)
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        first = " ".join(str(err).strip().splitlines()[0].split()) if str(err).strip() else type(err).__name__
+        raise UserError(f"`{shown}`: Hydra cannot compose it ({first})") from err
+    finally:
+        GlobalHydra.instance().clear()
+        for entry in stored:
+            ConfigStore.instance().repo.pop(entry, None)
+    OmegaConf.set_struct(composed, False)
+    return composed, []
+
+
+def _store_relm_defaults(directory: Path) -> list[str]:
+    """Offer relm's defaults to `defaults:` lists under verl's names the folder does not hold.
+
+    Only those: Hydra would otherwise treat a stored config as the schema of a file of the same name.
+    Returns the store entries made, for removal after composing.
+    """
+    node = OmegaConf.create(dataclasses.asdict(RelmConfig()))
+    stored = []
+    for name in VERL_DEFAULT_NAMES:
+        if not (directory / f"{name}.yaml").is_file():
+            ConfigStore.instance().store(name=name, node=node)
+            stored.append(f"{name}.yaml")
+    return stored

@@ -1,0 +1,43 @@
+"""verl's own example scripts, with only their data and model paths and their sizes changed, train one step
+on CPU or stop with one line naming the feature relm lacks (a sample; `bench/verl_scripts.py` runs all)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SAMPLE = Path(__file__).with_name("verl_scripts")
+HARNESS = Path(__file__).resolve().parents[2] / "bench" / "verl_scripts.py"
+
+pytestmark = pytest.mark.integration
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("verl_scripts", HARNESS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["verl_scripts"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sample_of_verl_scripts_runs_or_stops_naming_the_missing_feature(tmp_path: Path):
+    runs = {run.script: run for run in _harness().run_scripts(SAMPLE, timeout_s=300, work=tmp_path)}
+
+    assert sorted(runs) == sorted(str(p.relative_to(SAMPLE)) for p in SAMPLE.rglob("*.sh"))
+    for script in (
+        "examples/grpo_trainer/run_qwen3_8b_fsdp.sh",
+        "examples/gspo_trainer/run_qwen3_8b_fsdp.sh",
+        "recipe/dapo/test_dapo_7b_math.sh",  # reward_kwargs.overlong_buffer_cfg, filter_groups on `acc`
+    ):
+        assert (runs[script].result, runs[script].detail) == ("ran", ""), script
+        # Written as the script wrote them: vLLM, a wandb logger, verl-only keys; only paths and sizes changed.
+        engines = {f"actor_rollout_ref.rollout.name={name}" for name in ("vllm", "sglang")}
+        assert engines & set(runs[script].argv), script
+    megatron = runs["examples/ppo_trainer/run_qwen3_8b_megatron.sh"]
+    assert megatron.result == "stopped" and "megatron" in megatron.detail.lower()
+    lora = runs["examples/tuning/lora/run_qwen3_8b_fsdp.sh"]
+    assert lora.result == "stopped" and "LoRA is not supported" in lora.detail
