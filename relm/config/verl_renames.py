@@ -24,6 +24,8 @@ from relm.errors import UserError
 
 _OVERLONG = ("enable", "len", "penalty_factor", "log")
 _KWARGS_SECTIONS = ("reward_model.reward_kwargs", "reward.reward_kwargs")
+RENAMED_SECTIONS = _KWARGS_SECTIONS
+"""verl sections whose keys are read into relm's own when the config loads (not schema keys)."""
 
 RENAMED: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor_rollout_ref.actor.optim.warmup_style"),

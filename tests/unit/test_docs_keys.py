@@ -11,7 +11,7 @@ import fnmatch
 import re
 from pathlib import Path
 
-from relm.config import verl_keys
+from relm.config import verl_keys, verl_renames
 from relm.config.lookup import section_keys
 from relm.config.schema import RelmConfig
 
@@ -38,6 +38,10 @@ def exists(key: str, schema_keys: list[str]) -> bool:
     sections = {k.rsplit(".", i)[0] for k in schema_keys for i in range(1, k.count(".") + 1)}
     if key in verl_keys.ACCEPTED_UNUSED or key in verl_keys.UNSUPPORTED_WHEN_ENABLED:
         return True
+    if any(key == section or key.startswith(section + ".") for section in verl_renames.RENAMED_SECTIONS):
+        return True  # verl's spelling, folded into relm's keys when the config loads
+    if any(key.startswith(k + ".") for k in schema_keys):
+        return True  # an entry of a dict-valued key (`data.apply_chat_template_kwargs.date_string`)
     if "*" in key:
         pattern = key.replace(".*", ".?*") if not key.startswith("*") else key
         return any(fnmatch.fnmatchcase(k, pattern) for k in [*schema_keys, *sections])

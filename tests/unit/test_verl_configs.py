@@ -109,7 +109,7 @@ def test_hydra_override_forms(tmp_path: Path):
     )
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length, cfg.data.shuffle) == (100, 50, True)
     assert cfg.trainer.logger == ["console", "jsonl"] and cfg.trainer.experiment_name == "run-100"
-    assert cfg.data.train_files == ["~/data/x.parquet"]
+    assert cfg.data.train_files == [str(Path("~/data/x.parquet").expanduser())]  # kept a path, then expanded
 
 
 def test_config_path_composes_a_defaults_list_over_relms_defaults(tmp_path: Path):
