@@ -1,0 +1,170 @@
+"""LoRA adapters on a trained model, through transformers' PEFT integration.
+
+`add_lora` injects PEFT's LoRA layers into the model in place (`PreTrainedModel.add_adapter`), so the
+module keeps its class and its forward: the trainer's packed forward, the engines and the memory plan
+see the same model with a few small trainable matrices and a frozen base. Three things follow from
+keeping the base frozen, and each lives here:
+
+- the reference policy is the same module with its adapters switched off (`adapters_disabled`), so a
+  LoRA run holds no second copy of the base;
+- an engine with its own copy of the weights (bf16 on a GPU) is built without adapter layers
+  (`without_adapters`) and receives, at each sync, only the weights LoRA changes, merged:
+  `W + scaling * B @ A` (`merged_weights`);
+- that sync is checked (`check_synced`): the failure users of other frameworks meet most is an adapter
+  that never reaches the engine, which then keeps sampling the initial policy while training "runs".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+ADAPTER = "default"
+"""PEFT's adapter name; relm trains one adapter per model."""
+
+
+class AdapterNotSynced(RuntimeError):
+    """The engine's weights did not take the adapter after a sync."""
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """verl's LoRA keys of one model (`actor_rollout_ref.model.*` or `critic.model.*`)."""
+
+    rank: int
+    """`lora_rank`: 0 trains every weight (no LoRA)."""
+    alpha: float
+    """`lora_alpha`: the update is scaled by alpha / rank."""
+    target_modules: str | list[str] = "all-linear"
+    """Which Linear layers get adapters: `all-linear` (every one but the output head) or names."""
+    exclude_modules: str | list[str] | None = None
+    """Names (or a regex) of layers kept without adapters."""
+    adapter_path: str | None = None
+    """A saved PEFT adapter folder to start from instead of a fresh adapter."""
+
+
+def add_lora(model: nn.Module, settings: LoraSettings) -> int:
+    """Freeze `model` and give its target layers trainable LoRA adapters (or load saved ones).
+
+    `model` is a transformers `PreTrainedModel` (for the critic: its backbone, whose value head stays
+    fully trained). Fresh adapters start with B = 0, so the model computes exactly what it did.
+
+    Returns:
+        The number of trainable adapter parameters.
+    """
+    from peft import LoraConfig  # peft is needed only when LoRA is on
+
+    if settings.adapter_path:
+        model.load_adapter(settings.adapter_path, adapter_name=ADAPTER, is_trainable=True)
+    else:
+        target = settings.target_modules
+        model.add_adapter(
+            LoraConfig(
+                r=settings.rank,
+                lora_alpha=settings.alpha,
+                target_modules=target if isinstance(target, str) else list(target),
+                exclude_modules=settings.exclude_modules,
+                lora_dropout=0.0,
+            ),
+            adapter_name=ADAPTER,
+        )
+    for name, param in model.named_parameters():
+        param.requires_grad_(".lora_" in name)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def has_lora(model: nn.Module) -> bool:
+    """Whether `model` holds LoRA layers."""
+    return next(lora_layers(model), None) is not None
+
+
+def lora_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """(name of the adapted layer, the PEFT LoRA layer) for each adapted layer, in module order."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            yield name, module
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """The frozen base model, for the reference policy's forward: adapters off inside the block."""
+    layers = [layer for _, layer in lora_layers(model)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+@torch.no_grad()
+def merged_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(name, W + scaling * B @ A)` of each adapted layer, under the name the plain model uses.
+
+    These are the only weights LoRA changes, so they are all an engine with its own copy needs. The sum
+    is formed in fp32 (the base may be bf16) and handed over for the engine to cast.
+    """
+    for name, layer in lora_layers(model):
+        base = layer.get_base_layer().weight
+        delta = layer.get_delta_weight(ADAPTER)
+        yield f"{name}.weight", base.float() + delta.float()
+
+
+def without_adapters(model: nn.Module) -> nn.Module:
+    """A copy of `model` with every adapter merged into its layer and the adapter layers removed.
+
+    The engine's own copy (bf16 on a GPU) is built from this: a plain transformers model the native
+    engine's fused projections and kernels handle as any other, with parameter names `merged_weights`
+    refreshes.
+    """
+    plain = copy.deepcopy(model)
+    for name, layer in list(lora_layers(plain)):
+        base = layer.get_base_layer()
+        with torch.no_grad():
+            base.weight.copy_(
+                (base.weight.float() + layer.get_delta_weight(ADAPTER).float()).to(base.weight.dtype)
+            )
+        parent_name, _, child = name.rpartition(".")
+        setattr(plain.get_submodule(parent_name) if parent_name else plain, child, base)
+    # transformers remembers that adapters were added; the copy has none left.
+    if hasattr(plain, "_hf_peft_config_loaded"):
+        plain._hf_peft_config_loaded = False
+    if hasattr(plain, "peft_config"):
+        del plain.peft_config
+    return plain
+
+
+def probe_name(model: nn.Module) -> str | None:
+    """The weight `check_synced` reads back: the last adapted layer's (the one furthest from the input,
+    so a sync that stops part-way is caught too)."""
+    last = None
+    for name, _ in lora_layers(model):
+        last = name
+    return None if last is None else f"{last}.weight"
+
+
+@torch.no_grad()
+def check_synced(model: nn.Module, engine_model: nn.Module, name: str) -> None:
+    """Raise `AdapterNotSynced` unless the engine's copy of `name` equals the merged weight.
+
+    The engine holds the merged weight cast to its own dtype (`sync_weights` copies into it), so after a
+    good sync the two are equal bit for bit; any other value means the adapter did not arrive.
+    """
+    layer_name = name.removesuffix(".weight")
+    layer = model.get_submodule(layer_name)
+    expected = layer.get_base_layer().weight.float() + layer.get_delta_weight(ADAPTER).float()
+    held = engine_model.get_parameter(name)
+    if not torch.equal(held, expected.to(device=held.device, dtype=held.dtype)):
+        diff = (held.float() - expected.to(held.device)).abs().max().item()
+        raise AdapterNotSynced(
+            f"the rollout engine's `{name}` is not the actor's merged LoRA weight after the weight sync "
+            f"(max difference {diff:.3g}): the engine would keep sampling the old policy"
+        )
