@@ -11,6 +11,7 @@ Batch sizes follow verl: `data.train_batch_size` and `ppo_mini_batch_size` count
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
@@ -130,6 +131,7 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
     _check_batches(cfg)
     _check_fsdp_sizes(cfg)
     _check_features(cfg)
+    _check_lora(cfg)
     data = cfg.data
     total = data.max_prompt_length + data.max_response_length
     if max_position_embeddings is not None and total > max_position_embeddings:
@@ -138,6 +140,37 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
             f"{data.max_response_length}` = {total} exceeds the model's max_position_embeddings="
             f"{max_position_embeddings}; shorten one of them"
         )
+
+
+def _check_lora(cfg: RelmConfig) -> None:
+    """LoRA's keys, and the parts of relm LoRA does not reach yet (docs/lora.md)."""
+    trainer = cfg.trainer
+    for key, model in (
+        ("actor_rollout_ref.model", cfg.actor_rollout_ref.model),
+        ("critic.model", cfg.critic.model),
+    ):
+        if model.lora_rank < 0:
+            raise UserError(f"`{key}.lora_rank={model.lora_rank}` must be >= 0 (0 trains every weight)")
+        if model.lora_adapter_path and not model.lora_rank:
+            raise UserError(
+                f"`{key}.lora_adapter_path` is set but `{key}.lora_rank=0`: set lora_rank to the adapter's rank"
+            )
+        if not model.lora_rank:
+            continue
+        if model.lora_alpha <= 0:
+            raise UserError(f"`{key}.lora_alpha={model.lora_alpha}` must be > 0")
+        if trainer.n_gpus_per_node * trainer.nnodes > 1:
+            raise UserError(
+                f"`{key}.lora_rank={model.lora_rank}` runs on one GPU for now; set trainer.n_gpus_per_node=1 "
+                "and trainer.nnodes=1, or train the full model (lora_rank=0)"
+            )
+        if key.startswith("actor") and cfg.actor_rollout_ref.rollout.name == "vllm":
+            raise UserError(
+                f"`{key}.lora_rank={model.lora_rank}` with `actor_rollout_ref.rollout.name=vllm` is not supported "
+                "yet; use rollout.name=native (the default) or hf"
+            )
+        if importlib.util.find_spec("peft") is None:
+            raise UserError(f"`{key}.lora_rank={model.lora_rank}` needs peft: pip install 'relm[lora]'")
 
 
 def _check_choices(cfg: RelmConfig) -> None:

@@ -20,12 +20,18 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from relm.errors import UserError
+
 ADAPTER = "default"
 """PEFT's adapter name; relm trains one adapter per model."""
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 class AdapterNotSynced(RuntimeError):
@@ -46,6 +52,20 @@ class LoraSettings:
     """Names (or a regex) of layers kept without adapters."""
     adapter_path: str | None = None
     """A saved PEFT adapter folder to start from instead of a fresh adapter."""
+
+
+def lora_settings(model_cfg: Any) -> LoraSettings | None:
+    """A model section's LoRA keys (`actor_rollout_ref.model` or `critic.model`), or None at rank 0."""
+    if not model_cfg.lora_rank:
+        return None
+    target, exclude = model_cfg.target_modules, model_cfg.exclude_modules
+    return LoraSettings(
+        rank=int(model_cfg.lora_rank),
+        alpha=float(model_cfg.lora_alpha),
+        target_modules=target if isinstance(target, str) else list(target),
+        exclude_modules=exclude if exclude is None or isinstance(exclude, str) else list(exclude),
+        adapter_path=model_cfg.lora_adapter_path,
+    )
 
 
 def add_lora(model: nn.Module, settings: LoraSettings) -> int:
@@ -168,3 +188,34 @@ def check_synced(model: nn.Module, engine_model: nn.Module, name: str) -> None:
             f"the rollout engine's `{name}` is not the actor's merged LoRA weight after the weight sync "
             f"(max difference {diff:.3g}): the engine would keep sampling the old policy"
         )
+
+
+def load_adapter_weights(model: nn.Module, folder: str | Path) -> None:
+    """Load a saved adapter (`adapter_model.safetensors`, PEFT's names) into `model`'s existing adapters.
+
+    Raises:
+        UserError: the folder's adapter does not fit the model's (other rank, targets or model).
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
+    own = {name for name, _ in model.named_parameters() if ".lora_" in name}
+    try:
+        result = set_peft_model_state_dict(model, tensors, adapter_name=ADAPTER)
+    except RuntimeError as exc:  # a shape mismatch: another rank or model
+        raise UserError(
+            f"`{folder}`: its LoRA adapter does not fit this model ({' '.join(str(exc).split())[:200]}); "
+            "use the lora_rank and target_modules it was trained with, or set trainer.resume_mode=disable"
+        ) from exc
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected or len(tensors) != len(own):
+        raise UserError(
+            f"`{folder}`: its LoRA adapter has {len(tensors)} tensors, this model's {len(own)} "
+            f"(first unexpected: {unexpected[:1]}); use the lora_rank and target_modules it was trained with"
+        )
+
+
+def is_adapter_folder(folder: str | Path) -> bool:
+    """A PEFT adapter folder (what a LoRA run's checkpoint and `relm export` write for the model)."""
+    return (Path(folder) / ADAPTER_CONFIG).is_file()

@@ -42,6 +42,7 @@ from relm.distributed.checkpoint import (
     save_sharded,
 )
 from relm.errors import UserError
+from relm.learner.lora import has_lora, is_adapter_folder, load_adapter_weights
 from relm.learner.trainee import Trainee
 from relm.trainer.durable import fsync_dir, fsync_tree, write_atomic_text
 
@@ -275,8 +276,24 @@ def _load_trainee(c: RunComponents, trainee: Trainee, folder: Path, state: dict[
     head_file = folder / "value_head.safetensors"
     has_head = hasattr(model, "value_head")
     head = load_file(str(head_file)) if has_head else {}
-    if sharded is None:
-        _load_module_weights(model.backbone if has_head else model, folder, what)
+    body = model.backbone if has_head else model
+    if sharded is None and has_lora(body):
+        # A LoRA run saves only its adapters (a PEFT folder): the frozen base comes from model.path.
+        if not is_adapter_folder(folder):
+            raise UserError(
+                f"checkpoint `{folder}` holds full {what} weights but this run trains LoRA adapters; resume it "
+                "with lora_rank=0, or set trainer.resume_mode=disable"
+            )
+        load_adapter_weights(body, folder)
+        if has_head:
+            model.value_head.load_state_dict(head)
+    elif sharded is None:
+        if is_adapter_folder(folder):
+            raise UserError(
+                f"checkpoint `{folder}` holds LoRA adapters, not full {what} weights; resume it with the "
+                "lora_rank it was trained with, or set trainer.resume_mode=disable"
+            )
+        _load_module_weights(body, folder, what)
         if has_head:
             model.value_head.load_state_dict(head)
     else:
@@ -317,7 +334,8 @@ def load_checkpoint(c: RunComponents, path: Path) -> Restored:
     c.kl_ctrl.load_state_dict(state["kl_ctrl"])
     torch.set_rng_state(state["torch_rng"])
     c.generator.set_state(state["shuffle_rng"])
-    c.engine.sync_weights(c.actor.module.named_parameters())
+    c.engine.sync_weights(c.weight_sync.tensors())
+    c.weight_sync.verify()
     return Restored(step=int(state["step"]), loop_state=dict(state.get("loop", {})))
 
 

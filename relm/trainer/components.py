@@ -8,6 +8,7 @@ reads values) is loaded, sharded and given its optimizer by the same code (`load
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from relm.distributed.fsdp import shard_model
 from relm.distributed.layout import Layout
 from relm.distributed.rollout import DataParallelEngine
 from relm.errors import UserError
+from relm.learner.lora import adapters_disabled, add_lora, has_lora, lora_settings, without_adapters
 from relm.learner.microbatch_retry import MicroBatchSize
 from relm.learner.optim import build_optimizer
 from relm.learner.trainee import Batching, Trainee
@@ -44,6 +46,7 @@ from relm.learner.varlen_attention import (
     varlen_kernel_available,
 )
 from relm.learner.vocab_chunks import compiled_pieces
+from relm.learner.weight_sync import WeightSync
 from relm.memory.choices import (
     MemoryChoices,
     build_residency,
@@ -101,6 +104,8 @@ class RunComponents:
     critic: Trainee | None
     """Built only for an estimator that reads values (`relm.algorithms.advantages.estimator_needs`)."""
     ref: nn.Module | None
+    """A frozen copy of the starting policy when the run reads a reference and trains the full actor;
+    a LoRA actor's reference is the actor itself with its adapters off (`reference`)."""
     engine: RolloutEngine
     reward: RewardManager
     loader: PromptLoader
@@ -118,6 +123,17 @@ class RunComponents:
     """Which models wait on the CPU outside their phases (none unless the plan parks them)."""
     dist: DistContext
     """This process's place in a data-parallel run (the single-process context by default)."""
+    weight_sync: WeightSync
+    """What the engine receives after each actor update (every weight, or a LoRA actor's merged adapted
+    ones), and the check that a separate engine copy took it."""
+
+    def reference(self) -> contextlib.AbstractContextManager[nn.Module] | None:
+        """The reference policy for a forward (`with c.reference() as ref:`), or None when nothing reads one."""
+        if self.ref is not None:
+            return contextlib.nullcontext(self.ref)
+        if builds_reference(self.cfg) and has_lora(self.actor.module):
+            return adapters_disabled(self.actor.module)
+        return None
 
     @property
     def trainees(self) -> list[Trainee]:
@@ -261,7 +277,7 @@ def build_components(
         memory = data_parallel_memory(cfg, plan, precision, layouts)
     ref = (
         reference_model(cfg, actor, precision, dist, layouts.get("reference"))
-        if builds_reference(cfg)
+        if builds_reference(cfg) and not has_lora(actor)  # a LoRA actor's reference is its base
         else None
     )
     trainees: dict[str, Trainee] = {}
@@ -304,6 +320,8 @@ def build_components(
         memory=memory,
         residency=residency,
         dist=dist,
+        # vLLM keeps its own copy of the weights, out of reach: the sync sends, the engine cannot be read.
+        weight_sync=WeightSync(actor, engine_model=None if arr.rollout.name == "vllm" else generator),
     )
 
 
@@ -357,6 +375,15 @@ def load_trained_model(
     )
     if model_cfg.use_remove_padding:
         use_varlen_attention(getattr(module, "backbone", module), device)
+    settings = lora_settings(model_cfg)
+    if settings is not None:
+        # The critic's backbone gets the adapters; its value head stays fully trained.
+        trainable = add_lora(getattr(module, "backbone", module), settings)
+        total = sum(p.numel() for p in module.parameters())
+        logger.info(
+            "the %s trains LoRA adapters of rank %d on %s: %s of %s parameters (%.2f%%)",
+            name, settings.rank, settings.target_modules, f"{trainable:,}", f"{total:,}", 100 * trainable / total,
+        )  # fmt: skip
     return module.eval()
 
 
@@ -495,7 +522,10 @@ def generator_model(
         gen_dtype,
         precision.master,
     )
-    return copy.deepcopy(actor).to(gen_dtype).requires_grad_(False).eval()
+    # A LoRA actor's copy is a plain model with its adapters merged: the engine's kernels and fused
+    # projections see an ordinary transformers model, and each sync refreshes only the adapted weights.
+    plain = without_adapters(actor) if has_lora(actor) else copy.deepcopy(actor)
+    return plain.to(gen_dtype).requires_grad_(False).eval()
 
 
 def build_engine(

@@ -130,9 +130,9 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
         if diff.numel():
             metrics["rollout/logprob_diff_max"] = diff.max().item()
             metrics["rollout/logprob_diff_mean"] = diff.mean().item()
-    if c.ref is not None:
-        ref = c.ref
-        with timed(metrics, "ref"), c.residency.phase("reference"):
+    reference = c.reference()
+    if reference is not None:
+        with timed(metrics, "ref"), c.residency.phase("reference"), reference as ref:
             batch.ref_logprobs = on_rank_rows(
                 c.dist,
                 batch,
@@ -208,7 +208,8 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
         with timed(metrics, "sync"), c.residency.phase("sync"):
-            c.engine.sync_weights(c.actor.module.named_parameters())
+            c.engine.sync_weights(c.weight_sync.tensors())
+            c.weight_sync.verify()
     return skipped
 
 
