@@ -1,4 +1,4 @@
-"""`relm export CHECKPOINT OUT_DIR [--critic]`: a checkpoint's models as plain Hugging Face folders.
+"""`relm export CHECKPOINT OUT_DIR [--critic] [--merge]`: a checkpoint's models as plain Hugging Face folders.
 
 A checkpoint's `actor/` already is an HF folder, with relm's optimizer state beside the weights. The
 export copies what a user of the model needs (safetensors, config, generation config, tokenizer) and
@@ -9,6 +9,11 @@ With `--critic`, OUT_DIR gets two folders: `actor/` and `critic/` (the critic's 
 loadable with `AutoModel`, plus `value_head.safetensors`: a Linear(hidden, 1) applied to its last hidden
 state; relm's `load_value_model` reads both).
 
+A LoRA run's checkpoint holds only the adapters (a PEFT folder: adapter_config.json naming the base,
+adapter_model.safetensors). The export copies it as it is, which `AutoModelForCausalLM.from_pretrained`
+(with peft installed) or `PeftModel.from_pretrained(base, OUT_DIR)` load onto the base; `--merge` writes the
+base with the adapters merged in instead, a plain HF folder that needs neither peft nor the base.
+
 A checkpoint of a data-parallel run holds sharded DCP saves instead of safetensors (see
 `relm.distributed.checkpoint`); the export gathers them into the same plain HF folders, in one process.
 """
@@ -16,13 +21,20 @@ A checkpoint of a data-parallel run holds sharded DCP saves instead of safetenso
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
+
 from relm.distributed.checkpoint import SCHEDULER_FILE, export_sharded, is_sharded
 from relm.errors import UserError, run_guarded
+from relm.learner.lora import ADAPTER_CONFIG, LoraSettings, add_lora, is_adapter_folder, without_adapters
+from relm.models.loading import load_causal_lm
+from relm.models.value_model import VALUE_HEAD_FILE, load_value_model
 from relm.trainer.checkpoint import LATEST_FILE, OPTIMIZER_FILE, STATE_FILE, find_resume_checkpoint
 from relm.trainer.durable import fsync_dir, fsync_tree
 
@@ -57,6 +69,8 @@ def _require_model(checkpoint: Path, name: str) -> Path:
             f"checkpoint `{checkpoint}` has no critic: the run trained without one (GRPO, RLOO and the other "
             "critic-free estimators); export without --critic"
         )
+    if is_adapter_folder(folder) and _weights(folder):
+        return folder  # a LoRA run's checkpoint: the adapter alone, the base is its model.path
     if not (folder / "config.json").is_file() or not (_weights(folder) or is_sharded(folder)):
         raise UserError(
             f"checkpoint `{checkpoint}` has no complete {name} (config.json and *.safetensors); "
@@ -76,7 +90,7 @@ def _copy_files(source: Path, dest: Path, keep: Callable[[Path], bool]) -> None:
 
 def _is_tokenizer_file(file: Path) -> bool:
     """Whatever in an actor folder is not weights, model config or training state is the tokenizer's."""
-    return file.name not in MODEL_FILES and not file.name.endswith(
+    return file.name not in (*MODEL_FILES, ADAPTER_CONFIG) and not file.name.endswith(
         (".safetensors", ".safetensors.index.json")
     )
 
@@ -90,7 +104,37 @@ def _write_generation_config(folder: Path) -> None:
     GenerationConfig.from_model_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
 
 
-def export_checkpoint(checkpoint: Path, out_dir: Path, *, critic: bool = False) -> list[Path]:
+def _merged_lora(folder: Path, dest: Path, base: str | None, *, value_model: bool) -> None:
+    """Write a LoRA checkpoint folder's model with its adapter merged in, as a plain HF folder.
+
+    The base is the adapter's `base_model_name_or_path` (the run's model.path as it was resolved), or
+    `base` when given; the merged weights are the adapted layers' `W + scaling * B @ A`.
+    """
+    config = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    base = base or config.get("base_model_name_or_path")
+    if not base:
+        raise UserError(f"`{folder}/{ADAPTER_CONFIG}` names no base model; pass --base MODEL_PATH")
+    if value_model:
+        model = load_value_model(base, dtype=torch.float32, device="cpu")
+        add_lora(
+            model.backbone,
+            LoraSettings(rank=int(config["r"]), alpha=float(config["lora_alpha"]), adapter_path=str(folder)),
+        )
+        model.value_head.load_state_dict(load_file(str(folder / VALUE_HEAD_FILE)))
+        model.backbone = without_adapters(model.backbone)
+    else:
+        model = load_causal_lm(base, dtype=torch.float32, device="cpu")
+        add_lora(
+            model,
+            LoraSettings(rank=int(config["r"]), alpha=float(config["lora_alpha"]), adapter_path=str(folder)),
+        )
+        model = without_adapters(model)
+    model.save_pretrained(dest)
+
+
+def export_checkpoint(
+    checkpoint: Path, out_dir: Path, *, critic: bool = False, merge: bool = False, base: str | None = None
+) -> list[Path]:
     """Write the checkpoint's actor (and critic) as HF folders under `out_dir`; returns the folders.
 
     Without `critic`, `out_dir` itself is the actor's folder; with it, `out_dir/actor` and
@@ -110,12 +154,18 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, *, critic: bool = False) 
     actor_dest = staging / "actor" if critic else staging
     if is_sharded(actor):
         export_sharded(actor, actor_dest, value_model=False)
-    _copy_files(actor, actor_dest, keep=lambda _: True)
+    if merge and is_adapter_folder(actor):
+        _merged_lora(actor, actor_dest, base, value_model=False)
+        _copy_files(actor, actor_dest, keep=_is_tokenizer_file)
+    else:
+        _copy_files(actor, actor_dest, keep=lambda _: True)
     _write_generation_config(actor_dest)
     written = [out_dir / "actor" if critic else out_dir]
     if critic_src is not None:
         if is_sharded(critic_src):
             export_sharded(critic_src, staging / "critic", value_model=True)
+        elif merge and is_adapter_folder(critic_src):
+            _merged_lora(critic_src, staging / "critic", base, value_model=True)
         else:
             _copy_files(critic_src, staging / "critic", keep=lambda _: True)
         # The critic reads the same token ids as the actor: ship the tokenizer with it.
@@ -144,8 +194,20 @@ def export_command(argv: list[str]) -> int:
     parser.add_argument(
         "--critic", action="store_true", help="also export the critic: OUT_DIR/actor, OUT_DIR/critic"
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run: write the model with its adapter merged in (a plain HF folder) instead of the "
+        "PEFT adapter folder",
+    )
+    parser.add_argument(
+        "--base", help="with --merge: the base model (default: the adapter's base_model_name_or_path)"
+    )
     args = parser.parse_args(argv)
-    for folder in export_checkpoint(args.checkpoint, args.out_dir, critic=args.critic):
+    exported = export_checkpoint(
+        args.checkpoint, args.out_dir, critic=args.critic, merge=args.merge, base=args.base
+    )
+    for folder in exported:
         print(folder)
     return 0
 

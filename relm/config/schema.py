@@ -88,10 +88,10 @@ class ModelConfig:
     """LoRA adapters of this rank on the target layers, the rest frozen (0: train every weight); docs/lora.md."""
     lora_alpha: float = 16
     """LoRA scale numerator: adapters add (lora_alpha / lora_rank) * B @ A to each target weight."""
-    target_modules: Any = "all-linear"
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """Layers that get adapters: `all-linear` (every Linear but the output head) or a list of names."""
-    exclude_modules: Any = None
-    """Layer names (a list) or a regex kept without adapters."""
+    exclude_modules: list[str] | None = None
+    """Layer names kept without adapters."""
     lora_adapter_path: str | None = None
     """A saved PEFT adapter folder (adapter_config.json) to start from instead of fresh adapters."""
     dtype: str = "auto"
@@ -330,10 +330,10 @@ class CriticModelConfig:
     """LoRA adapters of this rank on the critic's backbone; its value head trains whole (0: no LoRA)."""
     lora_alpha: float = 16
     """LoRA scale numerator: adapters add (lora_alpha / lora_rank) * B @ A to each target weight."""
-    target_modules: Any = "all-linear"
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """Layers that get adapters: `all-linear` (every Linear but the output head) or a list of names."""
-    exclude_modules: Any = None
-    """Layer names (a list) or a regex kept without adapters."""
+    exclude_modules: list[str] | None = None
+    """Layer names kept without adapters."""
     lora_adapter_path: str | None = None
     """A saved PEFT adapter folder (adapter_config.json) to start from instead of fresh adapters."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)

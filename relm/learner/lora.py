@@ -58,12 +58,14 @@ def lora_settings(model_cfg: Any) -> LoraSettings | None:
     """A model section's LoRA keys (`actor_rollout_ref.model` or `critic.model`), or None at rank 0."""
     if not model_cfg.lora_rank:
         return None
-    target, exclude = model_cfg.target_modules, model_cfg.exclude_modules
+    target = [target] if isinstance(target := model_cfg.target_modules, str) else target
+    exclude = model_cfg.exclude_modules
     return LoraSettings(
         rank=int(model_cfg.lora_rank),
         alpha=float(model_cfg.lora_alpha),
-        target_modules=target if isinstance(target, str) else list(target),
-        exclude_modules=exclude if exclude is None or isinstance(exclude, str) else list(exclude),
+        # verl writes `all-linear` as one string; the schema holds a list.
+        target_modules="all-linear" if list(target) == ["all-linear"] else list(target),
+        exclude_modules=None if exclude is None else list(exclude),
         adapter_path=model_cfg.lora_adapter_path,
     )
 
@@ -80,7 +82,13 @@ def add_lora(model: nn.Module, settings: LoraSettings) -> int:
     from peft import LoraConfig  # peft is needed only when LoRA is on
 
     if settings.adapter_path:
-        model.load_adapter(settings.adapter_path, adapter_name=ADAPTER, is_trainable=True)
+        # The saved adapter's own config (rank, targets), then its weights by name. Not `load_adapter`:
+        # it records key renamings on the model that a later `save_pretrained` of the merged model would
+        # replay onto the plain weights' names.
+        config = LoraConfig.from_pretrained(settings.adapter_path)
+        config.inference_mode = False
+        model.add_adapter(config, adapter_name=ADAPTER)
+        load_adapter_weights(model, settings.adapter_path)
     else:
         target = settings.target_modules
         model.add_adapter(

@@ -56,7 +56,7 @@ def staging_folders(run_dir: Path) -> list[Path]:
 class Run:
     """`python -m relm.trainer.main_ppo` in a subprocess, its output in a log file."""
 
-    def __init__(self, run_dir: Path, index: int, *extra: str) -> None:
+    def __init__(self, run_dir: Path, index: int, *extra: str, args: tuple[str, ...] = ()) -> None:
         self.log = run_dir.parent / f"run{index}.log"
         self.resumed_from = latest(run_dir)
         with self.log.open("w") as out:
@@ -66,7 +66,9 @@ class Run:
                     "-m",
                     "relm.trainer.main_ppo",
                     *ARGS,
+                    *args,
                     f"trainer.default_local_dir={run_dir}",
+                    *extra,
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -98,21 +100,26 @@ class Run:
         assert found == ([str(self.resumed_from)] if self.resumed_from else []), self.output
 
 
-def test_killed_and_resumed_runs_match_an_uninterrupted_one(tmp_path: Path):
+@pytest.mark.parametrize(
+    "args",
+    [(), ("actor_rollout_ref.model.lora_rank=8", "critic.model.lora_rank=4")],
+    ids=["full", "lora"],
+)
+def test_killed_and_resumed_runs_match_an_uninterrupted_one(tmp_path: Path, args: tuple[str, ...]):
     rng = random.Random(0)
     reference_dir, run_dir = tmp_path / "reference", tmp_path / "run"
-    assert main([*ARGS, f"trainer.default_local_dir={reference_dir}"]) == 0
+    assert main([*ARGS, *args, f"trainer.default_local_dir={reference_dir}"]) == 0
 
     # 1. SIGKILL at a random point after the first checkpoint: after a randomly chosen step, plus a
     # random fraction of a step (progress-based, so a fast machine cannot finish the run first).
-    run = Run(run_dir, 1)
+    run = Run(run_dir, 1, args=args)
     kill_after = rng.randint(3, 5)
     assert run.wait_until(lambda: f"step {kill_after}:" in run.output), run.output
     time.sleep(rng.uniform(0.0, 0.05))
     assert run.kill() == -signal.SIGKILL
 
     # 2. SIGKILL while a checkpoint is being written: the half-written folder must not be used.
-    run = Run(run_dir, 2)
+    run = Run(run_dir, 2, args=args)
     before = latest(run_dir)
     # After "resumed from", any staging folder is this run's (an older one is removed at start-up).
     assert run.wait_until(
@@ -124,7 +131,7 @@ def test_killed_and_resumed_runs_match_an_uninterrupted_one(tmp_path: Path):
 
     # 3. SIGTERM after a step: the run finishes the step in progress, saves it (though this run's
     # save_freq says never) and exits 0.
-    run = Run(run_dir, 3, "trainer.save_freq=-1")
+    run = Run(run_dir, 3, "trainer.save_freq=-1", args=args)
     assert run.wait_until(lambda: f"step {mid_save + 1}:" in run.output), run.output
     assert run.kill(signal.SIGTERM) == 0, run.output
     run.check_resumed()
@@ -132,7 +139,7 @@ def test_killed_and_resumed_runs_match_an_uninterrupted_one(tmp_path: Path):
     assert "received SIGTERM" in run.output and "stopped by SIGTERM" in run.output, run.output
 
     # 4. Resume to the end.
-    run = Run(run_dir, 4)
+    run = Run(run_dir, 4, args=args)
     assert run.proc.wait(timeout=120) == 0, run.output
     run.check_resumed()
     assert not staging_folders(run_dir)
