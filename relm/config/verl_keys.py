@@ -16,6 +16,7 @@ are accepted at their off value and are an error when turned on.
 
 from __future__ import annotations
 
+_LORA = "Megatron's LoRA section; relm reads the FSDP keys (model.lora_rank, lora_alpha, target_modules)"
 _RAY = "relm runs without Ray (processes start with torchrun)"
 _FSDP = "relm chooses FSDP2 wrapping and resharding itself; `fsdp_size` and `offload_policy` are read"
 _OFFLOAD = (
@@ -189,7 +190,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "data.val_max_samples": "relm validates on every row of `data.val_files`; trim the file to use fewer",
     "actor_rollout_ref.profiler.*": _PROFILER,
     "actor_rollout_ref.model.hf_config_path": "relm reads the model's config from `actor_rollout_ref.model.path`",
-    "actor_rollout_ref.model.lora_adapter_path": _LORA,
     "actor_rollout_ref.model.lora.*": _LORA,
     "actor_rollout_ref.model.mtp.*": _MTP,
     "actor_rollout_ref.model.tiled_mlp.*": _TILED_MLP,
@@ -241,9 +241,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "critic.loss_scale_factor": "a constant loss divisor is not implemented; `critic.loss_agg_mode` decides",
     "critic.fsdp.*": _CRITIC_ENGINE,
     "critic.model.custom_chat_template": "the critic scores the actor's token ids; it applies no chat template",
-    "critic.model.exclude_modules": _LORA,
     "critic.model.hf_config_path": "relm reads the critic's config from `critic.model.path`",
-    "critic.model.lora_adapter_path": _LORA,
     "critic.model.lora.*": _LORA,
     "critic.model.mtp.*": _MTP,
     "critic.model.tiled_mlp.*": _TILED_MLP,
@@ -318,10 +316,8 @@ UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
     "algorithm.rollout_correction.bypass_old_logprob_for_rollout": (
         "later verl names this `algorithm.rollout_correction.bypass_mode`; set that key"
     ),
-    "actor_rollout_ref.model.lora.rank": "LoRA is not supported yet; set it to 0 (full fine-tuning)",
-    "actor_rollout_ref.model.lora_adapter_path": "LoRA is not supported yet; train the full model",
-    "critic.model.lora.rank": "LoRA is not supported yet; set it to 0 (full fine-tuning)",
-    "critic.model.lora_adapter_path": "LoRA is not supported yet; train the full model",
+    "actor_rollout_ref.model.lora.rank": "Megatron's LoRA section: set actor_rollout_ref.model.lora_rank instead",
+    "critic.model.lora.rank": "Megatron's LoRA section: set critic.model.lora_rank instead",
     "actor_rollout_ref.actor.qat.enable": "quantization-aware training is not supported yet",
     "actor_rollout_ref.rollout.qat.enable": "quantization-aware training is not supported yet",
     "actor_rollout_ref.rollout.quantization": "quantized rollout weights are not supported yet",
