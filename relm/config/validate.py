@@ -52,7 +52,7 @@ LOGGERS_NOT_YET = ("swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "fi
 """verl logger names relm knows of but does not provide yet."""
 RESUME_MODES = ("auto", "disable", "resume_path")
 STRATEGIES = ("fsdp", "fsdp2")
-REWARD_MANAGERS = ("naive", "dapo")
+REWARD_MANAGERS = ("naive", "dapo", "batch")
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -209,6 +209,8 @@ def _check_ranges(cfg: RelmConfig) -> None:
         ("actor_rollout_ref.actor.grad_clip", actor.grad_clip),
         ("critic.grad_clip", critic.grad_clip),
         ("critic.cliprange_value", critic.cliprange_value),
+        ("reward_model.timeout", cfg.reward_model.timeout),
+        ("reward_model.memory_limit_mb", cfg.reward_model.memory_limit_mb or 1),
     ):
         if not value > 0:
             raise UserError(f"`{key}` must be greater than 0, got {value}")
@@ -222,6 +224,7 @@ def _check_ranges(cfg: RelmConfig) -> None:
         ("actor_rollout_ref.rollout.temperature", rollout.temperature),
         ("actor_rollout_ref.rollout.val_kwargs.temperature", rollout.val_kwargs.temperature),
         ("trainer.critic_warmup", cfg.trainer.critic_warmup),
+        ("reward_model.num_workers", cfg.reward_model.num_workers),
     ):
         if value is not None and value < 0:
             raise UserError(f"`{key}` must be 0 or more, got {value}")
@@ -235,6 +238,7 @@ def _check_ranges(cfg: RelmConfig) -> None:
         ("actor_rollout_ref.actor.optim.min_lr_ratio", actor.optim.min_lr_ratio),
         ("critic.optim.lr_warmup_steps_ratio", critic.optim.lr_warmup_steps_ratio),
         ("critic.optim.min_lr_ratio", critic.optim.min_lr_ratio),
+        ("reward_model.max_failure_share", cfg.reward_model.max_failure_share),
     ):
         if not 0 <= value <= 1:
             raise UserError(f"`{key}` must be between 0 and 1, got {value}")

@@ -157,7 +157,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "reward_model.forward_max_token_len_per_gpu": _RM,
     "reward_model.profiler.*": _RM,
     "reward_model.megatron.*": _MEGATRON,
-    "reward_model.launch_reward_fn_async": "relm scores rewards in the training process",
+    "reward_model.launch_reward_fn_async": "relm scores a step's rewards before the step goes on (in its reward workers)",
     "reward_model.sandbox_fusion.*": "remote code sandboxes are not supported; score in a custom function",
     # algorithm
     "algorithm.use_pf_ppo": "PF-PPO (policy filtration) reweighting is not implemented",

@@ -42,7 +42,7 @@ from relm.models.tokenizer import load_tokenizer
 from relm.models.value_model import load_value_model
 from relm.models.zoo import default_cache_dir
 from relm.rewards.custom import ComputeScore, resolve_compute_score
-from relm.rewards.manager import RewardManager
+from relm.rewards.manager import RewardManager, build_reward_manager
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.engine import NativeRolloutEngine
@@ -210,8 +210,11 @@ def build_components(
     rows_per_step = cfg.data.train_batch_size * arr.rollout.n
     if compute_score is None:
         compute_score = resolve_compute_score(
-            cfg.custom_reward_function.path, cfg.custom_reward_function.name
-        )
+            cfg.custom_reward_function.path, cfg.custom_reward_function.name,
+            batched=cfg.reward_model.reward_manager == "batch",
+        )  # fmt: skip
+    # Started before the models load, so the workers' imports overlap with it.
+    reward = build_reward_manager(tokenizer, compute_score, cfg.reward_model, cfg.custom_reward_function)
 
     load_kwargs = dict(
         dtype=dtype, device=device, trust_remote_code=arr.model.trust_remote_code, seed=cfg.seed
@@ -367,7 +370,7 @@ def build_components(
         critic_optimizer=critic_optimizer,
         critic_scheduler=critic_scheduler,
         engine=engine,
-        reward=RewardManager(tokenizer, compute_score),
+        reward=reward,
         loader=loader,
         kl_ctrl=make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon),
         sizes=sizes,
