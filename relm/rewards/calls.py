@@ -118,7 +118,9 @@ def judge(value: Any) -> Outcome:
             "finite 'score' is expected)",
         )
     if not math.isfinite(number):
-        return Outcome("non_finite", reason=f"returned {type(value).__name__} {_shown(value)}")
+        return Outcome(
+            "non_finite", reason=f"returned {type(value).__name__} {_shown(value)} (not a finite number)"
+        )
     extra = {}
     if isinstance(value, dict):
         extra = {k: v for k, item in value.items() if k != "score" and (v := as_number(item)) is not None}

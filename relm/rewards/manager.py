@@ -153,8 +153,6 @@ class RewardManager:
                 raise UserError(outcome.reason)  # already names its culprit (e.g. an unknown data_source)
             if outcome.metric is not None:
                 failed.append((row, outcome))
-                self.failure_counts[outcome.metric] += 1
-                self._log_first(row, outcome)
             scores.append(outcome.score if outcome.kind == "ok" else self.policy.failure_score)
             for key, number in outcome.extra.items():
                 # Rows before the first that reported this key get NaN, as do rows that omit it.
@@ -169,6 +167,9 @@ class RewardManager:
                 f"reward_model.max_failure_share={self.policy.max_failure_share:g}; e.g. it {outcome.reason} on "
                 f"response {row.index} {_where(row)}; fix the scoring function"
             )
+        for row, outcome in failed:
+            self.failure_counts[outcome.metric] += 1  # type: ignore[index]
+            self._log_first(row, outcome)
         score_tensor = torch.tensor(scores, dtype=torch.float32)  # [N]
         return RewardResult(
             scores=score_tensor,
@@ -227,17 +228,20 @@ def build_reward_manager(
     compute_score: Callable[..., Any],
     reward_model: RewardModelConfig,
     custom: CustomRewardFunctionConfig,
+    in_process_by_default: bool = False,
 ) -> RewardManager:
     """The run's reward manager: a worker pool sized by `reward_model.num_workers`, or in-process at 0.
 
     Workers load a user's file themselves (`custom`); any other function travels by reference and must
-    be importable by name (a module-level function).
+    be importable by name (a module-level function). `in_process_by_default` scores in-process when
+    `num_workers` is unset (the demo task: its scorer cannot hang, and a pool's start, about a second of
+    CPU a worker, is a measurable share of a 25-second demo on two cores).
     """
     batched = reward_model.reward_manager == "batch"
     policy = FailurePolicy(reward_model.failure_score, reward_model.max_failure_share)
     num_workers = reward_model.num_workers
     if num_workers is None:
-        num_workers = min(8, os.cpu_count() or 1)
+        num_workers = 0 if in_process_by_default else min(8, os.cpu_count() or 1)
     if num_workers == 0:
         return RewardManager(tokenizer, compute_score, policy=policy, batched=batched)
     if custom.path:

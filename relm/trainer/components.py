@@ -19,7 +19,7 @@ from relm.algorithms.advantages import ESTIMATORS_WITH_CRITIC
 from relm.algorithms.kl import FixedKLController, make_kl_controller
 from relm.config.schema import RelmConfig, RolloutConfig
 from relm.data.dataset import PromptDataset
-from relm.data.demo_task import write_demo_parquet
+from relm.data.demo_task import DEMO_DATA_SOURCE, write_demo_parquet
 from relm.data.loader import PromptLoader
 from relm.distributed.context import DistContext
 from relm.distributed.fsdp import shard_model
@@ -43,6 +43,7 @@ from relm.models.value_model import load_value_model
 from relm.models.zoo import default_cache_dir
 from relm.rewards.custom import ComputeScore, resolve_compute_score
 from relm.rewards.manager import RewardManager, build_reward_manager
+from relm.rewards.registry import default_compute_score
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.engine import NativeRolloutEngine
@@ -213,8 +214,13 @@ def build_components(
             cfg.custom_reward_function.path, cfg.custom_reward_function.name,
             batched=cfg.reward_model.reward_manager == "batch",
         )  # fmt: skip
-    # Started before the models load, so the workers' imports overlap with it.
-    reward = build_reward_manager(tokenizer, compute_score, cfg.reward_model, cfg.custom_reward_function)
+    # Started before the models load, so the workers' imports overlap with it. The demo task's scorer is
+    # relm's own constant-time code: it scores in-process unless reward_model.num_workers says otherwise.
+    demo_only = {dataset[i]["data_source"] for i in range(len(dataset))} == {DEMO_DATA_SOURCE}
+    reward = build_reward_manager(
+        tokenizer, compute_score, cfg.reward_model, cfg.custom_reward_function,
+        in_process_by_default=demo_only and compute_score is default_compute_score,
+    )  # fmt: skip
 
     load_kwargs = dict(
         dtype=dtype, device=device, trust_remote_code=arr.model.trust_remote_code, seed=cfg.seed

@@ -108,7 +108,7 @@ def test_raising_and_non_finite_calls_are_counted_failures(pool):
     assert outcomes[3].reason == "raised ValueError: odd response 3"
     outcomes = pool.score(_rows("nan", 5))
     assert _kinds(outcomes) == ["ok", "ok", "non_finite", "ok", "ok"]
-    assert outcomes[2].reason == "returned float nan"
+    assert outcomes[2].reason == "returned float nan (not a finite number)"
 
 
 def test_a_sigkilled_worker_is_replaced_and_its_call_counted_as_an_error(pool):
