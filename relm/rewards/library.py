@@ -11,7 +11,7 @@ otherwise; the `data_source` is not consulted, so one entry serves a dataset wha
 themselves:
 
 - `boxed`: the last `\\boxed{...}` (or `\\fbox`), compared as relm's MATH scorer compares (normalised
-  LaTeX, exact rationals, and math-verify's symbolic check when it is installed);
+  LaTeX, exact rationals);
 - `hash_answer`: the number after the last `####` (GSM8K's format), compared as numbers;
 - `answer_line`: the last line that starts with `Answer:` (DAPO's format), compared as `boxed` compares;
 - `multiple_choice`: one option letter (`(B)`, `B)`, `Answer: B`, `\\boxed{B}`, `the answer is B`);

@@ -82,7 +82,16 @@ class RewardSource:
 
 
 def _worker_main(conn: Connection, source: RewardSource) -> None:
-    """A worker's life: load the function, say ready, score chunks until told to stop."""
+    """A worker's life: load the function, say ready, score chunks until told to stop.
+
+    It ends quietly when the trainer is gone (a closed pipe), which is how a trainer killed outright
+    takes its workers with it.
+    """
+    with contextlib.suppress(EOFError, OSError):
+        _serve(conn, source)
+
+
+def _serve(conn: Connection, source: RewardSource) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -92,10 +101,7 @@ def _worker_main(conn: Connection, source: RewardSource) -> None:
         return
     conn.send(("ready",))
     while True:
-        try:
-            rows = conn.recv()
-        except EOFError:
-            return  # the trainer is gone
+        rows = conn.recv()
         if rows is None:
             return
         for index, outcome in score_rows(function, rows, source.batched):

@@ -171,7 +171,11 @@ def test_sigterm_stops_the_run_and_its_reward_workers(tmp_path: Path, write_parq
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
-    while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline and proc.poll() is None:
+    metrics = run_dir / "metrics.jsonl"
+    # After the first step is logged, the trainer's handler is in place and the workers are busy.
+    while (
+        time.monotonic() < deadline and proc.poll() is None and not (metrics.exists() and metrics.read_text())
+    ):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from relm.models.tokenizer import build_char_tokenizer
+from relm.models.char_tokenizer import build_char_tokenizer
 from relm.rewards.manager import RewardManager, place_on_last_token
 from relm.rewards.registry import default_compute_score
 from relm.rewards.shaping import overlong_penalty
