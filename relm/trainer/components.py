@@ -216,7 +216,7 @@ def build_components(
         )  # fmt: skip
     # Started before the models load, so the workers' imports overlap with it. The demo task's scorer is
     # relm's own constant-time code: it scores in-process unless reward_model.num_workers says otherwise.
-    demo_only = {dataset[i]["data_source"] for i in range(len(dataset))} == {DEMO_DATA_SOURCE}
+    demo_only = {row["data_source"] for row in loader.dataset} == {DEMO_DATA_SOURCE}
     reward = build_reward_manager(
         tokenizer, compute_score, cfg.reward_model, cfg.custom_reward_function,
         in_process_by_default=demo_only and compute_score is default_compute_score,
