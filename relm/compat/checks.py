@@ -418,6 +418,8 @@ def _update_overrides(
         f"seed={options.seed}",
         f"custom_reward_function.path='{Path(__file__).with_name('reward.py')}'",
         "custom_reward_function.name=compute_score",
+        # relm's own constant-time stand-in: no reward workers to start for every model checked.
+        "reward_model.num_workers=0",
     ]
     if options.rollout is not None:
         overrides.append(f"actor_rollout_ref.rollout.name={options.rollout}")

@@ -396,8 +396,21 @@ class RewardModelConfig:
     enable: bool = False
     """Score responses with a reward model (not supported yet: true is an error)."""
     reward_manager: str = "naive"
-    """verl's reward manager: `naive`, `dapo` (with `overlong_buffer`) and `prime` score one response at a time;
-    `batch` is not supported yet. verl 0.9 spells it `reward.reward_manager.name`."""
+    """verl's reward manager: `naive`, `dapo` (with `overlong_buffer`) and `prime` call the function once a
+    response; `batch` once for many (`compute_score(data_sources, solution_strs, ground_truths, extra_infos)`
+    returning a list). verl 0.9 spells it `reward.reward_manager.name`."""
+    num_workers: int | None = None
+    """Reward worker processes (verl 0.9 spells it `reward.num_workers`); unset: the CPU cores, at most 8;
+    0 scores in the training process, with no time limit."""
+    timeout: float = 30.0
+    """Seconds one reward call may take before its worker is killed and the response scores `failure_score`
+    (verl 0.9's `reward.timeout`; its default of 300 s is meant for remote judges)."""
+    failure_score: float = 0.0
+    """The score of a response whose reward call timed out, raised, or returned a non-finite value."""
+    max_failure_share: float = 0.25
+    """More failed reward calls than this share of a step's responses ends the run (exit 2)."""
+    memory_limit_mb: float | None = 4096
+    """Resident memory past which a reward worker is killed and replaced (unset: no limit)."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO overlong reward shaping."""
 

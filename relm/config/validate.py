@@ -53,14 +53,11 @@ LOGGERS_NOT_YET = ("swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "fi
 """verl logger names relm knows of but does not provide yet."""
 RESUME_MODES = ("auto", "disable", "resume_path")
 STRATEGIES = ("fsdp", "fsdp2")
-REWARD_MANAGERS = ("naive", "dapo", "prime")
-"""verl's reward managers relm has the behaviour of: each scores one response at a time with the rule or
-custom function (`prime` in verl only spreads that over a process pool); `dapo` adds the overlong shaping
-that `reward_model.overlong_buffer` switches on."""
-REWARD_MANAGERS_NOT_YET = {
-    "batch": "batched reward functions (one call for the whole batch) are not supported yet; write a "
-    "per-response `compute_score` and use `naive`",
-}
+REWARD_MANAGERS = ("naive", "dapo", "prime", "batch")
+"""verl's reward managers relm has the behaviour of: `naive`, `dapo` and `prime` call the rule or custom
+function once a response (`prime` in verl only spreads that over a process pool, as relm's reward workers
+do); `dapo` adds the overlong shaping that `reward_model.overlong_buffer` switches on; `batch` calls a
+batched function once for many responses."""
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -175,9 +172,6 @@ def _check_lora(cfg: RelmConfig) -> None:
 
 def _check_choices(cfg: RelmConfig) -> None:
     arr, algo, trainer = cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
-    manager = cfg.reward_model.reward_manager
-    if manager in REWARD_MANAGERS_NOT_YET:
-        raise UserError(f"`reward_model.reward_manager={manager}`: {REWARD_MANAGERS_NOT_YET[manager]}")
     for key, value, allowed in (
         ("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
         ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS),
@@ -252,6 +246,8 @@ def _check_ranges(cfg: RelmConfig) -> None:
         ("actor_rollout_ref.actor.grad_clip", actor.grad_clip),
         ("critic.grad_clip", critic.grad_clip),
         ("critic.cliprange_value", critic.cliprange_value),
+        ("reward_model.timeout", cfg.reward_model.timeout),
+        ("reward_model.memory_limit_mb", cfg.reward_model.memory_limit_mb or 1),
     ):
         if not value > 0:
             raise UserError(f"`{key}` must be greater than 0, got {value}")
@@ -265,6 +261,7 @@ def _check_ranges(cfg: RelmConfig) -> None:
         ("actor_rollout_ref.rollout.temperature", rollout.temperature),
         ("actor_rollout_ref.rollout.val_kwargs.temperature", rollout.val_kwargs.temperature),
         ("trainer.critic_warmup", cfg.trainer.critic_warmup),
+        ("reward_model.num_workers", cfg.reward_model.num_workers),
     ):
         if value is not None and value < 0:
             raise UserError(f"`{key}` must be 0 or more, got {value}")
@@ -278,6 +275,7 @@ def _check_ranges(cfg: RelmConfig) -> None:
         ("actor_rollout_ref.actor.optim.min_lr_ratio", actor.optim.min_lr_ratio),
         ("critic.optim.lr_warmup_steps_ratio", critic.optim.lr_warmup_steps_ratio),
         ("critic.optim.min_lr_ratio", critic.optim.min_lr_ratio),
+        ("reward_model.max_failure_share", cfg.reward_model.max_failure_share),
     ):
         if not 0 <= value <= 1:
             raise UserError(f"`{key}` must be between 0 and 1, got {value}")

@@ -52,7 +52,9 @@ _IN_PROCESS = "relm's engine runs inside the training processes, one copy per GP
 _OPTIM = "relm trains with AdamW (torch's, or its CompactAdamW when the memory plan needs it)"
 _SEED = "relm seeds every shuffle and sample from `seed` (and `data.seed`)"
 _ROLLOUT_N = "relm reads `actor_rollout_ref.rollout.n` directly"
-_REWARD_IN_PROCESS = "relm scores rewards in the training process (no reward workers or reward loop)"
+_REWARD_IN_PROCESS = (
+    "relm scores rewards in its own reward workers (`reward_model.num_workers`), not verl's reward loop"
+)
 _SANDBOX = "remote code sandboxes are not supported; score in a custom function"
 _DISTILL = "on-policy distillation is not implemented"
 _TRANSFER_QUEUE = "verl's transfer queue moves data between Ray workers; relm has no workers to feed"
@@ -167,7 +169,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "reward_model.forward_max_token_len_per_gpu": _RM,
     "reward_model.profiler.*": _RM,
     "reward_model.megatron.*": _MEGATRON,
-    "reward_model.launch_reward_fn_async": "relm scores rewards in the training process",
+    "reward_model.launch_reward_fn_async": "relm scores a step's rewards before the step goes on (in its reward workers)",
     "reward_model.sandbox_fusion.*": _SANDBOX,
     # algorithm
     "algorithm.use_pf_ppo": "PF-PPO (policy filtration) reweighting is not implemented",
@@ -254,7 +256,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "critic.optim.zero_indexed_step": "relm's learning-rate schedules count steps from 0",
     "algorithm.filter_groups.max_inflight_gen_batches": _ASYNC,
     "reward_model.use_reward_loop": _REWARD_IN_PROCESS,
-    "reward_model.num_workers": _REWARD_IN_PROCESS,
     "reward_model.reward_loop_source": _REWARD_IN_PROCESS,
     "reward_model.reward_loop_module_path": _REWARD_IN_PROCESS,
     "reward_model.reward_loop_class_name": _REWARD_IN_PROCESS,
@@ -262,7 +263,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "reward_model.n_gpus_per_node": _RM,
     "reward_model.nnodes": _RM,
     "reward_model.rollout.*": _RM,
-    "reward.num_workers": _REWARD_IN_PROCESS,
     "reward.reward_manager.source": _REWARD_IN_PROCESS,
     "reward.reward_manager.module.*": _REWARD_IN_PROCESS,
     "reward.reward_model.*": _RM,

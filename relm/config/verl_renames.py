@@ -37,6 +37,8 @@ RENAMED: tuple[tuple[str, str], ...] = (
     ("reward.reward_manager.name", "reward_model.reward_manager"),
     ("reward_manager.name", "reward_model.reward_manager"),  # verl 0.7's top-level section
     ("reward.reward_model.enable", "reward_model.enable"),
+    ("reward.num_workers", "reward_model.num_workers"),
+    ("reward.timeout", "reward_model.timeout"),
     *(
         (f"{section}.overlong_buffer_cfg.{key}", f"reward_model.overlong_buffer.{key}")
         for section in _KWARGS_SECTIONS

@@ -22,17 +22,32 @@ from relm.rewards.registry import default_compute_score
 ComputeScore = Callable[..., "float | dict[str, Any]"]
 
 _ARGUMENTS = {"data_source": "", "solution_str": "", "ground_truth": None, "extra_info": {}}
+_BATCH_ARGUMENTS = {"data_sources": [], "solution_strs": [], "ground_truths": [], "extra_infos": []}
+PKG_PREFIX = "pkg://"
+"""verl's spelling of a module path (`pkg://relm.rewards.library`) where a file path is expected."""
 
 
-def load_custom_reward(path: str, name: str = "compute_score") -> ComputeScore:
-    """Import `name` from the Python file at `path`.
+def load_custom_reward(path: str, name: str = "compute_score", batched: bool = False) -> ComputeScore:
+    """Import `name` from the Python file at `path`, or from the module `pkg://package.module`.
 
     The file's folder is on `sys.path` while it is imported, so it can import its sibling modules.
+    `batched` functions (verl's `batch` reward manager) take the plural names, `data_sources`,
+    `solution_strs`, `ground_truths`, `extra_infos`, and return a list.
 
     Raises:
         UserError: The file is missing, fails to import, lacks the function, or the function
             cannot take verl's four keyword arguments.
     """
+    if path.startswith(PKG_PREFIX):
+        module_name = path[len(PKG_PREFIX) :].replace("/", ".")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise UserError(
+                f"custom_reward_function.path: cannot import module '{module_name}' ({exc}); check the name "
+                "after pkg://"
+            ) from exc
+        return _function_of(module, path, name, batched)
     file = Path(path)
     if not file.is_file():
         raise UserError(f"custom_reward_function.path: file '{path}' does not exist; check the path")
@@ -55,7 +70,11 @@ def load_custom_reward(path: str, name: str = "compute_score") -> ComputeScore:
     finally:
         if folder in sys.path:
             sys.path.remove(folder)
+    return _function_of(module, path, name, batched)
 
+
+def _function_of(module: Any, path: str, name: str, batched: bool) -> ComputeScore:
+    """The module's function `name`, checked to take verl's keyword arguments."""
     function = getattr(module, name, None)
     if not callable(function):
         found = sorted(
@@ -67,19 +86,34 @@ def load_custom_reward(path: str, name: str = "compute_score") -> ComputeScore:
             f"custom_reward_function.name: '{path}' defines no function '{name}' (functions: "
             f"{', '.join(found) or 'none'}); set custom_reward_function.name to one of them"
         )
+    arguments = _BATCH_ARGUMENTS if batched else _ARGUMENTS
     try:
-        inspect.signature(function).bind(**_ARGUMENTS)
+        inspect.signature(function).bind(**arguments)
     except TypeError as exc:
+        manager = " (reward_model.reward_manager=batch)" if batched else ""
         raise UserError(
             f"custom_reward_function.name: {name}{inspect.signature(function)} in '{path}' cannot be called as "
-            f"{name}(data_source=, solution_str=, ground_truth=, extra_info=); add those parameters "
-            "(or **kwargs)"
+            f"{name}({'=, '.join(arguments)}=){manager}; add those parameters (or **kwargs)"
         ) from exc
     except ValueError:
         pass  # builtins without an inspectable signature: trust them
     return function
 
 
-def resolve_compute_score(path: str | None, name: str = "compute_score") -> ComputeScore:
-    """The user's function when `custom_reward_function.path` is set, else the built-in dispatch."""
-    return load_custom_reward(path, name) if path else default_compute_score
+def resolve_compute_score(
+    path: str | None, name: str = "compute_score", batched: bool = False
+) -> ComputeScore:
+    """The user's function when `custom_reward_function.path` is set, else the built-in dispatch.
+
+    Raises:
+        UserError: `batched` without a function of the user's (the built-in dispatch scores one
+            response at a time).
+    """
+    if path:
+        return load_custom_reward(path, name, batched)
+    if batched:
+        raise UserError(
+            "`reward_model.reward_manager=batch` calls a batched compute_score(data_sources, solution_strs, "
+            "ground_truths, extra_infos); set custom_reward_function.path to a file defining one, or use naive"
+        )
+    return default_compute_score

@@ -1,14 +1,19 @@
 """`RewardManager`: decode each response, score it, and place the score on its last token.
 
-This is verl's "naive" reward manager: one call of the scoring function per response. Its other
-job is to check what the (often user-written) function returns, because a None or NaN reward that
-slips through poisons every advantage of the step and surfaces, if ever, as a diverged run.
+This is verl's "naive" reward manager (one call of the scoring function per response) and its "batch"
+one (one call for many). Its other job is to judge what the (often user-written) function does: a
+None or NaN reward that slips through poisons every advantage of the step and surfaces, if ever, as a
+diverged run, while one odd response that makes the function raise should not end a run hours in.
+So every failed call is scored a stated default and counted, and only a step where failures pass a
+set share ends the run (relm/rewards/calls.py judges each value; relm/rewards/pool.py adds the time
+limit and survives dead workers).
 """
 
 from __future__ import annotations
 
+import logging
 import math
-import numbers
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +21,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from relm.config.schema import CustomRewardFunctionConfig, RewardModelConfig
 from relm.errors import UserError
+from relm.rewards.calls import FAILURE_METRICS, Outcome, Row, score_rows
+from relm.rewards.pool import RewardPool, RewardSource
+
+logger = logging.getLogger("relm")
 
 
 @dataclass
@@ -58,19 +68,52 @@ def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> to
     return token_scores
 
 
+@dataclass(frozen=True)
+class FailurePolicy:
+    """What a failed reward call scores and how many failures a step tolerates (`reward_model.*`)."""
+
+    failure_score: float = 0.0
+    """The score of a response whose call timed out, raised, or returned a non-finite value."""
+    max_failure_share: float = 0.25
+    """More failed responses than this share of a scoring call's ends the run (the reward is broken)."""
+
+
 class RewardManager:
     """Scores batches of responses with a `compute_score(data_source, solution_str, ground_truth,
-    extra_info)` function (the built-in dispatch or a user's).
+    extra_info)` function (the built-in dispatch or a user's), in a pool of worker processes or here.
+
+    A call that times out (pool only), raises, or returns something that is not a finite number scores
+    `policy.failure_score` and is counted (`failure_counts`, logged as `reward/timeouts`,
+    `reward/errors`, `reward/non_finite`); the first failure of each kind is written to the run log.
+    More than `policy.max_failure_share` of one batch failing ends the run with a `UserError` naming
+    the reward and an example: the user's reward code is at fault, and training on default scores
+    would only hide it.
 
     Args:
         tokenizer: Decodes the response ids.
         compute_score: Returns a finite number, or a dict with a finite `score` and optionally
-            other numeric values, reported as extra metrics.
+            other numeric values, reported as extra metrics (a list of them when `batched`).
+        pool: Worker processes to score in (None: in this process, with no time limit).
+        policy: Failure score and tolerated failure share.
+        batched: `compute_score` takes lists (verl's `batch` reward manager).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, compute_score: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        compute_score: Callable[..., Any],
+        pool: RewardPool | None = None,
+        policy: FailurePolicy | None = None,
+        batched: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
         self.compute_score = compute_score
+        self.pool = pool
+        self.policy = policy or FailurePolicy()
+        self.batched = batched
+        self.failure_counts = dict.fromkeys(FAILURE_METRICS, 0)
+        """Failed responses by kind since `take_failure_metrics` last read them."""
+        self._logged: set[str] = set()
 
     def __call__(
         self,
@@ -88,38 +131,45 @@ class RewardManager:
             data_sources, ground_truths, extra_infos: N values each, from the prompts' rows.
 
         Raises:
-            UserError: The function raised, or returned something that is not a finite score.
+            UserError: More than `max_failure_share` of the responses failed, or the built-in dispatch
+                has no scorer for a data_source.
         """
         num_rows = response_ids.shape[0]
         ids = [response_ids[row][response_mask[row].bool()].tolist() for row in range(num_rows)]
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        rows = [
+            Row(row, data_sources[row], texts[row], ground_truths[row], extra_infos[row])
+            for row in range(num_rows)
+        ]
+        if self.pool is not None:
+            outcomes = self.pool.score(rows)
+        else:
+            outcomes = [outcome for _, outcome in score_rows(self.compute_score, rows, self.batched)]
         scores: list[float] = []
         extra: dict[str, list[float]] = {}
-        for row in range(num_rows):
-            where = f"(data_source '{data_sources[row]}'){_prompt_row(ground_truths[row], extra_infos[row])}"
-            try:
-                value = self.compute_score(
-                    data_source=data_sources[row],
-                    solution_str=texts[row],
-                    ground_truth=ground_truths[row],
-                    extra_info=extra_infos[row],
-                )
-            except UserError:
-                raise  # already names its culprit (e.g. an unknown data_source)
-            except Exception as exc:
-                reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-                raise UserError(
-                    f"reward function {self._name()} raised {reason} on response {row} {where}; fix the "
-                    "scoring function or the row's ground truth"
-                ) from exc
-            score, values = self._check(value, row, where)
-            scores.append(score)
-            for key, number in values.items():
+        failed: list[tuple[Row, Outcome]] = []
+        for row, outcome in zip(rows, outcomes, strict=True):
+            if outcome.kind == "user_error":
+                raise UserError(outcome.reason)  # already names its culprit (e.g. an unknown data_source)
+            if outcome.metric is not None:
+                failed.append((row, outcome))
+            scores.append(outcome.score if outcome.kind == "ok" else self.policy.failure_score)
+            for key, number in outcome.extra.items():
                 # Rows before the first that reported this key get NaN, as do rows that omit it.
-                extra.setdefault(key, [math.nan] * row).append(number)
+                extra.setdefault(key, [math.nan] * row.index).append(number)
             for column in extra.values():
-                if len(column) < row + 1:
+                if len(column) < row.index + 1:
                     column.append(math.nan)
+        if num_rows and len(failed) > self.policy.max_failure_share * num_rows:
+            row, outcome = failed[0]
+            raise UserError(
+                f"reward function {self._name()} failed on {len(failed)} of {num_rows} responses, more than "
+                f"reward_model.max_failure_share={self.policy.max_failure_share:g}; e.g. it {outcome.reason} on "
+                f"response {row.index} {_where(row)}; fix the scoring function"
+            )
+        for row, outcome in failed:
+            self.failure_counts[outcome.metric] += 1  # type: ignore[index]
+            self._log_first(row, outcome)
         score_tensor = torch.tensor(scores, dtype=torch.float32)  # [N]
         return RewardResult(
             scores=score_tensor,
@@ -128,31 +178,37 @@ class RewardManager:
             texts=texts,
         )
 
+    def take_failure_metrics(self) -> dict[str, float]:
+        """`reward/timeouts`, `reward/errors`, `reward/non_finite` since the last call, then reset."""
+        metrics = {f"reward/{name}": float(count) for name, count in self.failure_counts.items()}
+        self.failure_counts = dict.fromkeys(FAILURE_METRICS, 0)
+        return metrics
+
+    def close(self) -> None:
+        """Stop the worker pool, if any."""
+        if self.pool is not None:
+            self.pool.close()
+
+    def _log_first(self, row: Row, outcome: Outcome) -> None:
+        if outcome.kind in self._logged:
+            return
+        self._logged.add(outcome.kind)
+        shown = " ".join(row.solution_str.split())
+        logger.warning(
+            "reward function %s: first %s: it %s on a response %s (response: %r); it scores "
+            "reward_model.failure_score=%g, counted in reward/%s",
+            self._name(), outcome.kind, outcome.reason, _where(row),
+            shown[:200] + ("..." if len(shown) > 200 else ""), self.policy.failure_score, outcome.metric,
+        )  # fmt: skip
+
     def _name(self) -> str:
+        if self.pool is not None:
+            return self.pool.source.describe()
         return getattr(self.compute_score, "__name__", "the reward function")
 
-    def _check(self, value: Any, row: int, where: str) -> tuple[float, dict[str, float]]:
-        """(score, extra numeric values) of one return value, or a UserError saying what was wrong.
 
-        `where` describes the response's prompt for the message (data_source and row).
-        """
-        score = value.get("score") if isinstance(value, dict) else value
-        extras = {}
-        if isinstance(value, dict):
-            extras = {
-                key: extra_value
-                for key, item in value.items()
-                if key != "score" and (extra_value := _as_number(item)) is not None
-            }
-        number = _as_number(score)
-        if number is None or not math.isfinite(number):
-            shown = " ".join(repr(value).split())[:120]
-            missing = " (no 'score' key)" if isinstance(value, dict) and "score" not in value else ""
-            raise UserError(
-                f"reward function {self._name()} returned {type(value).__name__} {shown}{missing} for "
-                f"response {row} {where}; return a finite number or a dict with a finite 'score'"
-            )
-        return number, extras
+def _where(row: Row) -> str:
+    return f"(data_source '{row.data_source}'){_prompt_row(row.ground_truth, row.extra_info)}"
 
 
 def _prompt_row(ground_truth: Any, extra_info: dict[str, Any] | None) -> str:
@@ -167,10 +223,34 @@ def _prompt_row(ground_truth: Any, extra_info: dict[str, Any] | None) -> str:
     return text + (f" and extra_info index {index}" if index is not None else "")
 
 
-def _as_number(value: Any) -> float | None:
-    """float(value) for real numbers (Python, NumPy, one-element tensors), else None."""
-    if isinstance(value, torch.Tensor):
-        return float(value.item()) if value.numel() == 1 and not value.is_complex() else None
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return None
+def build_reward_manager(
+    tokenizer: PreTrainedTokenizerBase,
+    compute_score: Callable[..., Any],
+    reward_model: RewardModelConfig,
+    custom: CustomRewardFunctionConfig,
+    in_process_by_default: bool = False,
+) -> RewardManager:
+    """The run's reward manager: a worker pool sized by `reward_model.num_workers`, or in-process at 0.
+
+    Workers load a user's file themselves (`custom`); any other function travels by reference and must
+    be importable by name (a module-level function). `in_process_by_default` scores in-process when
+    `num_workers` is unset (the demo task: its scorer cannot hang, and a pool's start, about a second of
+    CPU a worker, is a measurable share of a 25-second demo on two cores).
+    """
+    batched = reward_model.reward_manager == "batch"
+    policy = FailurePolicy(reward_model.failure_score, reward_model.max_failure_share)
+    num_workers = reward_model.num_workers
+    if num_workers is None:
+        num_workers = 0 if in_process_by_default else min(8, os.cpu_count() or 1)
+    if num_workers == 0:
+        return RewardManager(tokenizer, compute_score, policy=policy, batched=batched)
+    if custom.path:
+        source = RewardSource(path=custom.path, name=custom.name, batched=batched)
+    else:
+        source = RewardSource(function=compute_score, batched=batched)
+    pool = RewardPool(source, num_workers, reward_model.timeout, reward_model.memory_limit_mb)
+    logger.info(
+        "scoring rewards in %d worker processes (reward_model.num_workers), %g s a call (reward_model.timeout)",
+        num_workers, reward_model.timeout,
+    )  # fmt: skip
+    return RewardManager(tokenizer, compute_score, pool=pool, policy=policy, batched=batched)

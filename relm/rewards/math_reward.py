@@ -3,14 +3,16 @@
 MATH-style references are short LaTeX answers (`\\frac{1}{2}`, `10\\text{ cm}`, `x=3`), and models write
 the same value many ways. Both sides are normalised (spacing, `\\left`/`\\right`, dollars, units,
 `\\dfrac`, `x=` prefixes) and then compared as strings, or as exact rationals when both read as numbers,
-so `0.5`, `1/2` and `\\frac{1}{2}` agree without floating-point tolerance. When `math-verify` is
-installed it is consulted as well, for equivalences no string rule can see (`\\sqrt{8}` vs
-`2\\sqrt{2}`); it can only turn a miss into a match, never the reverse.
+so `0.5`, `1/2` and `\\frac{1}{2}` agree without floating-point tolerance.
+
+math-verify is not consulted here, installed or not: a score must not change with what happens to be
+installed, and math-verify calls `\\boxed{-(x=5)}` equal to `x=5` (MATH-500's test/algebra/2193). Its
+symbolic checks are one config away instead: `custom_reward_function.path=pkg://relm.rewards.library
+custom_reward_function.name=math_verify` (relm/rewards/library.py).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from fractions import Fraction
 
@@ -46,8 +48,6 @@ _FRAC_SECOND = re.compile(r"(\\frac\{[^{}]*\})(?!\{)([0-9a-zA-Z])")
 _SQRT = re.compile(r"\\sqrt(?!\{)([0-9a-zA-Z])")
 _THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _FRAC_NUMBER = re.compile(r"^([+-]?)\\frac\{([^{}]+)\}\{([^{}]+)\}$")
-
-_HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
 
 
 def last_boxed_answer(text: str) -> str | None:
@@ -131,19 +131,7 @@ def math_answers_equal(answer: str, reference: str) -> bool:
     if left == right:
         return True
     left_value, right_value = as_number(left), as_number(right)
-    if left_value is not None and right_value is not None:
-        return left_value == right_value
-    return _HAS_MATH_VERIFY and _math_verify_equal(answer, reference)
-
-
-def _math_verify_equal(answer: str, reference: str) -> bool:
-    """math-verify's symbolic comparison; any failure inside it counts as no match."""
-    from math_verify import parse, verify
-
-    try:
-        return bool(verify(parse(f"\\boxed{{{reference}}}"), parse(f"\\boxed{{{answer}}}")))
-    except Exception:  # a parser over free-form LaTeX: what it cannot read is not a match
-        return False
+    return left_value is not None and right_value is not None and left_value == right_value
 
 
 def math_score(solution_str: str, ground_truth: str) -> float:

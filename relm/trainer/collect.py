@@ -102,6 +102,7 @@ def collect_experience(
     filt = c.cfg.algorithm.filter_groups
     if filt.enable:
         batch, extras = _fill_with_varied_groups(c, prompts, batch, extras, step, metrics)
+    metrics.update(c.reward.take_failure_metrics())  # reward/timeouts, reward/errors, reward/non_finite
     for name, values in extras.items():
         # Rows whose function left a key out carry NaN there.
         metrics[f"reward_extra/{name}/mean"] = float(values.double().nanmean())

@@ -29,7 +29,7 @@ from relm.config.schema import (
     RolloutConfig,
 )
 from relm.data.dataset import PromptDataset
-from relm.data.demo_task import write_demo_parquet
+from relm.data.demo_task import DEMO_DATA_SOURCE, write_demo_parquet
 from relm.data.loader import PromptLoader
 from relm.distributed.context import DistContext
 from relm.distributed.fsdp import shard_model
@@ -62,7 +62,8 @@ from relm.models.tokenizer import end_of_turn_ids, load_tokenizer
 from relm.models.value_model import load_value_model
 from relm.models.zoo import default_cache_dir
 from relm.rewards.custom import ComputeScore, resolve_compute_score
-from relm.rewards.manager import RewardManager
+from relm.rewards.manager import RewardManager, build_reward_manager
+from relm.rewards.registry import default_compute_score
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.engine import NativeRolloutEngine
@@ -255,8 +256,16 @@ def build_components(
     sizes = compute_sizes(cfg, loader.batches_per_epoch)
     if compute_score is None:
         compute_score = resolve_compute_score(
-            cfg.custom_reward_function.path, cfg.custom_reward_function.name
-        )
+            cfg.custom_reward_function.path, cfg.custom_reward_function.name,
+            batched=cfg.reward_model.reward_manager == "batch",
+        )  # fmt: skip
+    # Started before the models load, so the workers' imports overlap with it. The demo task's scorer is
+    # relm's own constant-time code: it scores in-process unless reward_model.num_workers says otherwise.
+    demo_only = {row["data_source"] for row in loader.dataset} == {DEMO_DATA_SOURCE}
+    reward = build_reward_manager(
+        tokenizer, compute_score, cfg.reward_model, cfg.custom_reward_function,
+        in_process_by_default=demo_only and compute_score is default_compute_score,
+    )  # fmt: skip
     sources = {"actor": model_dir}
     if builds_critic(cfg):
         sources["critic"] = resolve_model_dir(cfg.critic.model.path) if cfg.critic.model.path else model_dir
@@ -308,7 +317,7 @@ def build_components(
         engine=build_run_engine(
             cfg, generator, model_dir, tokenizer, dist=dist, device=device, precision=precision
         ),
-        reward=RewardManager(tokenizer, compute_score),
+        reward=reward,
         loader=loader,
         kl_ctrl=make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon),
         sizes=sizes,

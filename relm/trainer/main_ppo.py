@@ -44,7 +44,9 @@ def train_command(argv: list[str]) -> int:
     text_config = model_config.get_text_config()
     validate_config(cfg, max_position_embeddings=getattr(text_config, "max_position_embeddings", None))
     reward = cfg.custom_reward_function
-    compute_score = resolve_compute_score(reward.path, reward.name)
+    compute_score = resolve_compute_score(
+        reward.path, reward.name, batched=cfg.reward_model.reward_manager == "batch"
+    )
     check_logger_packages(cfg.trainer.logger)
     run_dir, trainer_cfg = Path(cfg.trainer.default_local_dir), cfg.trainer
     checkpoint = find_resume_checkpoint(run_dir, trainer_cfg.resume_mode, trainer_cfg.resume_from_path)
@@ -66,7 +68,11 @@ def train_command(argv: list[str]) -> int:
             print(CONFIG_OK_MESSAGE, flush=True)
             record_run_config(cfg)
 
-        train(build_components(cfg, model_dir, compute_score=compute_score, dist=dist))
+        components = build_components(cfg, model_dir, compute_score=compute_score, dist=dist)
+        try:
+            train(components)
+        finally:
+            components.reward.close()  # the reward workers end with the run, however it ends
         finished = True
     finally:
         dist.close(finished=finished)

@@ -146,6 +146,8 @@ def run_validation(
     metrics = validation_metrics(data_sources, prompt_indices, dict(variables))
     metrics["val/response_length/mean"] = sum(lengths) / len(lengths)
     metrics["timing_s/testing"] = time.perf_counter() - start
+    # Validation's failed reward calls, apart from the training step's.
+    metrics.update({f"val-aux/{k}": v for k, v in reward.take_failure_metrics().items()})
     return ValidationResult(metrics, samples)
 
 

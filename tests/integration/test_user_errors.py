@@ -176,7 +176,8 @@ def reward_function_raises(ctx: Ctx) -> CaseInput:
     # Unshuffled, the first batch is rows 0-3, lettered a, e, o, s: row 2 breaks the function, and the
     # error names it by its ground truth and extra_info.index.
     culprits = ["compute_score", "ValueError: cannot score o", "relm/letters", "'o' and extra_info index 2"]
-    return [*ctx.reward(body), "data.shuffle=false"], culprits
+    # Two failed responses of eight pass the default share (0.25); a lower one ends the run.
+    return [*ctx.reward(body), "data.shuffle=false", "reward_model.max_failure_share=0.1"], culprits
 
 
 def reward_returns_none(ctx: Ctx) -> CaseInput:

@@ -387,7 +387,6 @@ def test_verl_seq_balance_command_converts_its_global_micro_batch_sizes():
         (f"{ACT}.strategy=megatron", f"`{ACT}.strategy=megatron` is not supported"),
         (f"{MODEL}.dtype=fp8", f"`{MODEL}.dtype=fp8` is not supported"),
         ("data.truncation=cut", "`data.truncation=cut` is not supported"),
-        ("reward_model.reward_manager=batch", "`reward_model.reward_manager=batch`: batched reward functions"),
         ("reward.reward_manager.name=remote", "`reward_model.reward_manager=remote` is not supported"),
         ("algorithm.filter_groups.enable=true actor_rollout_ref.rollout.n=1 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "`algorithm.filter_groups.enable=true` needs groups"),
         ("reward_model.overlong_buffer.enable=true", "`reward_model.overlong_buffer.len=0` must be between"),

@@ -145,8 +145,10 @@ def test_manager_rejects_non_scores_naming_row_and_source(tokenizer, returned, s
         return 1.0 if extra_info["i"] == 0 else returned
 
     ids, mask = _responses(tokenizer, ["a", "b"], width=3)
+    # One failure in two responses is past the default share (0.25): the run ends, naming an example.
     with pytest.raises(
-        UserError, match=rf"compute_score returned {shown}.* for response 1 \(data_source 'b/src'\)"
+        UserError,
+        match=rf"compute_score failed on 1 of 2 responses.*it returned {shown}.* on response 1 \(data_source 'b/src'\)",
     ):
         RewardManager(tokenizer, compute_score)(
             ids, mask, ["a/src", "b/src"], [None, None], [{"i": 0}, {"i": 1}]
@@ -159,7 +161,8 @@ def test_manager_turns_a_raising_function_into_a_user_error(tokenizer):
 
     ids, mask = _responses(tokenizer, ["a"], width=2)
     with pytest.raises(
-        UserError, match=r"compute_score raised KeyError: 'answer' on response 0 \(data_source 'd'\)"
+        UserError,
+        match=r"compute_score failed on 1 of 1 responses.* it raised KeyError: 'answer' on response 0 \(data_source 'd'\)",
     ):
         RewardManager(tokenizer, compute_score)(ids, mask, ["d"], [None], [{}])
     with pytest.raises(UserError, match=r"data_source 'nope' has no built-in scorer"):

@@ -168,8 +168,8 @@ def test_dapo_reward_kwargs_switch_on_relms_overlong_shaping(caplog: pytest.LogC
     overlong = cfg.reward_model.overlong_buffer
     assert (overlong.enable, overlong.len, overlong.penalty_factor) == (True, 16, 0.5)
     assert [r.message for r in caplog.records if "use_reward_loop" in r.message] == [
-        "`reward_model.use_reward_loop`: verl key not used by relm (relm scores rewards in the training "
-        "process (no reward workers or reward loop))"
+        "`reward_model.use_reward_loop`: verl key not used by relm (relm scores rewards in its own reward "
+        "workers (`reward_model.num_workers`), not verl's reward loop)"
     ]
     # verl 0.9's own section, as its fully-async DAPO scripts write it.
     new = load_config([REAL, "data.max_response_length=64", "reward.reward_manager.name=dapo",
