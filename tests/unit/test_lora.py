@@ -108,3 +108,35 @@ def test_excluded_modules_keep_their_plain_layers():
     add_lora(model, LoraSettings(rank=4, alpha=8, exclude_modules=["down_proj"]))
     names = {n.rsplit(".", 1)[-1] for n, _ in lora_layers(model)}
     assert "down_proj" not in names and "up_proj" in names
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("actor_rollout_ref.model.lora_rank=-1", "must be >= 0"),
+        ("actor_rollout_ref.model.lora_adapter_path=/x", "set lora_rank to the adapter's rank"),
+        ("critic.model.lora_alpha=0", None),  # rank 0: alpha is not read
+        (
+            "trainer.n_gpus_per_node=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "runs on one GPU for now",
+        ),
+    ],
+)
+def test_lora_settings_are_checked_before_anything_loads(override: str, message: str | None):
+    from relm.config.loader import load_config
+    from relm.config.validate import validate_config
+    from relm.errors import UserError
+
+    extra = (
+        []
+        if override.startswith(("actor_rollout_ref.model.lora_rank", "critic"))
+        else ["actor_rollout_ref.model.lora_rank=8"]
+    )
+    if override.endswith("lora_adapter_path=/x"):
+        extra = []
+    cfg = load_config([*override.split(), *extra])
+    if message is None:
+        validate_config(cfg)
+        return
+    with pytest.raises(UserError, match=message):
+        validate_config(cfg)

@@ -28,7 +28,6 @@ NOT_READ = {
     "RolloutConfig.prompt_length": "verl's mirror of data.max_prompt_length: filled from it, validated equal",
     "RolloutConfig.response_length": "verl's mirror of data.max_response_length: filled from it, validated equal",
     "DataConfig.custom_cls": "custom dataset classes are refused by the validator when set",
-    "RewardModelConfig.reward_manager": "naive or dapo: the dapo shaping is switched by reward_model.overlong_buffer",
 }
 """Fields nothing outside relm/config/ reads, each with the reason; keep it short and true."""
 

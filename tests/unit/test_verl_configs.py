@@ -219,7 +219,7 @@ def test_missing_engine_and_logger_packages_fall_back_with_one_line_each(monkeyp
         (f"{OPTIM}.optimizer=Muon", f"`{OPTIM}.optimizer=Muon`: relm trains with AdamW only"),
         (
             "actor_rollout_ref.model.lora.rank=8",
-            "`actor_rollout_ref.model.lora.rank=8`: LoRA is not supported",
+            "`actor_rollout_ref.model.lora.rank=8`: Megatron's LoRA section",
         ),
     ],
 )
