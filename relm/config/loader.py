@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import Container, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from relm.config import verl_keys
@@ -132,7 +132,7 @@ def _merge_layers(layers: list[tuple[str, DictConfig]]) -> DictConfig:
         )
         if value is not _ABSENT:
             train_files = value  # a later `data.train_files=null` unsets an earlier value
-    merged = OmegaConf.create(dataclasses.asdict(RelmConfig()))
+    merged: Container = OmegaConf.create(dataclasses.asdict(RelmConfig()))
     if train_files is None:
         merged = OmegaConf.merge(merged, OmegaConf.load(DEMO_PRESET))
     for source, layer in layers:
@@ -214,7 +214,7 @@ def _leaf_keys(node: DictConfig, key: str, dotted: str) -> Iterator[str]:
         for child_key in child:
             if child_key == verl_keys.HYDRA_TARGET_KEY:
                 continue
-            yield from _leaf_keys(child, str(child_key), f"{dotted}.{child_key}")
+            yield from _leaf_keys(child, str(child_key), f"{dotted}.{child_key!s}")
     else:
         yield dotted
 
@@ -233,7 +233,7 @@ def _known_key_names() -> list[str]:
 def _schema_keys(cls: type, prefix: str) -> list[str]:
     keys: list[str] = []
     for name, hint in typing.get_type_hints(cls).items():
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             keys += _schema_keys(hint, f"{prefix}{name}.")
         else:
             keys.append(prefix + name)
