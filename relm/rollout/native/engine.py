@@ -226,6 +226,7 @@ class NativeRolloutEngine:
         check_eos = not params.ignore_eos and self.eos_token_ids.numel() > 0
         columns = SampledColumns(self.pad_token_id, self.vocab_limit)
         for step in range(width):
+            assert buffers.logits is not None, "the prefill wrote the first ones"
             token = columns.sample(buffers.logits[:num_rows], finished, params, self.generator, self._race)
             self.heartbeat()
             if check_eos:
@@ -275,6 +276,7 @@ class NativeRolloutEngine:
         columns = SampledColumns(self.pad_token_id, self.vocab_limit)
         step, decode_steps = 0, 0
         while True:
+            assert buffers.logits is not None, "the prefill wrote the first ones"
             token = columns.sample(buffers.logits[:slots], finished, params, self.generator, self._race)
             self.heartbeat()
             if check_eos:
@@ -317,6 +319,7 @@ class NativeRolloutEngine:
         the budget goes in chunks of columns.
         """
         buffers = self._buffers
+        assert buffers is not None, "`_ensure_buffers` allocates them first"
         prompt_width = prompt_ids.shape[1]
         valid = prompt_mask.bool()  # [u, P]
         positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
@@ -354,11 +357,12 @@ class NativeRolloutEngine:
                     **logits_kwargs,
                     **({CAUSAL_PREFILL: True} if unpadded else {}),
                 ).logits[:, -1]  # [u, V]
-            self._store_logits(logits, row_targets)
+            self._store_logits(logits, row_targets)  # type: ignore[possibly-undefined]  # start < prompt_width
 
     def _store_logits(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
         """Write first-token logits [u, V] into the rows `targets` [u, r] of the logits buffer."""
         buffers = self._buffers
+        assert buffers is not None, "`_ensure_buffers` allocates them first"
         vocab = logits.shape[1]
         if buffers.logits is None or buffers.logits.shape[1] != vocab or buffers.logits.dtype != logits.dtype:
             # The model's own logits dtype: sampling upcasts inside its fused kernel, and a bf16
@@ -376,6 +380,7 @@ class NativeRolloutEngine:
     def _decode_step(self, rows: int, kv_length: int, per_row: bool = False) -> None:
         """One token for rows [0, rows) from the fixed buffers into `buffers.logits`; graph-capturable."""
         buffers = self._buffers
+        assert buffers is not None, "`_ensure_buffers` allocates them first"
         buffers.cache.begin_decode(rows, kv_length, per_row)
         logits = self.model(
             input_ids=buffers.input_ids[:rows],
@@ -384,6 +389,7 @@ class NativeRolloutEngine:
             past_key_values=buffers.cache,
             use_cache=True,
         ).logits  # [rows, 1, V]
+        assert buffers.logits is not None, "the prefill allocates them"
         buffers.logits[:rows].copy_(logits[:, -1])
 
     def _row_bucket(self, num_rows: int) -> int:
@@ -421,8 +427,8 @@ class NativeRolloutEngine:
         rows = self._rows_within_budget(rows, length)
         if current is None or current.num_rows < rows or current.max_length < length:
             self.release_memory()
-            self._buffers = DecodeBuffers.allocate(rows, length, self.pad_token_id, self.device)
-        return self._buffers, min(wanted, self._buffers.num_rows)
+            current = self._buffers = DecodeBuffers.allocate(rows, length, self.pad_token_id, self.device)
+        return current, min(wanted, current.num_rows)
 
     def _rows_within_budget(self, rows: int, length: int) -> int:
         """`rows`, or on CUDA the largest row bucket under it whose cache fits the engine's share of
