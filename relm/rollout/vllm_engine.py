@@ -540,7 +540,7 @@ def _repack_cpu_kernels(model: nn.Module) -> None:
         experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
         if experts is not None:
             experts.process_weights_after_loading(module)
-        elif hasattr(module, "cpu_linear") and _kept_weight(module):
+        elif method is not None and hasattr(module, "cpu_linear") and _kept_weight(module):
             method.process_weights_after_loading(module)
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from relm.algorithms.kl import FixedKLController, make_kl_controller
+from relm.algorithms.kl import KLController, make_kl_controller
 from relm.config.schema import (
     ActorConfig,
     CriticConfig,
@@ -104,7 +104,7 @@ class RunComponents:
     engine: RolloutEngine
     reward: RewardManager
     loader: PromptLoader
-    kl_ctrl: FixedKLController
+    kl_ctrl: KLController
     sizes: Sizes
     generator: torch.Generator
     """Seeds mini-batch shuffles; its state is part of a checkpoint."""
@@ -164,6 +164,8 @@ def compute_sizes(cfg: RelmConfig, batches_per_epoch: int) -> Sizes:
 
     def rows(value: int | None) -> int:  # every unset per-GPU size falls back to the actor's
         return micro if value is None else value
+
+    assert critic.ppo_mini_batch_size is not None and critic.ppo_epochs is not None, "the loader fills them"
 
     batching = {
         "actor": Batching(
@@ -336,6 +338,7 @@ def _load_run_tokenizer(cfg: RelmConfig, model_dir: str) -> PreTrainedTokenizerB
 
 def _prompt_loader(cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase) -> PromptLoader:
     dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer)
+    assert cfg.data.seed is not None, "the loader takes the run's seed"
     return PromptLoader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
 
 
@@ -427,6 +430,7 @@ def build_run_engine(
         ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in eos_ids) or "no token",
         len(tokenizer),
     )
+    assert arr.rollout.max_model_len is not None, "the loader derives it from the data lengths"
     # Every generate call of the run is watched: no progress for rollout.timeout_s ends the run.
     engine: RolloutEngine = WatchedEngine(
         build_engine(
