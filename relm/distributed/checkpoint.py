@@ -58,7 +58,7 @@ def save_sharded(
         state = {"model": get_model_state_dict(model)}
     dcp.save(state, checkpoint_id=str(folder / DCP_FOLDER))
     if dist.is_main:
-        model.config.save_pretrained(folder)
+        model.config.save_pretrained(folder)  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
         generation = getattr(model, "generation_config", None)
         if generation is not None:
             generation.save_pretrained(folder)
@@ -161,6 +161,6 @@ def export_sharded(folder: Path, dest: Path, *, value_model: bool) -> None:
         model: PreTrainedModel | ValueModel = ValueModel(causal_lm) if value_model else causal_lm
     model.to_empty(device="cpu")
     if hasattr(model, "tie_weights"):
-        model.tie_weights()
+        model.tie_weights()  # type: ignore[operator]  # nn.Module hides the HF model's API
     load_sharded(model, None, None, folder, "export")
     model.save_pretrained(dest)

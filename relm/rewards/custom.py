@@ -21,7 +21,7 @@ from relm.rewards.registry import default_compute_score
 
 ComputeScore = Callable[..., "float | dict[str, Any]"]
 
-_ARGUMENTS = {"data_source": "", "solution_str": "", "ground_truth": None, "extra_info": {}}
+_ARGUMENTS: dict[str, Any] = {"data_source": "", "solution_str": "", "ground_truth": None, "extra_info": {}}
 
 
 def load_custom_reward(path: str, name: str = "compute_score") -> ComputeScore:

@@ -398,7 +398,7 @@ def build_trainee(
         seed=cfg.seed + sections.seed_offset,
     )
     if choice.checkpointing:
-        module.gradient_checkpointing_enable()
+        module.gradient_checkpointing_enable()  # type: ignore[operator]  # nn.Module hides the HF model's API
     return Trainee(
         name=name,
         module=module,
@@ -467,10 +467,10 @@ def use_varlen_attention(model: nn.Module, device: torch.device) -> None:
     and CPU runs keep transformers' packed path."""
     if device.type != "cuda" or not varlen_kernel_available():
         return
-    if model.config._attn_implementation != "sdpa":
+    if model.config._attn_implementation != "sdpa":  # type: ignore[union-attr]  # nn.Module hides the HF model's API
         return
     register_varlen_attention()
-    model.set_attn_implementation(VARLEN_ATTENTION)
+    model.set_attn_implementation(VARLEN_ATTENTION)  # type: ignore[operator]  # nn.Module hides the HF model's API
     logger.info("packed sequences attend through the flash variable-length kernel")
 
 

@@ -229,7 +229,7 @@ def perf_metrics(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, fl
     peak = peak_flops(c.device)
     if peak is not None and "timing_s/update_actor" in metrics:
         seq_lens = batch.attention_mask.sum(-1).tolist()
-        flops = training_flops(c.actor.module, seq_lens, c.actor.batching.num_epochs)
+        flops = training_flops(c.actor.module, seq_lens, c.actor.batching.num_epochs)  # type: ignore[arg-type]  # the actor's module is an HF causal LM
         # FLOPs of the whole batch, done by every rank together.
         perf["perf/mfu/actor"] = flops / metrics["timing_s/update_actor"] / (peak * c.dist.world_size)
     return perf

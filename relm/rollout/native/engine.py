@@ -163,9 +163,9 @@ class NativeRolloutEngine:
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         was_training = self.model.training
-        previous_attention = self.model.config._attn_implementation
+        previous_attention = self.model.config._attn_implementation  # type: ignore[union-attr]  # nn.Module hides the HF model's API
         self.model.eval()
-        self.model.set_attn_implementation(NATIVE_ATTENTION)
+        self.model.set_attn_implementation(NATIVE_ATTENTION)  # type: ignore[operator]  # nn.Module hides the HF model's API
         try:
             with self.projections.applied(), self.fused.applied(), _contiguous_head_input(self.model):
                 return self._generate(prompts, params)
@@ -176,7 +176,7 @@ class NativeRolloutEngine:
             self.release_memory()
             logger.warning("native rollout: %s; generating with the HF engine instead", exc)
         finally:
-            self.model.set_attn_implementation(previous_attention)
+            self.model.set_attn_implementation(previous_attention)  # type: ignore[operator]  # nn.Module hides the HF model's API
             self.model.train(was_training)
         return self.reference.generate(prompts, params)
 
@@ -436,7 +436,7 @@ class NativeRolloutEngine:
         if self.device.type != "cuda":
             return rows
         budget = dict(
-            config=self.model.config.get_text_config(),
+            config=self.model.config.get_text_config(),  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
             weight_bytes=sum(t.numel() * t.element_size() for t in self._weight_tensors()),
             dtype_bytes=next(self.model.parameters()).element_size(),
             length=length,
@@ -480,7 +480,7 @@ def _native_blocker(model: nn.Module) -> str | None:
     """Why the native path cannot drive `model` (one clause), or None."""
     if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
         return f"{type(model).__name__} is not a transformers model"
-    if not model._can_set_attn_implementation():
+    if not model._can_set_attn_implementation():  # type: ignore[operator]  # nn.Module hides the HF model's API
         return f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface"
     register_native_attention()
     return None
@@ -519,7 +519,7 @@ def _contiguous_head_input(model: nn.Module) -> Iterator[None]:
     explains; the prefill time after this change moved within the spread between runs, so the saving
     is not separately measured. Contiguous, it is one product reading the weight once.
     """
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[operator]  # nn.Module hides the HF model's API
     if not isinstance(head, nn.Module):
         yield
         return
