@@ -13,7 +13,7 @@ VERL_STAMP := $(VENV)/.relm-verl-installed
 VERL_PACKAGES := verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0 cloudpickle==3.1.3 \
 	orjson==3.13.0 importlib_metadata==10.2.0 zipp==4.1.2 psutil==7.2.2
 
-.PHONY: demo test lint format setup setup-vllm setup-verl test-vllm test-kernels test-verl clean
+.PHONY: demo test lint typecheck format setup setup-vllm setup-verl test-vllm test-kernels test-verl clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -53,6 +53,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check relm tests
 	$(BIN)/ruff format --check relm tests
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q tests
 
 # The vLLM group (marker `vllm`), which `make test` deselects: the real engine, weight syncs, the demo
@@ -72,6 +73,10 @@ test-verl: $(VERL_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check relm tests
+
+# mypy on relm/ with the settings in pyproject.toml ([tool.mypy]); part of `make test`.
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format relm tests

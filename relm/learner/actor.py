@@ -103,7 +103,11 @@ def _accumulate_minibatch(
         assert entropy is not None, "asked for with compute_entropy=True"
         entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, scale)
         loss = pg_loss - cfg.entropy_coeff * entropy_loss
-        micro_metrics: dict[str, torch.Tensor | float] = {"pg_loss": pg_loss.detach(), "entropy": entropy_loss.detach(), **pg_metrics}
+        micro_metrics: dict[str, torch.Tensor | float] = {
+            "pg_loss": pg_loss.detach(),
+            "entropy": entropy_loss.detach(),
+            **pg_metrics,
+        }
         if cfg.use_kl_loss:
             assert mb.ref_logprobs is not None, "use_kl_loss builds a reference model"
             kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_loss_type)

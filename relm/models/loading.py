@@ -287,7 +287,11 @@ def _build(
     seed: int,
     device: torch.device,
 ) -> PreTrainedModel:
-    common: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": trust_remote_code}
+    common: dict[str, Any] = {
+        "dtype": dtype,
+        "attn_implementation": attn,
+        "trust_remote_code": trust_remote_code,
+    }
     model_class = registered_model_class((getattr(config, "architectures", None) or [None])[0])
     builder: type[AutoModelForCausalLM] | type[PreTrainedModel] = AutoModelForCausalLM
     if model_class is not None:

@@ -14,9 +14,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
