@@ -13,7 +13,7 @@ VERL_STAMP := $(VENV)/.relm-verl-installed
 VERL_PACKAGES := verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0 cloudpickle==3.1.3 \
 	orjson==3.13.0 importlib_metadata==10.2.0 zipp==4.1.2 psutil==7.2.2
 
-.PHONY: demo test lint typecheck format setup setup-vllm setup-verl test-vllm test-kernels test-verl clean
+.PHONY: demo test lint format setup setup-vllm setup-verl test-vllm test-kernels test-verl clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -75,6 +75,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check relm tests
 
 # mypy on relm/ with the settings in pyproject.toml ([tool.mypy]); part of `make test`.
+.PHONY: typecheck
 typecheck: $(STAMP)
 	$(BIN)/mypy
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import Container, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.base import Container
 from omegaconf.errors import OmegaConfBaseException
 
 from relm.config import verl_keys
@@ -125,6 +126,7 @@ _ABSENT = object()
 
 def _merge_layers(layers: list[tuple[str, DictConfig]]) -> DictConfig:
     """Defaults, then the demo preset when no layer names training data, then the user's layers."""
+    merged: Container  # OmegaConf.merge's type: any config node (a DictConfig here, checked at the end)
     train_files = None
     for _, layer in layers:
         value = OmegaConf.select(
@@ -132,7 +134,7 @@ def _merge_layers(layers: list[tuple[str, DictConfig]]) -> DictConfig:
         )
         if value is not _ABSENT:
             train_files = value  # a later `data.train_files=null` unsets an earlier value
-    merged: Container = OmegaConf.create(dataclasses.asdict(RelmConfig()))
+    merged = OmegaConf.create(dataclasses.asdict(RelmConfig()))
     if train_files is None:
         merged = OmegaConf.merge(merged, OmegaConf.load(DEMO_PRESET))
     for source, layer in layers:
