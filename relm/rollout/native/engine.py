@@ -357,7 +357,7 @@ class NativeRolloutEngine:
                     **logits_kwargs,
                     **({CAUSAL_PREFILL: True} if unpadded else {}),
                 ).logits[:, -1]  # [u, V]
-            self._store_logits(logits, row_targets)  # type: ignore[possibly-undefined]  # start < prompt_width
+            self._store_logits(logits, row_targets)  # type: ignore[possibly-undefined]  # a group always has columns past `start`
 
     def _store_logits(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
         """Write first-token logits [u, V] into the rows `targets` [u, r] of the logits buffer."""
