@@ -68,6 +68,7 @@ demo: $(STAMP)
 test: $(STAMP) $(VERL_WHEELS_STAMP)
 	$(BIN)/ruff check relm tests
 	$(BIN)/ruff format --check relm tests
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q tests
 
 # The vLLM group (marker `vllm`), which `make test` deselects: the real engine, weight syncs, the demo
@@ -87,6 +88,11 @@ test-verl: $(VERL_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check relm tests
+
+# mypy on relm/ with the settings in pyproject.toml ([tool.mypy]); part of `make test`.
+.PHONY: typecheck
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format relm tests

@@ -26,6 +26,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -114,6 +115,7 @@ def _merged_lora(folder: Path, dest: Path, base: str | None, *, value_model: boo
     base = base or config.get("base_model_name_or_path")
     if not base:
         raise UserError(f"`{folder}/{ADAPTER_CONFIG}` names no base model; pass --base MODEL_PATH")
+    model: Any
     if value_model:
         model = load_value_model(base, dtype=torch.float32, device="cpu")
         add_lora(

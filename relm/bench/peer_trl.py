@@ -184,7 +184,8 @@ def weights_folder(model_dir: str, cfg: RelmConfig, device: torch.device, scratc
     shutil.copytree(model_dir, scratch, ignore=shutil.ignore_patterns(".relm-zoo-complete"))
     precision = pick_precision(cfg.actor_rollout_ref.model.dtype, device)
     model = load_causal_lm(model_dir, dtype=precision.master, device=device, seed=cfg.seed)
-    model.to(precision.compute).save_pretrained(scratch)
+    # transformers' decorator on `to` hides its signature: mypy reads the dtype as `self`.
+    model.to(precision.compute).save_pretrained(scratch)  # type: ignore[arg-type]
     del model
     free_memory(device)
     return str(scratch)
@@ -200,7 +201,7 @@ def free_memory(device: torch.device) -> None:
 def letters_reward(completions: list, **_: Any) -> list[float]:
     """relm's bench reward (`relm/letters`, ground truth `a`) on TRL's conversational completions."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [float(default_compute_score("relm/letters", text, "a")) for text in texts]
+    return [float(default_compute_score("relm/letters", text, "a")) for text in texts]  # type: ignore[arg-type]  # letters scores are floats
 
 
 def run_trl_grpo(

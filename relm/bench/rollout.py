@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
     else:  # a local folder or Hub id: its own weights, loaded (and checked) as the trainer loads them
         model = load_causal_lm(args.model, dtype=dtype, device=device).eval().requires_grad_(False)
     copy_bandwidth = measure_copy_bandwidth(device)
-    vocab = model.config.get_text_config().vocab_size
+    vocab = model.config.get_text_config().vocab_size  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
     generator = torch.Generator().manual_seed(args.seed)
     prompts = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=generator).tolist()
     eos_ids = eos_share(vocab, args.eos_rate, generator)
@@ -187,7 +187,7 @@ def eos_share(vocab: int, rate: float, generator: torch.Generator) -> list[int]:
 def make_engine(
     name: str, model: nn.Module, device: torch.device, args: argparse.Namespace, eos_ids: list[int]
 ) -> Any:
-    pad = model.config.get_text_config().pad_token_id or 0
+    pad = model.config.get_text_config().pad_token_id or 0  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
     if name == "hf":
         return HFRolloutEngine(model, pad_token_id=pad, eos_token_ids=eos_ids, device=device)
     graphs = False if args.no_cuda_graphs else None
@@ -283,7 +283,7 @@ def measure_copy_bandwidth(device: torch.device, num_bytes: int | None = None) -
 def _shape_fields(
     args: argparse.Namespace, model: nn.Module, dtype: torch.dtype, device: torch.device, copy_bw: float
 ) -> dict[str, Any]:
-    config = model.config.get_text_config()
+    config = model.config.get_text_config()  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
     dtype_bytes = torch.finfo(dtype).bits // 8
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     # Over the decode steps the live length grows from P + 1 to P + R - 1: P + R / 2 on average.

@@ -229,7 +229,7 @@ def _load(
         report.decisions.append("eager attention: sdpa would skip the attention soft-capping")
     elif attn == "eager":
         report.conditions.append("eager attention: transformers refused sdpa for this architecture")
-    num_rows = model.get_input_embeddings().weight.shape[0]
+    num_rows = model.get_input_embeddings().weight.shape[0]  # type: ignore[index]  # nn.Module hides the HF model's API
     if report.tokenizer is not None:
         report.tokenizer.embedding_rows = int(num_rows)  # the built model's, over the config's
     if len(tokenizer) > num_rows:
@@ -281,7 +281,7 @@ def _check_rollout(
         "generated_tokens": float(num_tokens),
         "stop_fraction": gen.finish_reasons.count(FINISH_STOP) / len(gen.finish_reasons),
     }
-    vocab_rows = model.get_input_embeddings().weight.shape[0]
+    vocab_rows = model.get_input_embeddings().weight.shape[0]  # type: ignore[operator]  # nn.Module hides the HF model's API
     check_generation(gen, vocab_rows, tokenizer.pad_token_id, eos_ids, options.max_new_tokens)
 
     n = options.samples_per_prompt
@@ -362,9 +362,9 @@ def _update(
         changed = changed_fraction(before, sample_weights(components.actor.module))
         metrics["actor_weights_changed"] = changed
         if options.rollout == "vllm":  # its own copy of the weights: the synced copy must be the actor's
-            worst, _ = components.engine.check_agreement()
+            worst, _ = components.engine.check_agreement()  # type: ignore[attr-defined]  # the vLLM engine's, reached through WatchedEngine
             metrics["weight_sync_logprob_diff_max"] = worst
-            components.engine.close()
+            components.engine.close()  # type: ignore[attr-defined]  # the vLLM engine's, reached through WatchedEngine
         dtype = next(components.actor.module.parameters()).dtype
         # bf16 weights that CompactAdamW rounds stochastically move in expectation: at lr 1e-6 about 1% of
         # them take a whole bf16 step, so only a step that moved none was lost.

@@ -59,7 +59,7 @@ class ModelReport:
     """The tokenizer facts relm relied on (pad, eos and end of turn, template, length vs rows)."""
 
     @property
-    def failed_stage(self) -> str | None:
+    def failed_stage(self) -> StageName | None:
         return next((stage.name for stage in self.stages if stage.status == "fail"), None)
 
     def stage(self, name: StageName) -> StageResult | None:

@@ -109,10 +109,10 @@ def tokenizer_facts(
         ids = encode_prompt(tokenizer, PROBE_CONVERSATION)
         facts.prompt_tokens = len(ids)
         if tokenizer.chat_template:
-            facts.rendered = tokenizer.apply_chat_template(
-                PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False
+            facts.rendered = str(
+                tokenizer.apply_chat_template(PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False)
             )
-            templated = tokenizer.apply_chat_template(
+            templated: Any = tokenizer.apply_chat_template(
                 PROBE_CONVERSATION, add_generation_prompt=True, tokenize=True
             )
             templated = templated["input_ids"] if not isinstance(templated, list) else templated

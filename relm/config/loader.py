@@ -32,6 +32,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.base import Container
 from omegaconf.errors import OmegaConfBaseException
 
 from relm.config import verl_keys, verl_renames
@@ -197,6 +198,7 @@ _ABSENT = object()
 
 def _merge_layers(layers: list[_Layer]) -> DictConfig:
     """Defaults, then the demo preset when no layer names training data, then the user's layers."""
+    merged: Container  # OmegaConf.merge's type: any config node (a DictConfig here, checked at the end)
     train_files = None
     for layer in layers:
         if layer.deleted == "data.train_files":
@@ -225,7 +227,7 @@ def _merge_layers(layers: list[_Layer]) -> DictConfig:
     return merged
 
 
-def _delete(tree: DictConfig, layer: _Layer) -> None:
+def _delete(tree: Container, layer: _Layer) -> None:
     """Hydra's `~key` / `~key=value`: the key goes, so the schema's default applies again."""
     assert layer.deleted is not None
     parent_key, _, leaf = layer.deleted.rpartition(".")
@@ -308,7 +310,7 @@ def _leaf_keys(node: DictConfig, key: str, dotted: str) -> Iterator[str]:
         for child_key in child:
             if child_key == verl_keys.HYDRA_TARGET_KEY:
                 continue
-            yield from _leaf_keys(child, str(child_key), f"{dotted}.{child_key}")
+            yield from _leaf_keys(child, str(child_key), f"{dotted}.{child_key!s}")
     else:
         yield dotted
 
@@ -327,7 +329,7 @@ def _known_key_names() -> list[str]:
 def _schema_keys(cls: type, prefix: str) -> list[str]:
     keys: list[str] = []
     for name, hint in typing.get_type_hints(cls).items():
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             keys += _schema_keys(hint, f"{prefix}{name}.")
         else:
             keys.append(prefix + name)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from relm.config.fsdp_size import FSDP_SIZE_KEYS, check_fsdp_size
-from relm.config.schema import RelmConfig
+from relm.config.schema import ActorConfig, CriticConfig, RelmConfig
 from relm.errors import UserError
 
 CONFIG_OK_MESSAGE = "All configuration checks passed successfully!"
@@ -41,7 +41,7 @@ LOSS_AGG_MODES = (
     "seq-mean-token-sum-norm",
 )
 POLICY_LOSS_MODES = ("vanilla", "gspo")
-KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
+KL_ESTIMATORS: tuple[str, ...] = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
 # verl 0.9.1: a `+` suffix keeps the value and takes the gradient of k2 (relm.algorithms.kl).
 KL_ESTIMATORS += tuple(kind + "+" for kind in KL_ESTIMATORS)
 KL_CTRL_TYPES = ("fixed", "adaptive")
@@ -204,6 +204,7 @@ def _check_choices(cfg: RelmConfig) -> None:
 def _check_ranges(cfg: RelmConfig) -> None:
     data, arr, critic, algo = cfg.data, cfg.actor_rollout_ref, cfg.critic, cfg.algorithm
     actor, rollout = arr.actor, arr.rollout
+    value: float | None  # each loop below checks one kind of number
     for key, value in (
         ("data.max_prompt_length", data.max_prompt_length),
         ("data.max_response_length", data.max_response_length),
@@ -277,7 +278,7 @@ def _check_ranges(cfg: RelmConfig) -> None:
         ("critic.optim.min_lr_ratio", critic.optim.min_lr_ratio),
         ("reward_model.max_failure_share", cfg.reward_model.max_failure_share),
     ):
-        if not 0 <= value <= 1:
+        if value is not None and not 0 <= value <= 1:  # null min_lr_ratio: no floor
             raise UserError(f"`{key}` must be between 0 and 1, got {value}")
     if rollout.timeout_s is not None and not rollout.timeout_s > 0:
         raise UserError(
@@ -318,7 +319,7 @@ def _check_batches(cfg: RelmConfig) -> None:
             f"`actor_rollout_ref.rollout.n={n}`: `{cfg.algorithm.adv_estimator}` compares responses to the "
             f"same prompt, so it needs n >= 2"
         )
-    sections = [("actor_rollout_ref.actor", arr.actor)]
+    sections: list[tuple[str, ActorConfig | CriticConfig]] = [("actor_rollout_ref.actor", arr.actor)]
     if cfg.algorithm.adv_estimator == "gae":  # only GAE trains a critic
         sections.append(("critic", cfg.critic))
     for name, section in sections:

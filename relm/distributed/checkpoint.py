@@ -58,7 +58,7 @@ def save_sharded(
         state = {"model": get_model_state_dict(model)}
     dcp.save(state, checkpoint_id=str(folder / DCP_FOLDER))
     if dist.is_main:
-        model.config.save_pretrained(folder)
+        model.config.save_pretrained(folder)  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
         generation = getattr(model, "generation_config", None)
         if generation is not None:
             generation.save_pretrained(folder)
@@ -88,6 +88,7 @@ def load_sharded(
         saved = torch.load(folder / SCHEDULER_FILE, map_location="cpu", weights_only=False)
         if not saved["optimizer_saved"]:
             optimizer = None  # it never stepped: the fresh optimizer is the saved one
+    state: dict[str, Any]  # DCP's state dict: {"model": ..., "optimizer": ...}
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
     else:
@@ -116,7 +117,8 @@ def load_full_into_sharded(model: nn.Module, tensors: dict[str, torch.Tensor]) -
     relative to `model`, missing tied weights allowed."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    set_model_state_dict(model, tensors, options=StateDictOptions(full_state_dict=True, strict=False))
+    # torch's dict[str, ValueType] is invariant; a tensor is one of its value types.
+    set_model_state_dict(model, tensors, options=StateDictOptions(full_state_dict=True, strict=False))  # type: ignore[arg-type]
 
 
 def load_full_optimizer_into_sharded(
@@ -132,7 +134,7 @@ def load_full_optimizer_into_sharded(
     if not saved["state"]:
         return  # it never stepped: the fresh optimizer is the saved one (the schedule sets the lr)
     names = [name for name, p in model.named_parameters() if p.requires_grad]
-    by_name = {
+    by_name: dict[str, Any] = {
         "state": {names[index]: value for index, value in saved["state"].items()},
         "param_groups": [
             {**group, "params": [names[index] for index in group["params"]]}
@@ -149,17 +151,16 @@ def export_sharded(folder: Path, dest: Path, *, value_model: bool) -> None:
     then empty CPU storage), filled from DCP and saved with `save_pretrained`; a critic is saved as
     `ValueModel.save_pretrained` does (backbone folder plus value_head.safetensors).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a per-shard bar for one file is noise
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
-        model: nn.Module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        if value_model:
-            model = ValueModel(model)
+        causal_lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model: PreTrainedModel | ValueModel = ValueModel(causal_lm) if value_model else causal_lm
     model.to_empty(device="cpu")
     if hasattr(model, "tie_weights"):
-        model.tie_weights()
+        model.tie_weights()  # type: ignore[operator]  # nn.Module hides the HF model's API
     load_sharded(model, None, None, folder, "export")
     model.save_pretrained(dest)

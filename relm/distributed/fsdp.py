@@ -102,6 +102,7 @@ def full_tensor(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         return tensor
     from torch.distributed.tensor import DTensor
 
+    assert isinstance(tensor, DTensor), "a tensor with `to_local` is a DTensor"
     local = to_local()
     # Decided by the mesh, the same on every rank (local shapes differ: a [1] bias sharded over 2 ranks
     # is whole on one of them), so that no rank skips a gather the others make.

@@ -32,9 +32,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 GATHER_SHARE = 0.5
 """Share of the free GPU memory that deferred gradients and kept weights may take together."""
@@ -53,11 +57,12 @@ class GatherChoice:
 NO_CHANGE = GatherChoice(defer_grad_sync=False, keep_gathered=False)
 
 
-def fsdp_units(model: nn.Module) -> list[nn.Module]:
+def fsdp_units(model: nn.Module) -> list[FSDPModule]:
     """The FSDP-managed modules of `model`: its blocks and, last, the root (empty: not FSDP)."""
     from torch.distributed.fsdp import FSDPModule
 
-    return [m for m in model.modules() if isinstance(m, FSDPModule)][::-1]
+    units: list[FSDPModule] = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    return units[::-1]
 
 
 def shard_group_size(model: nn.Module) -> int | None:
@@ -67,7 +72,7 @@ def shard_group_size(model: nn.Module) -> int | None:
         if placements is None:
             return None
         shard_dims = [dim for dim, placement in enumerate(placements) if placement.is_shard()]
-        return param.device_mesh.size(shard_dims[0]) if shard_dims else 1
+        return param.device_mesh.size(shard_dims[0]) if shard_dims else 1  # type: ignore[attr-defined]  # a DTensor
     return None
 
 
@@ -144,8 +149,8 @@ class Accumulation:
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         """Backpropagate one micro-batch's loss; gradients are reduced over ranks only when `last`."""
-        if self.choice.defer_grad_sync:
-            self.model.set_requires_gradient_sync(last)
+        if self.choice.defer_grad_sync:  # chosen for FSDP models only
+            cast("FSDPModule", self.model).set_requires_gradient_sync(last)
         if self.world_size > 1:
             loss = loss * self.world_size
         loss.backward()
@@ -158,7 +163,7 @@ class Accumulation:
 
     def __exit__(self, *exc: object) -> None:
         if self.choice.defer_grad_sync:
-            self.model.set_requires_gradient_sync(True)
+            cast("FSDPModule", self.model).set_requires_gradient_sync(True)
         if self.choice.keep_gathered:
             _hold_weights(self._units, hold=False)
             _reshard(self._units)
@@ -181,7 +186,7 @@ def gathered_for_passes(model: nn.Module, device: torch.device) -> Iterator[bool
             _reshard(units)
 
 
-def _hold_weights(units: list[nn.Module], *, hold: bool) -> None:
+def _hold_weights(units: list[FSDPModule], *, hold: bool) -> None:
     """Keep gathered weights through forward and backward, or restore FSDP2's defaults: blocks free
     theirs after forward, the root (last in `units`) keeps its own for the backward that follows."""
     for unit in units:
@@ -189,7 +194,7 @@ def _hold_weights(units: list[nn.Module], *, hold: bool) -> None:
         unit.set_reshard_after_backward(not hold, recurse=False)
 
 
-def _reshard(units: list[nn.Module]) -> None:
+def _reshard(units: list[FSDPModule]) -> None:
     for unit in units:
         unit.reshard()
 

@@ -69,6 +69,7 @@ def _accumulate_minibatch(
     vocab_limit: int | None = None,
 ) -> list[dict]:
     """Forward and backward of one mini-batch's micro-batches (`scale` normalises their losses); their metrics."""
+    assert cfg.clip_ratio_low is not None and cfg.clip_ratio_high is not None, "the loader fills them"
     collected = []
     for index, micro in enumerate(micros):
         mb = batch.select(micro).to(device)
@@ -86,6 +87,7 @@ def _accumulate_minibatch(
             vocab_limit=vocab_limit,
         )
         mask = mb.response_mask
+        assert mb.old_logprobs is not None and mb.advantages is not None, "set before the update"
         pg_loss, pg_metrics = compute_policy_loss(
             cfg.policy_loss.loss_mode,
             old_logprobs=mb.old_logprobs,
@@ -98,10 +100,16 @@ def _accumulate_minibatch(
             loss_agg_mode=cfg.loss_agg_mode,
             agg_scale=scale,
         )
+        assert entropy is not None, "asked for with compute_entropy=True"
         entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, scale)
         loss = pg_loss - cfg.entropy_coeff * entropy_loss
-        micro_metrics = {"pg_loss": pg_loss.detach(), "entropy": entropy_loss.detach(), **pg_metrics}
+        micro_metrics: dict[str, torch.Tensor | float] = {
+            "pg_loss": pg_loss.detach(),
+            "entropy": entropy_loss.detach(),
+            **pg_metrics,
+        }
         if cfg.use_kl_loss:
+            assert mb.ref_logprobs is not None, "use_kl_loss builds a reference model"
             kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_loss_type)
             kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, scale)
             loss = loss + cfg.kl_loss_coef * kl_loss

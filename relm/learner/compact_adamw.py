@@ -89,8 +89,9 @@ class CompactAdamW(torch.optim.Optimizer):
         self.seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
         self._loaded_moments: dict[int, dict[str, torch.Tensor]] = {}
-        self.register_load_state_dict_pre_hook(_set_moments_aside)
-        self.register_load_state_dict_post_hook(_restore_moments)
+        # torch types the hooks for any Optimizer; these are registered on a CompactAdamW only.
+        self.register_load_state_dict_pre_hook(_set_moments_aside)  # type: ignore[arg-type]
+        self.register_load_state_dict_post_hook(_restore_moments)  # type: ignore[arg-type]
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -181,8 +182,8 @@ def adamw_update(
         return
     flat = [t.view(-1) for t in tensors]
     for start in range(0, param.numel(), SLICE_ELEMENTS):
-        pieces = [t[start : start + SLICE_ELEMENTS] for t in flat]
-        _update_slice(*pieces, step, lr, beta1, beta2, eps, weight_decay, generator)
+        p, g, m, v = (t[start : start + SLICE_ELEMENTS] for t in flat)
+        _update_slice(p, g, m, v, step, lr, beta1, beta2, eps, weight_decay, generator)
 
 
 def _update_slice(

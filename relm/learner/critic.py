@@ -68,6 +68,8 @@ def _accumulate_minibatch(
             mb.response_width,
             remove_padding=remove_padding,
         )
+        assert mb.values is not None and mb.returns is not None, "set before the update"
+        assert cfg.loss_agg_mode is not None, "the loader takes the actor's"
         vf_loss, vf_metrics = compute_value_loss(
             values,
             mb.values,

@@ -109,7 +109,8 @@ def response_logprobs(
                 block_logits, block_targets, scale, compute_entropy, entropy_grad, use_checkpoint
             )
             logprob_cols.append(logprob)
-            entropy_cols.append(entropy)
+            if entropy is not None:  # None unless compute_entropy
+                entropy_cols.append(entropy)
         logprob_rows.append(torch.cat(logprob_cols, dim=1))
         if compute_entropy:
             entropy_rows.append(torch.cat(entropy_cols, dim=1))

@@ -70,7 +70,7 @@ def lora_settings(model_cfg: Any) -> LoraSettings | None:
     )
 
 
-def add_lora(model: nn.Module, settings: LoraSettings) -> int:
+def add_lora(model: Any, settings: LoraSettings) -> int:
     """Freeze `model` and give its target layers trainable LoRA adapters (or load saved ones).
 
     `model` is a transformers `PreTrainedModel` (for the critic: its backbone, whose value head stays
@@ -94,7 +94,7 @@ def add_lora(model: nn.Module, settings: LoraSettings) -> int:
         model.add_adapter(
             LoraConfig(
                 r=settings.rank,
-                lora_alpha=settings.alpha,
+                lora_alpha=settings.alpha,  # type: ignore[arg-type]  # peft types it int; it takes a float
                 target_modules=target if isinstance(target, str) else list(target),
                 exclude_modules=settings.exclude_modules,
                 lora_dropout=0.0,
@@ -111,7 +111,7 @@ def has_lora(model: nn.Module) -> bool:
     return next(lora_layers(model), None) is not None
 
 
-def lora_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+def lora_layers(model: nn.Module) -> Iterator[tuple[str, Any]]:
     """(name of the adapted layer, the PEFT LoRA layer) for each adapted layer, in module order."""
     from peft.tuners.lora import LoraLayer
 
@@ -146,14 +146,14 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield f"{name}.weight", base.float() + delta.float()
 
 
-def without_adapters(model: nn.Module) -> nn.Module:
+def without_adapters(model: nn.Module) -> Any:
     """A copy of `model` with every adapter merged into its layer and the adapter layers removed.
 
     The engine's own copy (bf16 on a GPU) is built from this: a plain transformers model the native
     engine's fused projections and kernels handle as any other, with parameter names `merged_weights`
     refreshes.
     """
-    plain = copy.deepcopy(model)
+    plain: Any = copy.deepcopy(model)
     for name, layer in list(lora_layers(plain)):
         base = layer.get_base_layer()
         with torch.no_grad():
@@ -187,7 +187,7 @@ def check_synced(model: nn.Module, engine_model: nn.Module, name: str) -> None:
     good sync the two are equal bit for bit; any other value means the adapter did not arrive.
     """
     layer_name = name.removesuffix(".weight")
-    layer = model.get_submodule(layer_name)
+    layer: Any = model.get_submodule(layer_name)  # a PEFT LoRA layer
     expected = layer.get_base_layer().weight.float() + layer.get_delta_weight(ADAPTER).float()
     held = engine_model.get_parameter(name)
     if not torch.equal(held, expected.to(device=held.device, dtype=held.dtype)):

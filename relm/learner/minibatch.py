@@ -133,8 +133,8 @@ class MinibatchMetrics:
         for name, values in self._current.items():
             value = sum(values) if name in ADDITIVE_METRICS else sum(values) / len(values)
             self._per_minibatch.setdefault(name, []).append(value)
-        for name, value in (extra or {}).items():
-            self._per_minibatch.setdefault(name, []).append(float(value))
+        for name, extra_value in (extra or {}).items():
+            self._per_minibatch.setdefault(name, []).append(float(extra_value))
         self._current = {}
 
     def result(self) -> dict[str, list[float]]:

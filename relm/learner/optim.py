@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,7 +51,8 @@ def build_optimizer(
     torch's own AdamW (fp32 weights and moments, and sharded runs).
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    settings = dict(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    settings: dict[str, Any] = dict(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    optimizer: torch.optim.Optimizer
     if moments_dtype is None:
         # One fused kernel per parameter group instead of foreach's dozen passes over every fp32 tensor
         # (about 50 ms a step at 1.5B on an H200); plain CUDA tensors only (FSDP2's shards are DTensors).
@@ -66,7 +68,7 @@ def build_optimizer(
             warmup_steps=warmup,
             total_steps=total_steps,
             style=cfg.warmup_style,
-            min_lr_ratio=cfg.min_lr_ratio,
+            min_lr_ratio=cfg.min_lr_ratio or 0.0,  # null: no floor (the schema says so)
         ),
     )
     return optimizer, scheduler

@@ -76,7 +76,7 @@ def run_update(
         size.largest_rows = max(len(micro) for micro in micros)
         return accumulate(micros, scale, accumulation)
 
-    world_size = 1 if single_process else dist.world_size
+    world_size = 1 if dist is None or single_process else dist.world_size
     rows_per_minibatch = batching.rows_per_minibatch // world_size
     with Accumulation.planned(model, device, world_size) as accumulation:
         for _ in range(batching.num_epochs):
@@ -94,7 +94,7 @@ def run_update(
                 stats.end_minibatch({"grad_norm": grad_norm})
     model.eval()
     return UpdateResult(
-        metrics={**stats.result(), f"{name}/lr": [scheduler.get_last_lr()[0]]},
+        metrics={**stats.result(), f"{name}/lr": [float(scheduler.get_last_lr()[0])]},
         num_skipped_updates=skipped,
         microbatch=trainee.microbatch,
     )

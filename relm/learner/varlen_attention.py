@@ -49,7 +49,8 @@ def _mask_unless_packed(*args: Any, attention_mask: torch.Tensor | None = None, 
     # Packed forwards pass no padding mask: the lengths travel as kwargs, so no [S, S] mask is built.
     if attention_mask is None:
         return None
-    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+    # transformers passes the mask arguments by keyword: no positional one lands on attention_mask.
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)  # type: ignore[misc]
 
 
 def varlen_attention(
@@ -120,6 +121,7 @@ def _flash_varlen(
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     cu = cu_seq_lens.to(torch.int32)
     out = varlen_attn(q, k, v, cu, cu, max_length, max_length, **options)  # [S, H, D]
+    assert isinstance(out, torch.Tensor), "without return_aux the kernel returns the output alone"
     return out.to(query.dtype)
 
 

@@ -31,7 +31,7 @@ class ModelShape:
     @classmethod
     def of(cls, model: nn.Module) -> ModelShape:
         backbone = getattr(model, "backbone", model)  # a value model wraps its causal LM
-        config = backbone.config.get_text_config()
+        config = backbone.config.get_text_config()  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
         hidden = config.hidden_size
         return cls(
             num_params=sum(p.numel() for p in model.parameters()),

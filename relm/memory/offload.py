@@ -136,7 +136,7 @@ class OffloadedOptimizerStates:
                 raise ValueError("offloaded optimizer states do not support a closure")
             self._step(inner)
 
-        optimizer.step = chunked_step  # type: ignore[method-assign]
+        optimizer.step = chunked_step  # type: ignore[method-assign,assignment]  # a wrapper in place of the bound step
 
     def to_host(self) -> None:
         """Move every state tensor to pinned CPU memory (after loading a checkpoint, for instance)."""

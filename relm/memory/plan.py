@@ -232,8 +232,8 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
         chosen = chosen or next((x for x in layouts if fits(x, smallest_need)), None)
         if chosen is not None:
             break
-    if chosen is None:
-        raise PlanDoesNotFit(_why_not(layouts[-1], budget, host_budget, smallest_need, critic_need, request))
+    if chosen is None:  # `layouts` is bound: `_rungs` gives at least one rung
+        raise PlanDoesNotFit(_why_not(layouts[-1], budget, host_budget, smallest_need, critic_need, request))  # type: ignore[possibly-undefined]
 
     free = budget - chosen.actor_phase - LOGIT_SCRATCH_BYTES
     checkpointing, max_tokens = _budget(actor, free, request.max_sequence_length, request.user_checkpointing)
@@ -258,6 +258,7 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
         },
     )
     if critic is not None:
+        assert chosen.critic_phase is not None, "a layout with a critic prices its phase"
         plan.fp32_bytes["critic moments"] = 8 * critic.num_params
         plan.critic_gradient_checkpointing, _ = _budget(
             critic, budget - chosen.critic_phase, request.max_sequence_length, request.user_critic_checkpointing,

@@ -197,9 +197,11 @@ def read_config(folder: str, path: str, trust_remote_code: bool) -> PretrainedCo
     declared = (raw.get("architectures") or [None])[0]
     registered = registered_model_class(declared)
     if registered is not None:
-        config = registered.config_class.from_pretrained(folder)
+        config_class = registered.config_class
+        assert config_class is not None, "`register_architecture` refuses a class without one"
+        config = config_class.from_pretrained(folder)
         # The folder's own model_type (unknown to transformers) would otherwise shadow the class's.
-        config.model_type = registered.config_class.model_type
+        config.model_type = config_class.model_type  # type: ignore[misc]  # on this instance, on purpose
         return config
     try:
         return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
@@ -276,7 +278,7 @@ def load_causal_lm(
                 "model `%s` refused attn_implementation=%s; trying %s", path, attn, attn_choices[i + 1]
             )
     # eval() as from_pretrained leaves it (from_config does not): the update loops call train().
-    return model.eval().to(device)
+    return model.eval().to(device)  # type: ignore[possibly-undefined]  # the last choice returns or raises
 
 
 def _build(
@@ -289,9 +291,13 @@ def _build(
     seed: int,
     device: torch.device,
 ) -> PreTrainedModel:
-    common = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": trust_remote_code}
+    common: dict[str, Any] = {
+        "dtype": dtype,
+        "attn_implementation": attn,
+        "trust_remote_code": trust_remote_code,
+    }
     model_class = registered_model_class((getattr(config, "architectures", None) or [None])[0])
-    builder = AutoModelForCausalLM
+    builder: type[AutoModelForCausalLM] | type[PreTrainedModel] = AutoModelForCausalLM
     if model_class is not None:
         builder = model_class
         common.pop("trust_remote_code")  # a concrete class has its code already

@@ -165,7 +165,7 @@ def register_model_class(arch_name: str, cls_or_known_arch: type[PreTrainedModel
     Raises:
         UserError: The target is neither a transformers class name nor a PreTrainedModel subclass.
     """
-    target = cls_or_known_arch
+    target: type[PreTrainedModel] | str | None = cls_or_known_arch
     if isinstance(target, str):
         target = getattr(transformers, target, None)
     if not (isinstance(target, type) and issubclass(target, PreTrainedModel) and target.config_class):

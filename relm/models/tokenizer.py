@@ -120,7 +120,7 @@ def _pad_fallback(tokenizer: PreTrainedTokenizerBase) -> str:
         if "reserved" in token.lower():
             return token
     # Without even an eos, any id works as long as the mask hides it: take the first token.
-    return eos if eos is not None else tokenizer.convert_ids_to_tokens(0)
+    return eos if eos is not None else str(tokenizer.convert_ids_to_tokens(0))
 
 
 def encode_prompt(
@@ -148,7 +148,8 @@ def encode_prompt(
     template = custom_chat_template or tokenizer.chat_template
     if template:
         kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
-        ids = tokenizer.apply_chat_template(
+        # Any: transformers types every form (text, batches, BatchEncoding); one conversation gives ids.
+        ids: Any = tokenizer.apply_chat_template(
             messages,
             chat_template=template,
             add_generation_prompt=True,

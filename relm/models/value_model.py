@@ -84,7 +84,7 @@ class ValueModel(nn.Module):
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         """Recompute backbone activations in backward; kwargs go to the HF method."""
         kwargs.setdefault("gradient_checkpointing_kwargs", {"use_reentrant": False})
-        self.backbone.gradient_checkpointing_enable(**kwargs)
+        self.backbone.gradient_checkpointing_enable(**kwargs)  # type: ignore[operator]  # nn.Module hides the HF model's API
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write the backbone as an HF folder plus `value_head.safetensors` beside it.
@@ -93,7 +93,7 @@ class ValueModel(nn.Module):
         checkpoint; the missing lm_head is dropped again).
         """
         directory = Path(directory)
-        self.backbone.save_pretrained(directory)
+        self.backbone.save_pretrained(directory)  # type: ignore[operator]  # nn.Module hides the HF model's API
         head = {name: t.detach().contiguous().cpu() for name, t in self.value_head.state_dict().items()}
         save_file(head, str(directory / VALUE_HEAD_FILE))
 

@@ -142,7 +142,9 @@ def _write_folder(
     if config.num_hidden_layers > CONFIG_ONLY_ABOVE_LAYERS:
         # A published shape: writing gigabytes of random weights through the CPU only to read them
         # back would dominate a benchmark's start-up; the loader builds them seeded on the device.
-        config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
+        # transformers annotates every lazy auto mapping with the tokenizer mapping's (slow, fast) pair;
+        # the model mapping holds the class itself.
+        config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]  # type: ignore[attr-defined]
         config.save_pretrained(folder)
         generation_config.save_pretrained(folder)
     else:

@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
 import torch
 from transformers import (
@@ -24,6 +25,7 @@ from transformers import (
     Phi3Config,
     PhimoeConfig,
     PretrainedConfig,
+    PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2MoeConfig,
@@ -41,7 +43,7 @@ class ZooEntry:
 
     description: str
     """One line shown when listing the zoo."""
-    build_config: Callable[[PreTrainedTokenizerFast], PretrainedConfig]
+    build_config: Callable[[PreTrainedTokenizerBase], PretrainedConfig]
     """HF config for the given tokenizer (its special-token ids go into the config)."""
     weight_dtype: torch.dtype = torch.float32
     """Dtype of the saved weights; full-size shapes use bf16 to halve disk and build time."""
@@ -54,7 +56,7 @@ class ZooEntry:
     """A family in `relm.models.family_tokenizers.FAMILIES`: the model carries that family's real
     tokenizer files (copied as shipped) and `build_tokenizer` is not used."""
 
-    def tokenizer(self, cache_dir: str | Path | None = None) -> PreTrainedTokenizerFast:
+    def tokenizer(self, cache_dir: str | Path | None = None) -> PreTrainedTokenizerBase:
         """The tokenizer this entry's folder holds (a shipped one is unpacked under `cache_dir`).
 
         A shipped tokenizer is loaded once per process and shared (loading Mistral-Nemo's takes
@@ -66,7 +68,7 @@ class ZooEntry:
 
 
 @functools.cache
-def _shared_family_tokenizer(family: str, cache_dir: str | None) -> PreTrainedTokenizerFast:
+def _shared_family_tokenizer(family: str, cache_dir: str | None) -> PreTrainedTokenizerBase:
     return load_family_tokenizer(family, cache_dir)
 
 
@@ -74,7 +76,13 @@ QWEN25, PHI3, MISTRAL_NEMO = "qwen2.5", "phi3", "mistral-nemo"
 """Families whose real tokenizer ships with relm (`relm.models.family_tokenizers`)."""
 
 
-def _token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int | None]:
+class _TokenIds(TypedDict):
+    pad_token_id: int | None
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+
+def _token_ids(tokenizer: PreTrainedTokenizerBase) -> _TokenIds:
     return {
         "pad_token_id": tokenizer.pad_token_id,
         "bos_token_id": tokenizer.bos_token_id,
@@ -82,7 +90,7 @@ def _token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int | None]:
     }
 
 
-def _tiny_qwen2(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+def _tiny_qwen2(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
     return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -96,7 +104,7 @@ def _tiny_qwen2(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
     )
 
 
-def _tiny_qwen2_hd64(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+def _tiny_qwen2_hd64(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
     # vLLM's CPU attention kernel refuses head_dim 16 (tiny/qwen2); Qwen2Config has no head_dim
     # key, so head_dim 64 needs hidden = 64 * heads.
     return Qwen2Config(
@@ -112,7 +120,7 @@ def _tiny_qwen2_hd64(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
     )
 
 
-def _tiny_llama(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+def _tiny_llama(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
     return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -133,12 +141,12 @@ def _char_tokenizer_without_pad() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def _tiny(config_class: type[PretrainedConfig], **fields: object) -> Callable:
+def _tiny(config_class: Callable[..., PretrainedConfig], **fields: Any) -> Callable:
     """A 2-layer config of `config_class`: hidden 128, 2 heads / 1 kv head of head_dim 64 (the width
     every engine's attention kernel accepts), the char vocabulary, plus the family's quirks."""
 
-    def build(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
-        shape = dict(
+    def build(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
+        shape: dict[str, Any] = dict(
             vocab_size=len(tokenizer),
             hidden_size=128,
             intermediate_size=256,
@@ -253,19 +261,19 @@ TINY_ZOO: dict[str, ZooEntry] = {
 }
 
 
-def _published(config_class: type[PretrainedConfig], **fields: object) -> Callable:
+def _published(config_class: Callable[..., PretrainedConfig], **fields: Any) -> Callable:
     """A published model's config (numbers from its config.json); special-token ids are the entry's
     tokenizer's: the family's own where relm ships it, else the char tokenizer's, which fit inside
     every published vocabulary."""
 
-    def build(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+    def build(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
         return config_class(**fields, **_token_ids(tokenizer))
 
     return build
 
 
 def _qwen25(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> Callable:
-    def build(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+    def build(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
         return Qwen2Config(
             vocab_size=151936,
             hidden_size=hidden,
@@ -283,7 +291,7 @@ def _qwen25(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: i
     return build
 
 
-def _llama32_1b(tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+def _llama32_1b(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
     return LlamaConfig(
         vocab_size=128256,
         hidden_size=2048,

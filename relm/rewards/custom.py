@@ -21,8 +21,13 @@ from relm.rewards.registry import default_compute_score
 
 ComputeScore = Callable[..., "float | dict[str, Any]"]
 
-_ARGUMENTS = {"data_source": "", "solution_str": "", "ground_truth": None, "extra_info": {}}
-_BATCH_ARGUMENTS = {"data_sources": [], "solution_strs": [], "ground_truths": [], "extra_infos": []}
+_ARGUMENTS: dict[str, Any] = {"data_source": "", "solution_str": "", "ground_truth": None, "extra_info": {}}
+_BATCH_ARGUMENTS: dict[str, Any] = {
+    "data_sources": [],
+    "solution_strs": [],
+    "ground_truths": [],
+    "extra_infos": [],
+}
 PKG_PREFIX = "pkg://"
 """verl's spelling of a module path (`pkg://relm.rewards.library`) where a file path is expected."""
 

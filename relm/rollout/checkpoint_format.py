@@ -40,12 +40,12 @@ def checkpoint_format(
         match = _LAYER_PREFIX.match(name)
         key = match.group(1) if match else name
         if group and key != group_key:
-            yield from revert_weight_conversion(model, group).items()
+            yield from revert_weight_conversion(model, group).items()  # type: ignore[arg-type]  # nn.Module hides the HF model's API
             group = {}
         group_key = key
         group[name] = _full(tensor).detach()
     if group:
-        yield from revert_weight_conversion(model, group).items()
+        yield from revert_weight_conversion(model, group).items()  # type: ignore[arg-type]  # nn.Module hides the HF model's API
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:

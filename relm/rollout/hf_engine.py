@@ -135,7 +135,7 @@ class HFRolloutEngine:
             KeyError: a name the engine's model does not have.
             ValueError: a shape mismatch, or a dtype change between floating and integer tensors.
         """
-        own = dict(self.model.named_parameters(remove_duplicate=False))
+        own: dict[str, torch.Tensor] = dict(self.model.named_parameters(remove_duplicate=False))
         own.update(self.model.named_buffers(remove_duplicate=False))
         for name, tensor in named_tensors:
             target = own.get(name)

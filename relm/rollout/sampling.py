@@ -121,7 +121,7 @@ class SampledColumns:
         finished: torch.Tensor,
         params: SamplingParams,
         generator: torch.Generator,
-        race: Callable[..., torch.Tensor] | None = None,
+        race: Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """Draw every row's next token from `logits` [rows, V] and record it; returns the [rows] tokens
         (pad where `finished`)."""

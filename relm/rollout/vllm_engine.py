@@ -137,7 +137,7 @@ class VLLMRolloutEngine:
         self.model, self.pad_token_id, self.settings = model, pad_token_id, settings
         self.device = torch.device(device)
         self.eos_token_ids = sorted(set(eos_token_ids))
-        rows = model.config.get_text_config().vocab_size
+        rows = model.config.get_text_config().vocab_size  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
         # One list shared by every request; None (nothing to mask) skips vLLM's per-request mask.
         self._allowed_token_ids = (
             list(range(vocab_limit)) if vocab_limit is not None and vocab_limit < rows else None
@@ -228,7 +228,7 @@ class VLLMRolloutEngine:
         On a GPU vLLM sizes its cache from gpu_memory_utilization; its CPU backend takes a fixed size
         and commits it at once, so asking for what the run can use keeps a small model's engine small.
         """
-        text = self.model.config.get_text_config()
+        text = self.model.config.get_text_config()  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
         heads = getattr(text, "num_attention_heads", 0) or 0
         head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else 0)
         kv_heads = getattr(text, "num_key_value_heads", None) or heads
@@ -364,7 +364,7 @@ class VLLMRolloutEngine:
             UserError: beyond `logprob_tolerance` of the engine's dtype: vLLM computes another model
                 than the actor for this architecture (or the weights did not arrive).
         """
-        vocab = self.model.get_input_embeddings().weight.shape[0]
+        vocab = self.model.get_input_embeddings().weight.shape[0]  # type: ignore[operator]  # nn.Module hides the HF model's API
         tokens = torch.randint(0, vocab, (num_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
         device = next(self.model.parameters()).device
         was_training = self.model.training
@@ -540,7 +540,7 @@ def _repack_cpu_kernels(model: nn.Module) -> None:
         experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
         if experts is not None:
             experts.process_weights_after_loading(module)
-        elif hasattr(module, "cpu_linear") and _kept_weight(module):
+        elif method is not None and hasattr(module, "cpu_linear") and _kept_weight(module):
             method.process_weights_after_loading(module)
 
 

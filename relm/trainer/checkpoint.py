@@ -117,7 +117,7 @@ def save_checkpoint(c: RunComponents, step: int, loop_state: dict[str, Any] | No
             c.tokenizer.save_pretrained(staging / "actor")
     else:
         for trainee in c.trainees:
-            trainee.module.save_pretrained(staging / trainee.name)
+            trainee.module.save_pretrained(staging / trainee.name)  # type: ignore[operator]  # nn.Module hides the HF model's API
             _save_optimizer(staging / trainee.name, trainee.optimizer, trainee.scheduler)
         c.tokenizer.save_pretrained(staging / "actor")
     if c.dist.is_main:
@@ -276,7 +276,7 @@ def _load_trainee(c: RunComponents, trainee: Trainee, folder: Path, state: dict[
     head_file = folder / "value_head.safetensors"
     has_head = hasattr(model, "value_head")
     head = load_file(str(head_file)) if has_head else {}
-    body = model.backbone if has_head else model
+    body: Any = model.backbone if has_head else model  # an HF model (or a value model's backbone)
     if sharded is None and has_lora(body):
         # A LoRA run saves only its adapters (a PEFT folder): the frozen base comes from model.path.
         if not is_adapter_folder(folder):
@@ -286,7 +286,7 @@ def _load_trainee(c: RunComponents, trainee: Trainee, folder: Path, state: dict[
             )
         load_adapter_weights(body, folder)
         if has_head:
-            model.value_head.load_state_dict(head)
+            model.value_head.load_state_dict(head)  # type: ignore[union-attr]  # nn.Module hides the value head
     elif sharded is None:
         if is_adapter_folder(folder):
             raise UserError(
@@ -295,7 +295,7 @@ def _load_trainee(c: RunComponents, trainee: Trainee, folder: Path, state: dict[
             )
         _load_module_weights(body, folder, what)
         if has_head:
-            model.value_head.load_state_dict(head)
+            model.value_head.load_state_dict(head)  # type: ignore[union-attr]  # nn.Module hides the HF model's API
     else:
 
         def load_whole(tensors: dict[str, torch.Tensor]) -> None:
@@ -304,7 +304,7 @@ def _load_trainee(c: RunComponents, trainee: Trainee, folder: Path, state: dict[
                 tensors.update({f"value_head.{k}": v for k, v in head.items()})
             load_full_into_sharded(model, tensors)
 
-        _load_module_weights(model.backbone if has_head else model, folder, what, load_whole)
+        _load_module_weights(model.backbone if has_head else model, folder, what, load_whole)  # type: ignore[arg-type]  # nn.Module hides the HF model's API
     _load_optimizer(folder, state, what, trainee.optimizer, trainee.scheduler, sharded)
 
 

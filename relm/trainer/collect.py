@@ -84,6 +84,7 @@ def generate_and_score(
 
 def _filter_values(batch: ExperienceBatch, extras: dict[str, torch.Tensor], metric: str) -> torch.Tensor:
     if metric in SCORE_METRICS:
+        assert batch.token_scores is not None, "filtering follows scoring"
         return batch.token_scores.sum(-1)
     if metric not in extras:
         raise UserError(

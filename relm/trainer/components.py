@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from relm.algorithms.kl import FixedKLController, make_kl_controller
+from relm.algorithms.kl import KLController, make_kl_controller
 from relm.config.schema import (
     ActorConfig,
     CriticConfig,
@@ -110,7 +110,7 @@ class RunComponents:
     engine: RolloutEngine
     reward: RewardManager
     loader: PromptLoader
-    kl_ctrl: FixedKLController
+    kl_ctrl: KLController
     sizes: Sizes
     generator: torch.Generator
     """Seeds mini-batch shuffles; its state is part of a checkpoint."""
@@ -181,6 +181,8 @@ def compute_sizes(cfg: RelmConfig, batches_per_epoch: int) -> Sizes:
 
     def rows(value: int | None) -> int:  # every unset per-GPU size falls back to the actor's
         return micro if value is None else value
+
+    assert critic.ppo_mini_batch_size is not None and critic.ppo_epochs is not None, "the loader fills them"
 
     batching = {
         "actor": Batching(
@@ -261,7 +263,8 @@ def build_components(
         )  # fmt: skip
     # Started before the models load, so the workers' imports overlap with it. The demo task's scorer is
     # relm's own constant-time code: it scores in-process unless reward_model.num_workers says otherwise.
-    demo_only = {row["data_source"] for row in loader.dataset} == {DEMO_DATA_SOURCE}
+    dataset = loader.dataset
+    demo_only = {dataset[i]["data_source"] for i in range(len(dataset))} == {DEMO_DATA_SOURCE}
     reward = build_reward_manager(
         tokenizer, compute_score, cfg.reward_model, cfg.custom_reward_function,
         in_process_by_default=demo_only and compute_score is default_compute_score,
@@ -363,6 +366,7 @@ def _load_run_tokenizer(cfg: RelmConfig, model_dir: str) -> PreTrainedTokenizerB
 
 def _prompt_loader(cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase) -> PromptLoader:
     dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer)
+    assert cfg.data.seed is not None, "the loader takes the run's seed"
     return PromptLoader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
 
 
@@ -431,7 +435,7 @@ def build_trainee(
         seed=cfg.seed + sections.seed_offset,
     )
     if choice.checkpointing:
-        module.gradient_checkpointing_enable()
+        module.gradient_checkpointing_enable()  # type: ignore[operator]  # nn.Module hides the HF model's API
     return Trainee(
         name=name,
         module=module,
@@ -463,6 +467,7 @@ def build_run_engine(
         ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in eos_ids) or "no token",
         len(tokenizer),
     )
+    assert arr.rollout.max_model_len is not None, "the loader derives it from the data lengths"
     # Every generate call of the run is watched: no progress for rollout.timeout_s ends the run.
     engine: RolloutEngine = WatchedEngine(
         build_engine(
@@ -499,10 +504,10 @@ def use_varlen_attention(model: nn.Module, device: torch.device) -> None:
     and CPU runs keep transformers' packed path."""
     if device.type != "cuda" or not varlen_kernel_available():
         return
-    if model.config._attn_implementation != "sdpa":
+    if model.config._attn_implementation != "sdpa":  # type: ignore[union-attr]  # nn.Module hides the HF model's API
         return
     register_varlen_attention()
-    model.set_attn_implementation(VARLEN_ATTENTION)
+    model.set_attn_implementation(VARLEN_ATTENTION)  # type: ignore[operator]  # nn.Module hides the HF model's API
     logger.info("packed sequences attend through the flash variable-length kernel")
 
 

@@ -17,7 +17,7 @@ about half of it).
 from __future__ import annotations
 
 import torch
-from torch import nn
+from transformers import PreTrainedModel
 
 PEAK_BF16_DENSE_FLOPS = {
     "H200": 989e12,
@@ -39,7 +39,7 @@ def peak_flops(device: torch.device) -> float | None:
     return next((flops for key, flops in PEAK_BF16_DENSE_FLOPS.items() if key in name), None)
 
 
-def matmul_params(model: nn.Module) -> int:
+def matmul_params(model: PreTrainedModel) -> int:
     """Parameters used in matrix products per token: all but the input embedding, plus the output head."""
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     embed_ids = {id(p) for p in embed.parameters()} if embed is not None else set()
@@ -50,13 +50,13 @@ def matmul_params(model: nn.Module) -> int:
     return count
 
 
-def verl_params(model: nn.Module) -> int:
+def verl_params(model: PreTrainedModel) -> int:
     """N as verl counts it: `matmul_params` plus the input embedding (vocab x hidden)."""
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    return matmul_params(model) + (embed.weight.numel() if embed is not None else 0)
+    return matmul_params(model) + (embed.weight.numel() if embed is not None else 0)  # type: ignore[operator]  # an nn.Embedding: its weight is a tensor
 
 
-def training_flops(model: nn.Module, seq_lens: list[int], num_epochs: int = 1) -> float:
+def training_flops(model: PreTrainedModel, seq_lens: list[int], num_epochs: int = 1) -> float:
     """FLOPs of forward + backward over sequences of `seq_lens` tokens, `num_epochs` times (verl's count)."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     num_heads = config.num_attention_heads

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
@@ -103,7 +104,7 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
     actor = c.actor
     # The actor's token budget (made smaller by an update that ran out of memory) also cuts the
     # reference's forwards: the two models have one shape.
-    logprobs = dict(
+    logprobs: dict[str, Any] = dict(
         temperature=c.sizes.logprob_temperature,
         device=c.device,
         remove_padding=actor.batching.remove_padding,
@@ -111,6 +112,7 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
         dist=c.dist,
         vocab_limit=len(c.tokenizer),  # the engines never sample past the tokenizer's ids
     )
+    assert batch.rollout_logprobs is not None, "every engine returns the logprobs of what it sampled"
     if c.cfg.algorithm.rollout_correction.bypass_mode:
         # verl's bypass mode: the engine's logprobs stand for the old policy's; no actor forward, so no
         # gap to measure here (the first mini-batch's actor/ppo_kl shows it instead).
@@ -161,7 +163,9 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
 def estimate_advantages(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> None:
     """Token rewards (scores minus the in-reward KL penalty, if any), then advantages and returns."""
     algo = c.cfg.algorithm
+    assert batch.token_scores is not None, "the batch is scored"
     if algo.use_kl_in_reward:
+        assert batch.old_logprobs is not None and batch.ref_logprobs is not None, "both forwards ran"
         batch.token_rewards, kl_metrics = apply_kl_penalty(
             batch.token_scores, batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
             c.kl_ctrl.value, algo.kl_penalty,
@@ -196,7 +200,7 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
     """
     skipped = 0
     mine = local_rows(batch, rank_rows(batch, c.dist, c.trainees, balance=c.cfg.trainer.balance_batch))
-    shared = dict(device=c.device, generator=c.generator, dist=c.dist)
+    shared: dict[str, Any] = dict(device=c.device, generator=c.generator, dist=c.dist)
     if c.critic is not None:
         with timed(metrics, "update_critic"), c.residency.phase("update_critic"):
             result = update_critic(c.critic, mine, **shared)
@@ -226,7 +230,7 @@ def perf_metrics(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, fl
     peak = peak_flops(c.device)
     if peak is not None and "timing_s/update_actor" in metrics:
         seq_lens = batch.attention_mask.sum(-1).tolist()
-        flops = training_flops(c.actor.module, seq_lens, c.actor.batching.num_epochs)
+        flops = training_flops(c.actor.module, seq_lens, c.actor.batching.num_epochs)  # type: ignore[arg-type]  # the actor's module is an HF causal LM
         # FLOPs of the whole batch, done by every rank together.
         perf["perf/mfu/actor"] = flops / metrics["timing_s/update_actor"] / (peak * c.dist.world_size)
     return perf
@@ -281,6 +285,7 @@ def train(c: RunComponents) -> None:
     val_samples = ValidationSamples(trainer_cfg, c.run_dir)
 
     def validate(step: int) -> dict[str, float]:
+        assert val_dataset is not None, "called only with a validation set"
         with c.residency.phase("generate"), engine_stage(c.engine, f"validation after step {step}"):
             result = run_validation(
                 c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size,

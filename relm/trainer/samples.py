@@ -81,6 +81,7 @@ def rollout_samples(tokenizer: PreTrainedTokenizerBase, batch: ExperienceBatch) 
     """A step's responses from its scored batch (`token_scores` set), in the batch's row order."""
     inputs = decode_rows(tokenizer, batch.prompt_ids, batch.prompt_mask)
     outputs = decode_rows(tokenizer, batch.response_ids, batch.response_mask)
+    assert batch.token_scores is not None, "rollout_samples takes a scored batch"
     scores = batch.token_scores.sum(-1).tolist()
     extras = batch.reward_extras or [{} for _ in range(len(batch))]
     return [
@@ -119,6 +120,7 @@ def pick_val_generations(samples: list[GenerationSample], count: int) -> list[Ge
 
 def generations_table(samples: list[GenerationSample], step: int) -> tuple[list[str], list[Any]]:
     """verl's W&B table layout: columns `step, input_1, output_1, score_1, ...`, one row for this validation."""
+    row: list[Any]  # the step, then strings and scores
     columns, row = ["step"], [step]
     for index, sample in enumerate(samples, start=1):
         columns += [f"input_{index}", f"output_{index}", f"score_{index}"]
@@ -214,4 +216,6 @@ class ValidationSamples:
 
 def dump_rollout(setting: str, tokenizer: PreTrainedTokenizerBase, batch: ExperienceBatch, step: int) -> Path:
     """`trainer.rollout_data_dir`: the step's responses into `{step}.jsonl`; returns its path."""
-    return write_step_dump(dump_folder(setting), step, rollout_samples(tokenizer, batch))
+    folder = dump_folder(setting)
+    assert folder is not None, "called only when trainer.rollout_data_dir is set"
+    return write_step_dump(folder, step, rollout_samples(tokenizer, batch))

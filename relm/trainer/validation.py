@@ -264,5 +264,5 @@ def _engine_rng_preserved(engine: RolloutEngine) -> Iterator[None]:
     try:
         yield
     finally:
-        if state is not None:
+        if state is not None and generator is not None:
             generator.set_state(state)

@@ -34,7 +34,7 @@ class DecodeGraphs:
         self._step = step
         self._weights = weights
         self._graphs: dict[tuple[int | bool, ...], torch.cuda.CUDAGraph] = {}
-        self._pool: tuple[int, int] | None = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None
         self._weight_addresses: list[int] = []
         self.disabled_reason: str | None = None
         """Why graphs are off for this engine, once a capture failed; None while they work."""

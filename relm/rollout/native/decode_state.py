@@ -123,8 +123,10 @@ def admit_rows(
     flat = _to_device([i for group in groups for i in group], device).split([len(g) for g in groups])
     copy_targets, stash_targets, prefill_prompts, slots, row_prompts = flat
     if plan.copy_targets:
+        assert plan.copy_source is not None, "an admission that copies names its source"
         buffers.cache.copy_prompt(plan.copy_source, copy_targets, width)
     if plan.stash_targets:
+        assert buffers.logits is not None and stash is not None, "a stash is taken before it is used"
         buffers.logits.index_copy_(0, stash_targets, stash.expand(len(plan.stash_targets), -1))
     if plan.prefill_prompts:
         repeats = max(len(group) for group in plan.prefill_slots)
@@ -133,6 +135,7 @@ def admit_rows(
         target_tensor = _to_device([s for group in targets for s in group], device).view(-1, repeats)
         prefill(prompts.ids[prefill_prompts], prompts.mask[prefill_prompts], target_tensor)
         if plan.stash_slot is not None:
+            assert buffers.logits is not None, "the prefill just wrote them"
             stash = buffers.logits[plan.stash_slot].clone()
     if plan.slots:
         new_mask = torch.zeros(len(plan.slots), 1, 1, buffers.max_length, dtype=torch.bool, device=device)

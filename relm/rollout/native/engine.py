@@ -163,9 +163,9 @@ class NativeRolloutEngine:
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         was_training = self.model.training
-        previous_attention = self.model.config._attn_implementation
+        previous_attention = self.model.config._attn_implementation  # type: ignore[union-attr]  # nn.Module hides the HF model's API
         self.model.eval()
-        self.model.set_attn_implementation(NATIVE_ATTENTION)
+        self.model.set_attn_implementation(NATIVE_ATTENTION)  # type: ignore[operator]  # nn.Module hides the HF model's API
         try:
             with self.projections.applied(), self.fused.applied(), _contiguous_head_input(self.model):
                 return self._generate(prompts, params)
@@ -176,7 +176,7 @@ class NativeRolloutEngine:
             self.release_memory()
             logger.warning("native rollout: %s; generating with the HF engine instead", exc)
         finally:
-            self.model.set_attn_implementation(previous_attention)
+            self.model.set_attn_implementation(previous_attention)  # type: ignore[operator]  # nn.Module hides the HF model's API
             self.model.train(was_training)
         return self.reference.generate(prompts, params)
 
@@ -226,6 +226,7 @@ class NativeRolloutEngine:
         check_eos = not params.ignore_eos and self.eos_token_ids.numel() > 0
         columns = SampledColumns(self.pad_token_id, self.vocab_limit)
         for step in range(width):
+            assert buffers.logits is not None, "the prefill wrote the first ones"
             token = columns.sample(buffers.logits[:num_rows], finished, params, self.generator, self._race)
             self.heartbeat()
             if check_eos:
@@ -275,6 +276,7 @@ class NativeRolloutEngine:
         columns = SampledColumns(self.pad_token_id, self.vocab_limit)
         step, decode_steps = 0, 0
         while True:
+            assert buffers.logits is not None, "the prefill wrote the first ones"
             token = columns.sample(buffers.logits[:slots], finished, params, self.generator, self._race)
             self.heartbeat()
             if check_eos:
@@ -317,6 +319,7 @@ class NativeRolloutEngine:
         the budget goes in chunks of columns.
         """
         buffers = self._buffers
+        assert buffers is not None, "`_ensure_buffers` allocates them first"
         prompt_width = prompt_ids.shape[1]
         valid = prompt_mask.bool()  # [u, P]
         positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
@@ -354,11 +357,12 @@ class NativeRolloutEngine:
                     **logits_kwargs,
                     **({CAUSAL_PREFILL: True} if unpadded else {}),
                 ).logits[:, -1]  # [u, V]
-            self._store_logits(logits, row_targets)
+            self._store_logits(logits, row_targets)  # type: ignore[possibly-undefined]  # a group always has columns past `start`
 
     def _store_logits(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
         """Write first-token logits [u, V] into the rows `targets` [u, r] of the logits buffer."""
         buffers = self._buffers
+        assert buffers is not None, "`_ensure_buffers` allocates them first"
         vocab = logits.shape[1]
         if buffers.logits is None or buffers.logits.shape[1] != vocab or buffers.logits.dtype != logits.dtype:
             # The model's own logits dtype: sampling upcasts inside its fused kernel, and a bf16
@@ -376,6 +380,7 @@ class NativeRolloutEngine:
     def _decode_step(self, rows: int, kv_length: int, per_row: bool = False) -> None:
         """One token for rows [0, rows) from the fixed buffers into `buffers.logits`; graph-capturable."""
         buffers = self._buffers
+        assert buffers is not None, "`_ensure_buffers` allocates them first"
         buffers.cache.begin_decode(rows, kv_length, per_row)
         logits = self.model(
             input_ids=buffers.input_ids[:rows],
@@ -384,6 +389,7 @@ class NativeRolloutEngine:
             past_key_values=buffers.cache,
             use_cache=True,
         ).logits  # [rows, 1, V]
+        assert buffers.logits is not None, "the prefill allocates them"
         buffers.logits[:rows].copy_(logits[:, -1])
 
     def _row_bucket(self, num_rows: int) -> int:
@@ -421,8 +427,8 @@ class NativeRolloutEngine:
         rows = self._rows_within_budget(rows, length)
         if current is None or current.num_rows < rows or current.max_length < length:
             self.release_memory()
-            self._buffers = DecodeBuffers.allocate(rows, length, self.pad_token_id, self.device)
-        return self._buffers, min(wanted, self._buffers.num_rows)
+            current = self._buffers = DecodeBuffers.allocate(rows, length, self.pad_token_id, self.device)
+        return current, min(wanted, current.num_rows)
 
     def _rows_within_budget(self, rows: int, length: int) -> int:
         """`rows`, or on CUDA the largest row bucket under it whose cache fits the engine's share of
@@ -430,7 +436,7 @@ class NativeRolloutEngine:
         if self.device.type != "cuda":
             return rows
         budget = dict(
-            config=self.model.config.get_text_config(),
+            config=self.model.config.get_text_config(),  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
             weight_bytes=sum(t.numel() * t.element_size() for t in self._weight_tensors()),
             dtype_bytes=next(self.model.parameters()).element_size(),
             length=length,
@@ -474,7 +480,7 @@ def _native_blocker(model: nn.Module) -> str | None:
     """Why the native path cannot drive `model` (one clause), or None."""
     if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
         return f"{type(model).__name__} is not a transformers model"
-    if not model._can_set_attn_implementation():
+    if not model._can_set_attn_implementation():  # type: ignore[operator]  # nn.Module hides the HF model's API
         return f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface"
     register_native_attention()
     return None
@@ -513,7 +519,7 @@ def _contiguous_head_input(model: nn.Module) -> Iterator[None]:
     explains; the prefill time after this change moved within the spread between runs, so the saving
     is not separately measured. Contiguous, it is one product reading the weight once.
     """
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[operator]  # nn.Module hides the HF model's API
     if not isinstance(head, nn.Module):
         yield
         return

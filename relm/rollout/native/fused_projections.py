@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -74,13 +75,14 @@ class ProjectionGroup:
         (a member on another input, as cross-attention calls k/v on the encoder's states) computes its
         own product only, so an architecture that does not follow the pattern pays nothing extra.
         """
-        if self._input is x and self._pending[index] is not None:
-            out = self._pending[index]
+        if self._input is x and (pending := self._pending[index]) is not None:
+            out = pending
         elif index == 0:
+            assert self.weight is not None, "ensure_fused() comes first (`FusedProjections.applied`)"
             product = F.linear(x, self.weight, self.bias)
-            self._pending = list(product.split(self.sizes, dim=-1))
+            out, *others = product.split(self.sizes, dim=-1)
+            self._pending = [out, *others]
             self._input = x
-            out = self._pending[0]
         else:
             linear = self.linears[index]
             return F.linear(x, linear.weight, linear.bias)
@@ -124,7 +126,8 @@ class FusedProjections:
                 group.ensure_fused()
                 group.reset()
                 for index, linear in enumerate(group.linears):
-                    linear.forward = _bound(group, index)
+                    # An instance attribute over the class's forward, popped again below.
+                    linear.forward = _bound(group, index)  # type: ignore[method-assign]
             yield
         finally:
             # Also after a failure half-way through the set-up (out of memory re-fusing after parking).
@@ -141,7 +144,7 @@ def find_groups(model: nn.Module) -> list[ProjectionGroup]:
     claimed: set[int] = set()
     for module in model.modules():
         for names in GROUPS:
-            linears = [getattr(module, name, None) for name in names]
+            linears: list[Any] = [getattr(module, name, None) for name in names]  # `_fusable` checks them
             if not all(_fusable(linear, linears[0]) for linear in linears):
                 continue
             tensors = {

@@ -106,8 +106,8 @@ class PreallocatedKVCache(Cache):
                 return key_states, value_states
             rows = repeats[0]
             keys, values = self.key_buffers[layer_idx], self.value_buffers[layer_idx]
-            columns = slice(start_column, end)
-            return keys[:, :, columns].index_select(0, rows), values[:, :, columns].index_select(0, rows)
+            window = slice(start_column, end)
+            return keys[:, :, window].index_select(0, rows), values[:, :, window].index_select(0, rows)
         _, num_rows, kv_length, per_row = self._mode
         keys, values = self.key_buffers[layer_idx], self.value_buffers[layer_idx]
         # Writes through a device index keep the write position out of the captured graph's
