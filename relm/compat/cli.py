@@ -170,7 +170,8 @@ def compat_command(argv: list[str]) -> int:
 
 def _say_cpu_memory(models: list[str]) -> None:
     """Before a CPU check of a model large enough for memory to matter: its estimate, warned if over."""
-    from relm.compat.host_memory import available_host_bytes, cpu_memory_note
+    from relm.compat.host_memory import cpu_memory_note
+    from relm.memory.host import available_host_bytes
     from relm.memory.model_shape import ModelShape
     from relm.models.loading import load_config
 

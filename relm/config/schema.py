@@ -84,6 +84,16 @@ class ModelConfig:
     """Allow model code shipped inside the model folder."""
     external_lib: str | None = None
     """A module imported before loading, for architectures registered outside transformers."""
+    lora_rank: int = 0
+    """LoRA adapters of this rank on the target layers, the rest frozen (0: train every weight); docs/lora.md."""
+    lora_alpha: float = 16
+    """LoRA scale numerator: adapters add (lora_alpha / lora_rank) * B @ A to each target weight."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Layers that get adapters: `all-linear` (every Linear but the output head) or a list of names."""
+    exclude_modules: list[str] | None = None
+    """Layer names kept without adapters."""
+    lora_adapter_path: str | None = None
+    """A saved PEFT adapter folder (adapter_config.json) to start from instead of fresh adapters."""
     dtype: str = "auto"
     """Dtype of the trained weights (actor and critic): `auto` is fp32 master weights computing in bf16 on a
     GPU, or bf16 weights when the memory plan finds fp32 ones do not fit, and fp32 on CPU; `float32`,
@@ -316,6 +326,16 @@ class CriticModelConfig:
     """Allow model code shipped inside the model folder."""
     external_lib: str | None = None
     """A module imported before loading."""
+    lora_rank: int = 0
+    """LoRA adapters of this rank on the critic's backbone; its value head trains whole (0: no LoRA)."""
+    lora_alpha: float = 16
+    """LoRA scale numerator: adapters add (lora_alpha / lora_rank) * B @ A to each target weight."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Layers that get adapters: `all-linear` (every Linear but the output head) or a list of names."""
+    exclude_modules: list[str] | None = None
+    """Layer names kept without adapters."""
+    lora_adapter_path: str | None = None
+    """A saved PEFT adapter folder (adapter_config.json) to start from instead of fresh adapters."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """Sharding of the critic (data-parallel runs)."""
 
@@ -502,6 +522,12 @@ class TrainerConfig:
     """Keep the critic of only this many newest checkpoints (unset or below 1: keep all)."""
     max_skipped_steps: int = 10
     """Stop with an error when more steps than this in a row skip an update for NaN/inf (-1: never)."""
+    max_gpu_memory_gb: float | None = None
+    """GPU memory relm may use (GB, 1e9 bytes): the memory plan plans for it and torch's allocator is capped at
+    it (set_per_process_memory_fraction), so one large GPU stands in for a smaller one; docs/memory.md."""
+    max_host_memory_gb: float | None = None
+    """Host memory the process may use (GB, 1e9 bytes): a plan over it stops before loading, and a run that
+    grows past it stops with the phase named; unset, the machine's available memory; docs/memory.md."""
 
 
 @dataclass
