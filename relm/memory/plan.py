@@ -214,6 +214,13 @@ class MemoryPlan:
         return "\n".join(lines + [f"  {note}" for note in self.notes])
 
     def _weights_line(self) -> str:
+        if "actor" in self.lora:
+            copy = (
+                "; the engine generates with its own copy, adapters merged at each sync"
+                if self.generator_copy
+                else ""
+            )
+            return f"trained weights: the actor's LoRA adapters in fp32 on its frozen base{copy}"
         if self.rung.weights == FP32:
             copy = "; the engine generates with a bf16 copy" if self.generator_copy else ""
             return f"trained weights: fp32 master weights{copy}"
@@ -281,7 +288,15 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
             break
     if chosen is None:
         raise PlanDoesNotFit(
-            _why_not(layouts[-1], budget, host_budget, smallest_need, critic_need, staging, request)
+            _why_not(
+                _closest(layouts, budget, host_budget, smallest_need, critic_need),
+                budget,
+                host_budget,
+                smallest_need,
+                critic_need,
+                staging,
+                request,
+            )
         )
 
     free = budget - chosen.actor_phase - LOGIT_SCRATCH_BYTES
@@ -494,6 +509,23 @@ def lora_offer(request: PlanRequest, rank: int = OFFERED_LORA_RANK) -> str | Non
     )
 
 
+def _closest(
+    layouts: list[_Layout], budget: int, host_budget: int, smallest_need: int, critic_need: int
+) -> _Layout:
+    """The arrangement a refusal speaks of: the first that fits the GPU and the pinned share (only the
+    checkpoint's staging is then over), else the most frugal."""
+    return next(
+        (
+            x
+            for x in layouts
+            if x.actor_phase + smallest_need <= budget
+            and (x.critic_phase is None or x.critic_phase + critic_need <= budget)
+            and x.host <= host_budget
+        ),
+        layouts[-1],
+    )
+
+
 def _why_not(
     layout: _Layout,
     budget: int,
@@ -517,9 +549,9 @@ def _why_not(
         )
     waiting = sorted(layout.parked) + [f"{name}'s AdamW moments" for name in sorted(layout.offloaded)]
     if layout.host <= host_budget:
+        held = f"keeping the {', '.join(waiting)} on the CPU needs" if waiting else "the plan pins"
         return (
-            f"keeping the {', '.join(waiting) or 'run'} on the CPU needs ~{layout.host / GIB:.0f} GiB of pinned "
-            f"host memory and a checkpoint stages ~{staging / GIB:.0f} GiB more, over the "
+            f"{held} ~{layout.host / GIB:.0f} GiB of host memory and a checkpoint stages ~{staging / GIB:.0f} GiB more, over the "
             f"{request.host_bytes / GIB:.0f} GiB this process may use"
         )
     return (
