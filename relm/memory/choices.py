@@ -408,24 +408,26 @@ def check_cpu_host_memory(
     budget = host_budget_bytes(cfg)
     where = (
         f"trainer.max_host_memory_gb={cfg.trainer.max_host_memory_gb:g} less the "
-        f"{request.host_baseline_bytes / 1e9:.1f} GB the process holds"
+        f"{_size(request.host_baseline_bytes)} the process holds"
         if budget is not None
         else "the host memory available (MemAvailable, cgroup limit)"
     )
     offer = ""
     if "actor" not in request.lora and request.actor.linears:
         rank = 64
-        with_lora = _with_lora(request, rank)
-        offer = (
-            f"; LoRA would need ~{cpu_host_need(with_lora) / 1e9:.1f} GB "
-            f"(actor_rollout_ref.model.lora_rank={rank})"
-        )
+        lora_need = cpu_host_need(_with_lora(request, rank))
+        if lora_need <= room:
+            offer = f"; LoRA would fit: actor_rollout_ref.model.lora_rank={rank} needs ~{_size(lora_need)}"
     raise UserError(
         f"`{cfg.actor_rollout_ref.model.path}` does not fit this process's host memory for this run: training on "
-        f"CPU needs ~{need / 1e9:.1f} GB (models, optimizer states, one sequence's activations, checkpoint "
-        f"staging), over the {room / 1e9:.1f} GB left within {where}{offer}; raise "
+        f"CPU needs ~{_size(need)} (models, optimizer states, one sequence's activations, checkpoint "
+        f"staging), over the {_size(room)} left within {where}{offer}; raise "
         "trainer.max_host_memory_gb, free host memory, or train on a GPU (docs/memory.md)"
     )
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 1e9:.1f} GB" if num_bytes >= 10**9 else f"{num_bytes / 1e6:.0f} MB"
 
 
 def _with_lora(request: PlanRequest, rank: int) -> PlanRequest:
