@@ -32,7 +32,6 @@ _MULTI_TURN = "multi-turn and tool rollouts are not implemented"
 _MULTIMODAL = "multimodal inputs are not supported"
 _COMPILE = "relm reads `actor_rollout_ref.actor.use_torch_compile` for every training forward"
 _KERNELS = "fused/Liger kernels are not wired in yet"
-_LORA = "LoRA is not supported yet"
 _RM = "reward models are not supported yet (`reward_model.enable=true` is an error)"
 _CKPT = "relm saves model, optimizer and loop state in every checkpoint"
 _HYDRA = "relm does not compose Hydra configs; write the values out in full"
@@ -68,10 +67,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.nccl_timeout": "relm uses PyTorch's default process-group timeout",
     "actor_rollout_ref.model.use_shm": _SHM,
     "actor_rollout_ref.model.enable_activation_offload": _ACTIVATION_OFFLOAD,
-    "actor_rollout_ref.model.lora_rank": _LORA,
-    "actor_rollout_ref.model.lora_alpha": _LORA,
-    "actor_rollout_ref.model.target_modules": _LORA,
-    "actor_rollout_ref.model.exclude_modules": _LORA,
     "actor_rollout_ref.model.use_liger": _KERNELS,
     "actor_rollout_ref.model.use_fused_kernels": _KERNELS,
     "actor_rollout_ref.model.fused_kernel_options.*": _KERNELS,
@@ -136,9 +131,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "critic.model.fsdp_config.param_offload": _OFFLOAD,
     "critic.model.fsdp_config.optimizer_offload": _OFFLOAD,
     "critic.model.fsdp_config.model_dtype": _MODEL_DTYPE,
-    "critic.model.lora_rank": _LORA,
-    "critic.model.lora_alpha": _LORA,
-    "critic.model.target_modules": _LORA,
     "critic.forward_micro_batch_size": "deprecated in verl; use `critic.forward_micro_batch_size_per_gpu`",
     "critic.forward_max_token_len_per_gpu": "value forwards use `critic.ppo_max_token_len_per_gpu`",
     "critic.ulysses_sequence_parallel_size": _SP,
@@ -176,8 +168,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
 """Dotted verl key (or `prefix.*` subtree) -> why relm ignores it."""
 
 UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
-    "actor_rollout_ref.model.lora_rank": "LoRA is not supported yet; set it to 0 (full fine-tuning)",
-    "critic.model.lora_rank": "LoRA is not supported yet; set it to 0 (full fine-tuning)",
     "actor_rollout_ref.rollout.multi_turn.enable": "multi-turn rollouts are not supported yet",
     "algorithm.use_pf_ppo": "PF-PPO (policy filtration) is not supported yet",
     "algorithm.rollout_correction.rollout_is": "rollout importance sampling is not implemented yet",

@@ -121,11 +121,15 @@ def host_budget_bytes(cfg: RelmConfig) -> int | None:
 def cap_gpu_memory(cfg: RelmConfig, device: torch.device) -> None:
     """Hold torch's allocator to `trainer.max_gpu_memory_gb` on `device`: one large GPU then behaves like
     the smaller card the budget names (an allocation past it raises torch's out-of-memory error)."""
-    budget = gpu_budget_bytes(cfg)
-    if budget is None or device.type != "cuda":
+    cap_gpu_bytes(gpu_budget_bytes(cfg), device)
+
+
+def cap_gpu_bytes(budget_bytes: int | None, device: torch.device) -> None:
+    """`cap_gpu_memory` for a budget in bytes (None or a CPU device: nothing)."""
+    if budget_bytes is None or device.type != "cuda":
         return
     total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), device)
 
 
 def choose_memory(

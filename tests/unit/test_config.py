@@ -179,7 +179,6 @@ def test_deprecated_global_micro_batch_size_is_divided_by_the_gpus_with_a_warnin
         ("trainer.project_name=${nowhere.key}", "`trainer.project_name`: cannot resolve its value"),
         ("--verbose", "`--verbose`: unknown option"),
         ("--config", "`--config` needs a file name"),
-        (f"{MODEL}.lora_rank=8", f"`{MODEL}.lora_rank=8`: LoRA is not supported yet"),
         (f"{RO}.multi_turn.enable=true", f"`{RO}.multi_turn.enable=True`: multi-turn rollouts are not"),
     ],
 )  # fmt: skip
@@ -205,12 +204,11 @@ def test_config_file_errors_name_the_file(tmp_path: Path):
 def test_ignored_verl_keys_warn_once_each_and_change_nothing(caplog: pytest.LogCaptureFixture):
     argv = [REAL, f"{ACT}.fsdp_config.param_offload=True", "ray_init.num_cpus=4",
             f"{RO}.multi_turn.max_turns=3", f"{RO}.multi_turn.format=chatml",
-            "algorithm._target_=verl.trainer.config.AlgoConfig", f"{MODEL}.lora_rank=0"]  # fmt: skip
+            "algorithm._target_=verl.trainer.config.AlgoConfig"]  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="relm"):
         cfg = load_config(argv)
     assert cfg == load_config([REAL])
     assert [record.getMessage() for record in caplog.records] == [
-        f"`{MODEL}.lora_rank`: verl key not used by relm (LoRA is not supported yet)",
         f"`{ACT}.fsdp_config.param_offload`: verl key not used by relm (on one GPU the memory plan decides what "
         "waits in CPU memory; when sharded, `fsdp_config.offload_policy`)",
         f"`{RO}.multi_turn.max_turns`, `{RO}.multi_turn.format`: verl keys not used by relm "

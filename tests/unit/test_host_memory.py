@@ -96,3 +96,19 @@ def test_budgets_must_be_positive(key: str):
 
     with pytest.raises(UserError, match=f"`{key.split('=')[0]}` must be greater than 0"):
         validate_config(load_config([key]))
+
+
+def test_lora_keys_are_read_but_refused_until_lora_trains():
+    from relm.config.loader import load_config
+    from relm.config.validate import validate_config
+    from relm.errors import UserError
+
+    cfg = load_config(
+        ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj]"]
+    )
+    assert (cfg.actor_rollout_ref.model.lora_rank, cfg.actor_rollout_ref.model.target_modules) == (
+        8,
+        ["q_proj"],
+    )
+    with pytest.raises(UserError, match="`actor_rollout_ref.model.lora_rank=8`: LoRA is not supported yet"):
+        validate_config(cfg)
