@@ -112,3 +112,51 @@ def test_lora_keys_are_read_but_refused_until_lora_trains():
     )
     with pytest.raises(UserError, match="`actor_rollout_ref.model.lora_rank=8`: LoRA is not supported yet"):
         validate_config(cfg)
+
+
+def test_cpu_refusal_offers_lora_where_it_would_fit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from relm.config.loader import load_config
+    from relm.errors import UserError
+    from relm.memory import choices
+    from relm.memory.plan import cpu_host_need
+    from relm.models.precision import pick_precision
+    from relm.models.zoo import zoo_config
+
+    # Qwen2.5-0.5B's config alone (the plan reads shapes, never weights)
+    zoo_config("Qwen/Qwen2.5-0.5B-Instruct").save_pretrained(tmp_path)
+    cfg = load_config([f"actor_rollout_ref.model.path={tmp_path}", "algorithm.adv_estimator=grpo"])
+    precision, moments = pick_precision("auto", torch.device("cpu")), {"actor": None, "critic": None}
+    request = choices._plan_request(cfg, str(tmp_path), torch.device("cpu"), precision, (0, 0), moments)
+    full, lora = cpu_host_need(request), cpu_host_need(choices._with_lora(request, 64))
+    assert lora < full / 2  # frozen fp32 base, fp32 adapters: 4 bytes a parameter instead of 16, no reference
+    monkeypatch.setattr(choices, "host_room", lambda budget: (full + lora) // 2)
+    with pytest.raises(UserError, match=r"LoRA would fit: actor_rollout_ref.model.lora_rank=64 needs ~\d"):
+        choices.check_cpu_host_memory(cfg, str(tmp_path), precision, moments)
+    monkeypatch.setattr(choices, "host_room", lambda budget: lora // 2)  # not even LoRA: no offer
+    with pytest.raises(UserError) as refusal:
+        choices.check_cpu_host_memory(cfg, str(tmp_path), precision, moments)
+    assert "LoRA" not in str(refusal.value) and "does not fit this process's host memory" in str(
+        refusal.value
+    )
+    monkeypatch.setattr(choices, "host_room", lambda budget: full)
+    # it fits: the predicted peak is what the process holds (read again, so within a few MB) plus the need
+    peak = choices.check_cpu_host_memory(cfg, str(tmp_path), precision, moments)
+    assert peak is not None and abs(peak - (request.host_baseline_bytes + full)) < 50 * 10**6
+
+
+def test_the_first_step_line_sets_each_prediction_beside_its_measurement():
+    from relm.trainer.metrics import memory_report
+
+    line = memory_report(
+        {
+            "perf/max_memory_allocated_gb": 60.0,
+            "perf/plan_gpu_gb": 64.0,
+            "perf/max_host_memory_gb": 22.0,
+            "perf/plan_host_gb": 20.0,
+        }
+    )
+    assert line == (
+        "memory after the first step: GPU peak 60.00 GiB measured, 64.00 GiB planned (the actor's update) (-6%); "
+        "host peak 22.00 GiB measured, 20.00 GiB planned (+10%)"
+    )
+    assert memory_report({"perf/max_host_memory_gb": 1.0}) is None
