@@ -14,6 +14,7 @@ passes the user's budget (`trainer.max_host_memory_gb`), interrupts the main thr
 from __future__ import annotations
 
 import _thread
+import logging
 import os
 import resource
 import signal
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from relm.errors import UserError
 
+logger = logging.getLogger("relm")
 GB = 10**9
 FLOOR_BYTES = 1 << 30
 """Available memory under which the watchdog stops the run: the handler, the logs and the exit need room,
@@ -134,6 +136,10 @@ class HostWatchdog:
         return None
 
     def start(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            # only the main thread can take the interruption (an app running training in a thread)
+            logger.warning("host-memory watchdog off: training runs outside the main thread")
+            return
         self._previous_handler = signal.signal(_SIGNAL, self._raise)
         self._thread = threading.Thread(target=self._watch, name="relm-host-watchdog", daemon=True)
         self._thread.start()

@@ -160,3 +160,13 @@ def test_the_first_step_line_sets_each_prediction_beside_its_measurement():
         "host peak 22.00 GiB measured, 20.00 GiB planned (+10%)"
     )
     assert memory_report({"perf/max_host_memory_gb": 1.0}) is None
+
+
+def test_outside_the_main_thread_the_watchdog_stays_off():
+    import threading
+
+    dog = HostWatchdog(lambda: "x", budget_bytes=1, poll_seconds=0.01)
+    worker = threading.Thread(target=lambda: (dog.start(), dog.stop()))
+    worker.start()
+    worker.join()
+    assert dog._thread is None and dog.reason is None
