@@ -128,8 +128,8 @@ class PlanRequest:
     user_critic_checkpointing: bool | None = None
     user_max_tokens: int | None = None
     lora: Mapping[str, Lora] = field(default_factory=dict)
-    """Trained models (`actor`, `critic`) with LoRA: the base is frozen in the compute dtype, the adapters
-    train in fp32 with fp32 moments, and an actor's reference is its own base (no copy)."""
+    """Trained models (`actor`, `critic`) with LoRA: the base is frozen in the trained weights' dtype, the
+    adapters train in fp32 with fp32 moments, and an actor's reference is its own base (no copy)."""
     host_baseline_bytes: int = 0
     """What the process holds in host memory before loading (torch, CUDA's host side, the data)."""
     saves_checkpoints: bool = True
@@ -220,7 +220,13 @@ class MemoryPlan:
                 if self.generator_copy
                 else ""
             )
-            return f"trained weights: the actor's LoRA adapters in fp32 on its frozen base{copy}"
+            base = (
+                str(self.rung.weights)
+                .removeprefix("torch.")
+                .replace("bfloat16", "bf16")
+                .replace("float32", "fp32")
+            )
+            return f"trained weights: the actor's LoRA adapters in fp32 on its frozen {base} base{copy}"
         if self.rung.weights == FP32:
             copy = "; the engine generates with a bf16 copy" if self.generator_copy else ""
             return f"trained weights: fp32 master weights{copy}"
@@ -348,11 +354,9 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
 def _rungs(request: PlanRequest) -> list[Rung]:
     """fp32 everything, then bf16 moments, then bf16 weights; what the user fixed stays fixed."""
     rungs: list[Rung] = []
-    # adapters are small: they keep fp32 weights and moments, and a run whose every trained model has
-    # LoRA has nothing a lower rung would save
-    every_model_lora = all(name in request.lora for name in _trained_names(request))
-    ladder = ((FP32, FP32),) if every_model_lora else ((FP32, FP32), (FP32, BF16), (BF16, BF16))
-    for weights, moments in ladder:
+    # a LoRA model's adapters keep fp32 moments on every rung (they are small); the last rung loads its
+    # frozen base in bf16
+    for weights, moments in ((FP32, FP32), (FP32, BF16), (BF16, BF16)):
         weights = request.weights_dtype or weights
         if weights not in (FP32, BF16):  # fp16: torch's AdamW, moments in the weights' dtype
             rung = Rung(weights, weights, weights)
@@ -428,8 +432,10 @@ class _Trained:
 
 def _trained_bytes(request: PlanRequest, rung: Rung, name: str) -> _Trained:
     """Full fine-tuning: (2w + autocast) P through the update, w P idle, 2 m P of moments. LoRA: the frozen
-    base in the compute dtype (b (P - head)) and fp32 trainable parameters T with gradients, autocast's
-    copies and moments: b (P - head) + (8 + autocast) T, b (P - head) + 4 T idle, 8 T."""
+    base in the trained weights' dtype (w (P - head): the loader's dtype, fp32 master weights or bf16 at the
+    last rung; autocast caches casts of trainable leaves only, so the frozen base has no bf16 copies) and fp32
+    trainable parameters T (PEFT keeps adapters in fp32 under a bf16 base) with gradients, autocast's copies
+    and moments: w (P - head) + (8 + autocast) T, w (P - head) + 4 T idle, 8 T."""
     shape = request.actor if name == "actor" else request.critic
     if shape is None:
         return _Trained(0, 0, 0)
@@ -440,8 +446,7 @@ def _trained_bytes(request: PlanRequest, rung: Rung, name: str) -> _Trained:
         m = (rung.actor_moments if name == "actor" else rung.critic_moments).itemsize
         P = shape.num_params  # noqa: N806
         return _Trained((2 * w + autocast) * P, w * P, 2 * m * P)
-    compute = 2 if autocast or rung.weights != FP32 else 4
-    base, T = compute * (shape.num_params - shape.head_params), lora.num_trainable_params  # noqa: N806
+    base, T = w * (shape.num_params - shape.head_params), lora.num_trainable_params  # noqa: N806
     lora_autocast = 2 if request.autocast else 0
     return _Trained(base + (8 + lora_autocast) * T, base + 4 * T, 8 * T)
 
@@ -502,8 +507,9 @@ def lora_offer(request: PlanRequest, rank: int = OFFERED_LORA_RANK) -> str | Non
         f"{'actor_rollout_ref.model' if name == 'actor' else 'critic.model'}.lora_rank={rank}"
         for name in added
     )
+    base = " with the base in bf16" if plan.rung.weights == BF16 and request.weights_dtype is None else ""
     return (
-        f"LoRA would fit: {keys} (all-linear) trains {sum(x.num_trainable_params for x in added.values()) / 1e6:.0f}M "
+        f"LoRA would fit: {keys} (all-linear{base}) trains {sum(x.num_trainable_params for x in added.values()) / 1e6:.0f}M "
         f"parameters and needs ~{plan.update_peak_bytes / GIB:.0f} GiB on the GPU and "
         f"~{plan.host_bytes / GIB:.0f} GiB of pinned host memory"
     )
@@ -563,9 +569,12 @@ def _why_not(
 def _given_up(request: PlanRequest, rung: Rung) -> list[str]:
     lost = []
     if request.weights_dtype is None and rung.weights != FP32:
-        lost.append(
-            "weights trained in bf16 with stochastically rounded updates instead of fp32 master weights"
-        )
+        if all(name in request.lora for name in _trained_names(request)):
+            lost.append("the LoRA base held in bf16 instead of fp32 (the adapters train in fp32)")
+        else:
+            lost.append(
+                "weights trained in bf16 with stochastically rounded updates instead of fp32 master weights"
+            )
     planned = [
         name
         for name, user, dtype in (

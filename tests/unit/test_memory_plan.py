@@ -299,23 +299,25 @@ def test_moment_dtype_keys_are_checked_before_anything_loads():
         choose_memory(cfg, "unused", device=torch.device("cpu"), sharded=True)
 
 
-# LoRA (issue 19 part 3). The made-up shape with adapters of T = 1e7 trainable parameters: the frozen base
-# waits in bf16 (2e9), the adapters hold fp32 weights and gradients and their bf16 autocast copies
-# (10 T = 1e8) and fp32 moments (8 T = 8e7); the reference is the base with the adapters off (no copy);
-# the engine's bf16 copy stays (2e9). Actor phase 4.18e9.
+# LoRA (issue 19 part 3). The made-up shape with adapters of T = 1e7 trainable parameters: the frozen base is
+# loaded as the trained weights are (fp32 master weights: 4e9; autocast caches no bf16 copy of a frozen
+# weight), the adapters hold fp32 weights and gradients and their bf16 autocast copies (10 T = 1e8) and fp32
+# moments (8 T = 8e7); the reference is the base with the adapters off (no copy); the engine's bf16 copy
+# stays (2e9). Actor phase 6.18e9.
 def test_lora_counts_only_adapter_gradients_and_moments_and_no_reference():
     plan = plan_memory(request(22, lora={"actor": Lora(8, 10**7)}))
-    # usable int(0.85 * 22 GiB) = 20,078,972,108; free 20,078,972,108 - 4.18e9 - 2 GiB = 13,751,488,460,
-    # 18,094 tokens without checkpointing, rounded to 17,408 (>= 8,192: checkpointing off)
-    assert plan.rung == Rung(FP32, FP32, FP32) and not plan.gradient_checkpointing
+    # usable int(0.85 * 22 GiB) = 20,078,972,108; free 20,078,972,108 - 6.18e9 - 2 GiB = 11,751,488,460,
+    # 15,462 tokens without checkpointing, rounded to 15,360 (>= 8,192: checkpointing off)
+    assert plan.rung == Rung(FP32, FP32, FP32) and not plan.gradient_checkpointing and not plan.given_up
     assert not (plan.park_reference or plan.park_generator or plan.offload_optimizer) and plan.host_bytes == 0
-    assert plan.max_tokens_per_microbatch == 17408
-    assert plan.update_peak_bytes == 4_180_000_000 + 2 * GIB + 17408 * 760_000 == 19_557_563_648
+    assert plan.max_tokens_per_microbatch == 15360
+    assert plan.update_peak_bytes == 6_180_000_000 + 2 * GIB + 15360 * 760_000 == 20_001_083_648
     # the same GPU without LoRA holds 22e9 and needs gradient checkpointing (test_tight_gpu above)
     assert plan_memory(request(22)).gradient_checkpointing
     # a LoRA checkpoint stages the adapters only: 4 T
     assert plan.checkpoint_staging_bytes == 4 * 10**7 and plan.host_peak_bytes == 4 * 10**7
     assert "actor: LoRA rank 8, 10.0M trainable parameters" in plan.describe()
+    assert "LoRA adapters in fp32 on its frozen fp32 base" in plan.describe()
 
 
 LINEARS = tuple(
@@ -348,11 +350,15 @@ def test_does_not_fit_offers_lora_with_its_rank_and_figures():
     small = request(6, actor=shape)
     with pytest.raises(PlanDoesNotFit, match="actor's update needs ~8 GiB"):
         plan_memory(small)
-    # LoRA rank 64: T = 7,680,000; parking the generator copy, 2e9 + 10 T + 8 T = 2,138,240,000 held, and one
-    # sequence fits; the generator copy (2e9) waits pinned
+    # LoRA rank 64, T = 7,680,000: an fp32 base (4e9) leaves no room either; a bf16 base generated on directly
+    # (the last rung) holds 2e9 + 10 T + 8 T = 2,138,240,000 and one sequence fits, nothing pinned
     offer = lora_offer(small)
     assert offer is not None and offer.startswith("LoRA would fit: actor_rollout_ref.model.lora_rank=64")
-    assert "trains 8M parameters" in offer and "~2 GiB of pinned host memory" in offer
+    assert "(all-linear with the base in bf16) trains 8M parameters" in offer
+    assert "~0 GiB of pinned host memory" in offer
+    plan = plan_memory(replace(small, lora={"actor": Lora(64, 7_680_000)}))
+    assert plan.given_up == ["the LoRA base held in bf16 instead of fp32 (the adapters train in fp32)"]
+    assert plan.rung == Rung(BF16, FP32, FP32) and not plan.generator_copy
     assert lora_offer(request(1, actor=shape)) is None  # not even LoRA fits 1 GiB
 
 
