@@ -242,12 +242,6 @@ def _check_ranges(cfg: RelmConfig) -> None:
         raise UserError(
             f"`actor_rollout_ref.rollout.timeout_s` must be greater than 0 (null: no limit), got {rollout.timeout_s}"
         )
-    for key, rank in (
-        ("actor_rollout_ref.model.lora_rank", cfg.actor_rollout_ref.model.lora_rank),
-        ("critic.model.lora_rank", cfg.critic.model.lora_rank),
-    ):
-        if rank != 0:  # the memory plan knows LoRA; the training side comes with the `lora` branch
-            raise UserError(f"`{key}={rank}`: LoRA is not supported yet; set it to 0 (full fine-tuning)")
     for key, value in (
         ("trainer.max_gpu_memory_gb", cfg.trainer.max_gpu_memory_gb),
         ("trainer.max_host_memory_gb", cfg.trainer.max_host_memory_gb),

@@ -17,7 +17,7 @@ from relm.memory.host import (
     process_rss_bytes,
     watching,
 )
-from relm.memory.plan import GIB, HOST_SHARE, USABLE_SHARE
+from relm.memory.plan import GIB, HOST_SHARE, USABLE_SHARE, Lora
 
 
 def test_cgroup_v1_limit_and_its_no_limit_value(tmp_path: Path):
@@ -98,20 +98,23 @@ def test_budgets_must_be_positive(key: str):
         validate_config(load_config([key]))
 
 
-def test_lora_keys_are_read_but_refused_until_lora_trains():
+def test_lora_keys_reach_the_plan_request(tmp_path: Path):
     from relm.config.loader import load_config
-    from relm.config.validate import validate_config
-    from relm.errors import UserError
+    from relm.memory import choices
+    from relm.models.precision import pick_precision
+    from relm.models.zoo import zoo_config
 
+    zoo_config("Qwen/Qwen2.5-7B-Instruct").save_pretrained(tmp_path)
     cfg = load_config(
-        ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj]"]
-    )
-    assert (cfg.actor_rollout_ref.model.lora_rank, cfg.actor_rollout_ref.model.target_modules) == (
-        8,
-        ["q_proj"],
-    )
-    with pytest.raises(UserError, match="`actor_rollout_ref.model.lora_rank=8`: LoRA is not supported yet"):
-        validate_config(cfg)
+        [f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.model.lora_rank=64", "critic.model.lora_rank=8",
+         "critic.model.target_modules=[q_proj,v_proj]", "algorithm.adv_estimator=gae"]
+    )  # fmt: skip
+    precision, moments = pick_precision("auto", torch.device("cpu")), {"actor": None, "critic": None}
+    request = choices._plan_request(cfg, str(tmp_path), torch.device("cpu"), precision, (0, 0), moments)
+    # all-linear at rank 64: 161,480,704 (as PEFT counts); the critic: q and v at rank 8 over 28 layers,
+    # 8 * ((3584 + 3584) + (3584 + 512)) each, plus its 3,585-parameter value head
+    assert request.lora["actor"] == Lora(64, 161_480_704)
+    assert request.lora["critic"] == Lora(8, 28 * 8 * (7168 + 4096) + 3585)
 
 
 def test_cpu_refusal_offers_lora_where_it_would_fit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
