@@ -46,6 +46,9 @@ REPORTED = (
     "perf/mfu/actor",
     "perf/max_memory_allocated_gb",
     "perf/cpu_max_rss_gb",
+    "perf/plan_gpu_gb",
+    "perf/plan_host_gb",
+    "perf/max_host_memory_gb",
 )
 
 
@@ -152,9 +155,21 @@ def run_algo(
 
     cfg = bench_config(args, algo, train_file, run_dir)
     c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path), dist=dist)
+    from relm.memory.choices import host_budget_bytes
+    from relm.memory.host import HostWatchdog, watching
+    from relm.trainer.metrics import memory_report
+
     measured: list[dict[str, float]] = []
+    running = {"step": 0}
+    watchdog = HostWatchdog(
+        lambda: f"{c.residency.current} of step {running['step']}", budget_bytes=host_budget_bytes(cfg)
+    )
     for step in range(1, args.steps + 2):
-        metrics = ppo_step(c, c.loader.next_batch(), step)
+        running["step"] = step
+        with watching(watchdog):
+            metrics = ppo_step(c, c.loader.next_batch(), step)
+        if step == 1 and c.dist.is_main and (report := memory_report(metrics)):
+            print(f"  {report}", flush=True)
         if c.dist.is_main:
             print(
                 f"  {algo} step {step}{' (warm-up)' if step == 1 else ''}: {metrics['timing_s/step']:.2f} s",

@@ -32,6 +32,8 @@ from relm.compat.verdicts import (
 )
 from relm.data.records import PromptBatch
 from relm.errors import UserError
+from relm.memory.choices import cap_gpu_bytes
+from relm.memory.host import HostWatchdog, watching
 from relm.models.loading import load_causal_lm, pick_dtype, read_config, resolve_model_dir
 from relm.models.registry import classify, inspect_model_architecture, registered_model_class
 from relm.models.tokenizer import encode_prompt, load_tokenizer
@@ -63,6 +65,11 @@ class CompatOptions:
     the default engine in the update stage."""
     tokenizer_only: bool = False
     """Run the tokenizer stage alone (no weights built); the other stages are reported skipped."""
+    max_gpu_memory_gb: float | None = None
+    """GPU budget (`trainer.max_gpu_memory_gb`): the update stage's plan and torch's allocator keep to it."""
+    max_host_memory_gb: float | None = None
+    """Host budget (`trainer.max_host_memory_gb`): the update stage's plan keeps to it and every stage runs
+    under the host-memory watchdog."""
 
 
 @dataclass
@@ -82,6 +89,8 @@ def check_model(model: str, options: CompatOptions) -> ModelReport:
 
     folder = resolve_model_dir(model)
     device = pick_device(options.device)
+    budget = options.max_gpu_memory_gb
+    cap_gpu_bytes(None if budget is None else int(budget * 1e9), device)
     report = ModelReport(model=model, status="pass", classification="", reason="", model_dir=folder)
     try:
         config = read_config(folder, model, trust_remote_code=False)
@@ -152,7 +161,12 @@ def _run_stage(
     start = time.perf_counter()
     with collect_warnings() as warnings, MemoryMeter(device) as meter:
         try:
-            with time_limit(options.stage_timeout_s):
+            host_budget = options.max_host_memory_gb
+            watchdog = HostWatchdog(
+                lambda: f"compat's {name} stage",
+                budget_bytes=None if host_budget is None else int(host_budget * 1e9),
+            )
+            with time_limit(options.stage_timeout_s), watching(watchdog):
                 run(result.metrics)
         except StageTimeout as exc:
             result.status, result.error_class, result.error = "fail", "Timeout", str(exc)
@@ -386,6 +400,9 @@ _KEPT_UPDATE_METRICS = (
     "timing_s/step",
     "rollout/logprob_diff_max",
     "perf/max_memory_allocated_gb",
+    "perf/plan_gpu_gb",
+    "perf/plan_host_gb",
+    "perf/max_host_memory_gb",
 )
 
 
@@ -423,6 +440,9 @@ def _update_overrides(
     ]
     if options.rollout is not None:
         overrides.append(f"actor_rollout_ref.rollout.name={options.rollout}")
+    for key in ("max_gpu_memory_gb", "max_host_memory_gb"):
+        if getattr(options, key) is not None:
+            overrides.append(f"trainer.{key}={getattr(options, key)}")
     if options.tokenizer_path:
         overrides.append(f"actor_rollout_ref.model.tokenizer_path='{options.tokenizer_path}'")
     return overrides

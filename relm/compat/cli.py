@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("native", "hf", "vllm"),
         help="engine of the rollout and update stages (default: the HF reference, then relm's default)",
     )
+    parser.add_argument(
+        "--max-gpu-memory-gb",
+        type=float,
+        help="GPU memory to use, GB: stands in for a smaller card (docs/memory.md)",
+    )
+    parser.add_argument("--max-host-memory-gb", type=float, help="host memory to use, GB (docs/memory.md)")
     parser.add_argument("--steps", type=int, default=1, help="PPO steps in the update stage (default 1)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per stage (default 600)")
     parser.add_argument("--tokenizer-path", help="tokenizer folder for every MODEL (default: the model's)")
@@ -146,6 +152,8 @@ def compat_command(argv: list[str]) -> int:
         dtype=args.dtype,
         rollout=args.rollout,
         tokenizer_only=args.tokenizer_only,
+        max_gpu_memory_gb=args.max_gpu_memory_gb,
+        max_host_memory_gb=args.max_host_memory_gb,
     )
     reports, start = [], time.perf_counter()
     with _quiet_console(args.verbose):
@@ -170,7 +178,8 @@ def compat_command(argv: list[str]) -> int:
 
 def _say_cpu_memory(models: list[str]) -> None:
     """Before a CPU check of a model large enough for memory to matter: its estimate, warned if over."""
-    from relm.compat.host_memory import available_host_bytes, cpu_memory_note
+    from relm.compat.host_memory import cpu_memory_note
+    from relm.memory.host import available_host_bytes
     from relm.memory.model_shape import ModelShape
     from relm.models.loading import load_config
 

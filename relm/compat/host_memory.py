@@ -9,32 +9,10 @@ has free) lets the user stop it or pick a smaller model before that.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 BYTES_PER_PARAM = 4 * (1 + 1 + 2) + 4 + 4 * (1 + 1 + 2)
 """fp32 actor (weights, gradients, two AdamW moments), reference (weights), critic (as the actor)."""
 NOTE_ABOVE_BYTES = 1 << 30
 """Smaller checks (the tiny zoo) print nothing: their memory is never the question."""
-
-
-def available_host_bytes(
-    meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")
-) -> int | None:
-    """MemAvailable, or less where a cgroup (v2) limit leaves less; None where neither can be read."""
-    candidates = []
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                candidates.append(int(line.split()[1]) * 1024)
-    except OSError:
-        pass
-    try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            candidates.append(int(limit) - int((cgroup / "memory.current").read_text().strip()))
-    except (OSError, ValueError):
-        pass
-    return min(candidates) if candidates else None
 
 
 def cpu_memory_note(model: str, num_params: int, available: int | None) -> tuple[str, bool] | None:

@@ -536,6 +536,12 @@ class TrainerConfig:
     """Keep the critic of only this many newest checkpoints (unset or below 1: keep all)."""
     max_skipped_steps: int = 10
     """Stop with an error when more steps than this in a row skip an update for NaN/inf (-1: never)."""
+    max_gpu_memory_gb: float | None = None
+    """GPU memory relm may use (GB, 1e9 bytes): the memory plan plans for it and torch's allocator is capped at
+    it (set_per_process_memory_fraction), so one large GPU stands in for a smaller one; docs/memory.md."""
+    max_host_memory_gb: float | None = None
+    """Host memory the process may use (GB, 1e9 bytes): a plan over it stops before loading, and a run that
+    grows past it stops with the phase named; unset, the machine's available memory; docs/memory.md."""
 
 
 @dataclass

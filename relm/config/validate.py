@@ -284,6 +284,12 @@ def _check_ranges(cfg: RelmConfig) -> None:
         raise UserError(
             f"`actor_rollout_ref.rollout.timeout_s` must be greater than 0 (null: no limit), got {rollout.timeout_s}"
         )
+    for key, value in (
+        ("trainer.max_gpu_memory_gb", cfg.trainer.max_gpu_memory_gb),
+        ("trainer.max_host_memory_gb", cfg.trainer.max_host_memory_gb),
+    ):
+        if value is not None and not value > 0:
+            raise UserError(f"`{key}` must be greater than 0 (null: no budget), got {value}")
     if rollout.gpu_memory_utilization == 0:
         raise UserError(
             "`actor_rollout_ref.rollout.gpu_memory_utilization` must be above 0 (at most 1), got 0"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -26,9 +26,18 @@ from torch import nn
 from relm.algorithms.advantages import estimator_needs
 from relm.config.schema import RelmConfig
 from relm.errors import UserError
+from relm.memory.host import available_host_bytes, host_room, process_rss_bytes
 from relm.memory.model_shape import ModelShape
 from relm.memory.offload import ParkedModel, Residency
-from relm.memory.plan import MemoryPlan, PlanDoesNotFit, PlanRequest, plan_memory
+from relm.memory.plan import (
+    Lora,
+    MemoryPlan,
+    PlanDoesNotFit,
+    PlanRequest,
+    cpu_host_need,
+    lora_offer,
+    plan_memory,
+)
 from relm.models.loading import load_config, pick_dtype, resolve_model_dir
 from relm.models.precision import Precision, pick_precision
 
@@ -65,6 +74,9 @@ class MemoryChoices:
     precision: Precision
     """Dtype of the trained weights and of their matrix products (bf16 for both at the plan's last rung)."""
     plan: MemoryPlan | None = None
+    host_peak_bytes: int | None = None
+    """The process's predicted peak in host memory (the plan's on a GPU, `check_cpu_host_memory`'s on CPU);
+    None where nothing was predicted."""
 
 
 def builds_critic(cfg: RelmConfig) -> bool:
@@ -83,14 +95,41 @@ def builds_reference(cfg: RelmConfig) -> bool:
 
 
 def device_memory(device: torch.device) -> tuple[int, int] | None:
-    """(GPU bytes, host bytes) a plan is made for; None where nothing is planned (CPU).
+    """(GPU bytes, host bytes available now) of the machine; None where nothing is planned (CPU).
 
-    Tests replace it to plan a CPU run as if it had a GPU of a given size.
+    The host side is MemAvailable or the cgroup's room (`relm.memory.host`), not MemTotal. The user's
+    budgets cut both in `_plan_request`. Tests replace it to plan a CPU run as if it had a GPU of a given size.
     """
     if device.type != "cuda":
         return None
-    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    host = available_host_bytes() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return torch.cuda.get_device_properties(device).total_memory, host
+
+
+def gpu_budget_bytes(cfg: RelmConfig) -> int | None:
+    """`trainer.max_gpu_memory_gb` in bytes (None: the whole GPU)."""
+    budget = cfg.trainer.max_gpu_memory_gb
+    return None if budget is None else int(budget * 1e9)
+
+
+def host_budget_bytes(cfg: RelmConfig) -> int | None:
+    """`trainer.max_host_memory_gb` in bytes (None: what the machine has available)."""
+    budget = cfg.trainer.max_host_memory_gb
+    return None if budget is None else int(budget * 1e9)
+
+
+def cap_gpu_memory(cfg: RelmConfig, device: torch.device) -> None:
+    """Hold torch's allocator to `trainer.max_gpu_memory_gb` on `device`: one large GPU then behaves like
+    the smaller card the budget names (an allocation past it raises torch's out-of-memory error)."""
+    cap_gpu_bytes(gpu_budget_bytes(cfg), device)
+
+
+def cap_gpu_bytes(budget_bytes: int | None, device: torch.device) -> None:
+    """`cap_gpu_memory` for a budget in bytes (None or a CPU device: nothing)."""
+    if budget_bytes is None or device.type != "cuda":
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), device)
 
 
 def choose_memory(
@@ -125,26 +164,32 @@ def choose_memory(
             "remove it (sharded runs and float16 weights step with torch's AdamW)"
         )
     choices = user_choices(cfg, precision, user_moments)
-    memory = (
-        None if sharded or cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes > 1 else device_memory(device)
-    )
+    single = not sharded and cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes == 1
+    memory = device_memory(device) if single else None
     if memory is None:
+        if single and device.type == "cpu":
+            choices.host_peak_bytes = check_cpu_host_memory(cfg, model_dir, precision, user_moments)
         return choices
     request = _plan_request(cfg, model_dir, device, precision, memory, user_moments)
     try:
         plan = plan_memory(request)
     except PlanDoesNotFit as exc:
         settings = f" with {', '.join(explicit)}" if explicit else ""
+        offer = lora_offer(request)
         raise UserError(
-            f"`{arr.model.path}` does not fit one GPU for this run{settings}: {exc}; use more GPUs "
-            "(trainer.n_gpus_per_node) or shorter data.max_prompt_length / data.max_response_length"
+            f"`{arr.model.path}` does not fit one GPU for this run{settings}{_budgets(cfg)}: {exc}; "
+            + (f"{offer}; or " if offer else "")
+            + "use more GPUs (trainer.n_gpus_per_node) or shorter data.max_prompt_length / "
+            "data.max_response_length"
         ) from None
     logger.info("%s", plan.describe())
     if plan.given_up:
         logger.warning("memory plan: to fit one GPU, %s", "; ".join(plan.given_up))
     if plan.rung.weights != precision.master:  # the last rung: bf16 weights, computed in bf16
         precision = Precision(master=plan.rung.weights, compute=plan.rung.weights, device_type=device.type)
-    return planned_choices(cfg, plan, precision)
+    choices = planned_choices(cfg, plan, precision)
+    choices.host_peak_bytes = plan.host_peak_bytes
+    return choices
 
 
 def user_choices(
@@ -289,6 +334,11 @@ def _plan_request(
     # dtype); vLLM keeps its own weights outside this arithmetic.
     copies = arr.rollout.name != "vllm" and device.type == "cuda"
     gpu_bytes, host_bytes = memory
+    rss = process_rss_bytes()
+    if (gpu_budget := gpu_budget_bytes(cfg)) is not None:
+        gpu_bytes = min(gpu_bytes, gpu_budget)
+    if (host_budget := host_budget_bytes(cfg)) is not None:
+        host_bytes = min(host_bytes, max(host_budget - rss, 0))
     return PlanRequest(
         actor=actor,
         critic=critic,
@@ -304,7 +354,91 @@ def _plan_request(
         user_checkpointing=arr.model.enable_gradient_checkpointing,
         user_critic_checkpointing=critic_cfg.model.enable_gradient_checkpointing,
         user_max_tokens=arr.actor.ppo_max_token_len_per_gpu,
+        lora=_lora(cfg, actor, critic),
+        host_baseline_bytes=rss,
+        saves_checkpoints=cfg.trainer.save_freq > 0,
     )
+
+
+def _lora(cfg: RelmConfig, actor: ModelShape, critic: ModelShape | None) -> dict[str, Lora]:
+    """The trained models with LoRA (`model.lora_rank` > 0) and their trainable parameter counts."""
+    lora = {}
+    for name, shape, model_cfg in (
+        ("actor", actor, cfg.actor_rollout_ref.model),
+        ("critic", critic, cfg.critic.model),
+    ):
+        if shape is not None and model_cfg.lora_rank > 0:
+            count = shape.lora_params(
+                model_cfg.lora_rank, model_cfg.target_modules, model_cfg.exclude_modules
+            )
+            lora[name] = Lora(model_cfg.lora_rank, count)
+    return lora
+
+
+def _budgets(cfg: RelmConfig) -> str:
+    """The budgets the user set, for the "does not fit" line."""
+    keys = [
+        f"trainer.{key}={value:g}"
+        for key, value in (
+            ("max_gpu_memory_gb", cfg.trainer.max_gpu_memory_gb),
+            ("max_host_memory_gb", cfg.trainer.max_host_memory_gb),
+        )
+        if value is not None
+    ]
+    return f" within {' and '.join(keys)}" if keys else ""
+
+
+def check_cpu_host_memory(
+    cfg: RelmConfig, model_dir: str, precision: Precision, user_moments: dict[str, torch.dtype | None]
+) -> int | None:
+    """On CPU every model lives in host memory: stop before loading when the run's models, one sequence's
+    activations and a checkpoint's staging need more than the process may take.
+
+    Returns:
+        The process's predicted peak: what it holds now and what the run needs (None when the machine's
+        memory cannot be read and no budget is set).
+
+    Raises:
+        UserError: it does not fit; the line gives the figures and, where it would fit, LoRA's.
+    """
+    room = host_room(host_budget_bytes(cfg))
+    if room is None:
+        return None
+    device = torch.device("cpu")
+    request = _plan_request(cfg, model_dir, device, precision, (0, room), user_moments)
+    need = cpu_host_need(request)
+    if need <= room:
+        return request.host_baseline_bytes + need
+    budget = host_budget_bytes(cfg)
+    where = (
+        f"trainer.max_host_memory_gb={cfg.trainer.max_host_memory_gb:g} less the "
+        f"{_size(request.host_baseline_bytes)} the process holds"
+        if budget is not None
+        else "the host memory available (MemAvailable, cgroup limit)"
+    )
+    offer = ""
+    if "actor" not in request.lora and request.actor.linears:
+        rank = 64
+        lora_need = cpu_host_need(_with_lora(request, rank))
+        if lora_need <= room:
+            offer = f"; LoRA would fit: actor_rollout_ref.model.lora_rank={rank} needs ~{_size(lora_need)}"
+    raise UserError(
+        f"`{cfg.actor_rollout_ref.model.path}` does not fit this process's host memory for this run: training on "
+        f"CPU needs ~{_size(need)} (models, optimizer states, one sequence's activations, checkpoint "
+        f"staging), over the {_size(room)} left within {where}{offer}; raise "
+        "trainer.max_host_memory_gb, free host memory, or train on a GPU (docs/memory.md)"
+    )
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 1e9:.1f} GB" if num_bytes >= 10**9 else f"{num_bytes / 1e6:.0f} MB"
+
+
+def _with_lora(request: PlanRequest, rank: int) -> PlanRequest:
+    lora = {"actor": Lora(rank, request.actor.lora_params(rank))}
+    if request.critic is not None:
+        lora["critic"] = Lora(rank, request.critic.lora_params(rank))
+    return replace(request, lora=lora)
 
 
 def _moments_dtype(value: str | None, key: str) -> torch.dtype | None:

@@ -8,6 +8,7 @@ exactly (tied embeddings once, biases, norms) for any architecture transformers 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -27,19 +28,60 @@ class ModelShape:
     hidden_size: int
     intermediate_size: int
     vocab_size: int
+    linears: tuple[tuple[str, int, int], ...] = ()
+    """(name, in features, out features) of the Linear layers LoRA may target: every one but the output head
+    and a value model's head."""
+    head_params: int = 0
+    """Parameters of a value model's head, trained whole when the backbone trains with LoRA."""
 
     @classmethod
     def of(cls, model: nn.Module) -> ModelShape:
         backbone = getattr(model, "backbone", model)  # a value model wraps its causal LM
         config = backbone.config.get_text_config()  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
         hidden = config.hidden_size
+        output = backbone.get_output_embeddings() if hasattr(backbone, "get_output_embeddings") else None  # type: ignore[operator]  # nn.Module hides the HF model's API
+        head = getattr(model, "value_head", None)
         return cls(
             num_params=sum(p.numel() for p in model.parameters()),
             num_layers=config.num_hidden_layers,
             hidden_size=hidden,
             intermediate_size=getattr(config, "intermediate_size", None) or 4 * hidden,
             vocab_size=config.vocab_size,
+            linears=tuple(
+                (name, module.in_features, module.out_features)
+                for name, module in backbone.named_modules()
+                if isinstance(module, nn.Linear) and module is not output
+            ),
+            head_params=sum(p.numel() for p in head.parameters()) if head is not None else 0,
         )
+
+    def lora_params(
+        self,
+        rank: int,
+        target_modules: str | list[str] = "all-linear",
+        exclude_modules: str | list[str] | None = None,
+    ) -> int:
+        """Trainable parameters with LoRA of `rank`: r * (in + out) per target Linear, plus a value head.
+
+        Targets are matched as PEFT matches them: `all-linear` is every Linear but the output head, a list
+        names modules by their last name parts (`all-linear` among them: every one), a string is a regex on the full name (as is a string
+        `exclude_modules`).
+        """
+
+        def named(name: str, patterns: str | list[str] | None) -> bool:
+            if patterns is None:
+                return False
+            if isinstance(patterns, str):
+                return patterns == "all-linear" or re.fullmatch(patterns, name) is not None
+            return any(p == "all-linear" or name == p or name.endswith(f".{p}") for p in patterns)
+
+        adapters = sum(
+            rank * (fan_in + fan_out)
+            for name, fan_in, fan_out in self.linears
+            if named(name, target_modules)
+            and not (exclude_modules is not None and named(name, exclude_modules))
+        )
+        return adapters + self.head_params
 
     @classmethod
     def from_config(

@@ -89,11 +89,14 @@ class Residency:
         if unknown:
             raise ValueError(f"no phase uses {sorted(unknown)}")
         self.models = models
+        self.current = "start-up"
+        """The phase running now (or the last one), for the host-memory watchdog's message."""
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Park what `name` does not use, bring back what it does; nothing moves when nothing is parkable."""
         needs = PHASE_NEEDS[name]
+        self.current = name
         # Autocast keeps the bf16 copies it made of fp32 weights until the outermost autocast region
         # ends, which spans several phases; a phase has no use for another model's copies (the memory
         # plan counts them only for the model being updated).

@@ -52,13 +52,24 @@ a plan is an estimate, so a phase that still runs out of memory is retried with 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from relm.memory.model_shape import ModelShape
 
-__all__ = ["MemoryPlan", "ModelShape", "PlanDoesNotFit", "PlanRequest", "Rung", "plan_memory"]
+__all__ = [
+    "Lora",
+    "MemoryPlan",
+    "ModelShape",
+    "PlanDoesNotFit",
+    "PlanRequest",
+    "Rung",
+    "cpu_host_need",
+    "lora_offer",
+    "plan_memory",
+]
 
 GIB = 1 << 30
 USABLE_SHARE = 0.85
@@ -76,6 +87,17 @@ in the room the micro-batch's activations and the log-softmax scratch had."""
 MIN_TOKENS_WITHOUT_CHECKPOINTING = 8192
 MAX_TOKENS_PER_MICROBATCH = 65536
 FP32, BF16 = torch.float32, torch.bfloat16
+OFFERED_LORA_RANK = 64
+"""The rank the "does not fit" message offers (verl's and TRL's 7B examples use 32-64)."""
+
+
+@dataclass(frozen=True)
+class Lora:
+    """A trained model with LoRA: a frozen base and `num_trainable_params` fp32 trainable parameters."""
+
+    rank: int
+    num_trainable_params: int
+    """r * (in + out) per target Linear (`ModelShape.lora_params`), plus a value model's head."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +127,13 @@ class PlanRequest:
     user_checkpointing: bool | None = None
     user_critic_checkpointing: bool | None = None
     user_max_tokens: int | None = None
+    lora: Mapping[str, Lora] = field(default_factory=dict)
+    """Trained models (`actor`, `critic`) with LoRA: the base is frozen in the trained weights' dtype, the
+    adapters train in fp32 with fp32 moments, and an actor's reference is its own base (no copy)."""
+    host_baseline_bytes: int = 0
+    """What the process holds in host memory before loading (torch, CUDA's host side, the data)."""
+    saves_checkpoints: bool = True
+    """Checkpoints are saved: each trained model's weights are staged in host memory while written."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +167,11 @@ class MemoryPlan:
     host_bytes: int = 0
     """Pinned CPU memory the plan takes: offloaded moments and parked models."""
     host_budget_bytes: int = 0
+    host_peak_bytes: int = 0
+    """The process's predicted peak in host memory: what it held before loading, the pinned buffers, and
+    a checkpoint's staging (pageable)."""
+    checkpoint_staging_bytes: int = 0
+    lora: dict[str, Lora] = field(default_factory=dict)
     given_up: list[str] = field(default_factory=list)
     """The precision the plan lowered to fit (empty when nothing was given up or the user chose it)."""
     notes: list[str] = field(default_factory=list)
@@ -159,7 +193,9 @@ class MemoryPlan:
         lines = [
             f"memory plan: actor update peak ~{self.update_peak_bytes / GIB:.1f} GiB of "
             f"{self.budget_bytes / GIB:.1f} GiB usable; ~{self.host_bytes / GIB:.1f} GiB of "
-            f"{self.host_budget_bytes / GIB:.1f} GiB pinnable host memory",
+            f"{self.host_budget_bytes / GIB:.1f} GiB pinnable host memory (host peak "
+            f"~{self.host_peak_bytes / GIB:.1f} GiB with {self.checkpoint_staging_bytes / GIB:.1f} GiB of "
+            "checkpoint staging)",
             f"  micro-batches of at most {self.max_tokens_per_microbatch} tokens; gradient checkpointing "
             f"{'on' if self.gradient_checkpointing else 'off'} (actor), "
             f"{'on' if self.critic_gradient_checkpointing else 'off'} (critic)",
@@ -169,9 +205,28 @@ class MemoryPlan:
         ]
         if "critic moments" in self.fp32_bytes:
             lines.append(f"  critic's AdamW moments: {self._moments_line('critic')}")
+        for name, lora in self.lora.items():
+            lines.append(
+                f"  {name}: LoRA rank {lora.rank}, {lora.num_trainable_params / 1e6:.1f}M trainable parameters "
+                "(fp32 with fp32 moments); the base frozen"
+                + ("; the reference is the base with adapters off" if name == "actor" else "")
+            )
         return "\n".join(lines + [f"  {note}" for note in self.notes])
 
     def _weights_line(self) -> str:
+        if "actor" in self.lora:
+            copy = (
+                "; the engine generates with its own copy, adapters merged at each sync"
+                if self.generator_copy
+                else ""
+            )
+            base = (
+                str(self.rung.weights)
+                .removeprefix("torch.")
+                .replace("bfloat16", "bf16")
+                .replace("float32", "fp32")
+            )
+            return f"trained weights: the actor's LoRA adapters in fp32 on its frozen {base} base{copy}"
         if self.rung.weights == FP32:
             copy = "; the engine generates with a bf16 copy" if self.generator_copy else ""
             return f"trained weights: fp32 master weights{copy}"
@@ -183,6 +238,8 @@ class MemoryPlan:
         return f"trained weights: {str(self.rung.weights).removeprefix('torch.')}"
 
     def _moments_line(self, model: str) -> str:
+        if model in self.lora:
+            return "fp32, of the LoRA adapters only"
         dtype = self.rung.actor_moments if model == "actor" else self.rung.critic_moments
         offloaded = self.offload_optimizer if model == "actor" else self.offload_critic_optimizer
         where = "in CPU memory, stepped in chunks" if offloaded else "on the GPU"
@@ -220,20 +277,33 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
     comfortable = smallest_need + _per_token(actor, True) * MIN_TOKENS_WITHOUT_CHECKPOINTING
     critic_need = _per_token(critic, True) * request.max_sequence_length if critic else 0
 
+    staging = _checkpoint_staging(request) if request.saves_checkpoints else 0
+
     def fits(layout: _Layout, need: int) -> bool:
         critic_fits = layout.critic_phase is None or layout.critic_phase + critic_need <= budget
-        return layout.actor_phase + need <= budget and critic_fits and layout.host <= host_budget
+        host_fits = layout.host <= host_budget and layout.host + staging <= request.host_bytes
+        return layout.actor_phase + need <= budget and critic_fits and host_fits
 
     rungs = _rungs(request)
-    chosen = None
+    chosen, layouts = None, []
     for rung in rungs:
         layouts = [_layout(request, rung, *arrangement) for arrangement in _arrangements(request, rung)]
         chosen = next((x for x in layouts if fits(x, comfortable)), None)
         chosen = chosen or next((x for x in layouts if fits(x, smallest_need)), None)
         if chosen is not None:
             break
-    if chosen is None:  # `layouts` is bound: `_rungs` gives at least one rung
-        raise PlanDoesNotFit(_why_not(layouts[-1], budget, host_budget, smallest_need, critic_need, request))  # type: ignore[possibly-undefined]
+    if chosen is None:
+        raise PlanDoesNotFit(
+            _why_not(
+                _closest(layouts, budget, host_budget, smallest_need, critic_need),
+                budget,
+                host_budget,
+                smallest_need,
+                critic_need,
+                staging,
+                request,
+            )
+        )
 
     free = budget - chosen.actor_phase - LOGIT_SCRATCH_BYTES
     checkpointing, max_tokens = _budget(actor, free, request.max_sequence_length, request.user_checkpointing)
@@ -251,6 +321,9 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
         budget_bytes=budget,
         host_bytes=chosen.host,
         host_budget_bytes=host_budget,
+        host_peak_bytes=request.host_baseline_bytes + chosen.host + staging,
+        checkpoint_staging_bytes=staging,
+        lora=dict(request.lora),
         given_up=_given_up(request, rung),
         fp32_bytes={
             "actor moments": 8 * actor.num_params,
@@ -282,13 +355,20 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
 def _rungs(request: PlanRequest) -> list[Rung]:
     """fp32 everything, then bf16 moments, then bf16 weights; what the user fixed stays fixed."""
     rungs: list[Rung] = []
+    # a LoRA model's adapters keep fp32 moments on every rung (they are small); the last rung loads its
+    # frozen base in bf16
     for weights, moments in ((FP32, FP32), (FP32, BF16), (BF16, BF16)):
         weights = request.weights_dtype or weights
         if weights not in (FP32, BF16):  # fp16: torch's AdamW, moments in the weights' dtype
             rung = Rung(weights, weights, weights)
         else:
             critic = (request.critic_moments_dtype or moments) if request.critic is not None else FP32
-            rung = Rung(weights, request.actor_moments_dtype or moments, critic)
+            actor = request.actor_moments_dtype or moments
+            rung = Rung(
+                weights,
+                FP32 if "actor" in request.lora else actor,
+                FP32 if "critic" in request.lora else critic,
+            )
         if rung not in rungs:
             rungs.append(rung)
     return rungs
@@ -299,7 +379,7 @@ def _arrangements(request: PlanRequest, rung: Rung) -> list[tuple[frozenset[str]
     parkable = [
         name
         for name, present in (
-            ("reference", request.has_reference),
+            ("reference", _has_reference_copy(request)),
             ("generator copy", _generator_bytes(request, rung) > 0),
             ("critic", request.critic is not None),
         )
@@ -315,35 +395,152 @@ def _arrangements(request: PlanRequest, rung: Rung) -> list[tuple[frozenset[str]
 
 def _layout(request: PlanRequest, rung: Rung, parked: frozenset[str], offloaded: frozenset[str]) -> _Layout:
     """The bytes of one arrangement (see the module docstring for what each phase holds)."""
-    P, C = request.actor.num_params, _params(request.critic)  # noqa: N806 - the docstring's names
-    w = rung.weights.itemsize
-    autocast = 2 if rung.weights == FP32 and request.autocast else 0
-    actor_moments, critic_moments = 2 * rung.actor_moments.itemsize * P, 2 * rung.critic_moments.itemsize * C
-    compute = 2 if autocast or rung.weights != FP32 else 4
+    P = request.actor.num_params  # noqa: N806 - the docstring's name
+    compute = 2 if (rung.weights == FP32 and request.autocast) or rung.weights != FP32 else 4
     frozen = {
-        "reference": compute * P if request.has_reference else 0,
+        "reference": compute * P if _has_reference_copy(request) else 0,
         "generator copy": _generator_bytes(request, rung) * P,
     }
     resident_frozen = sum(size for name, size in frozen.items() if name not in parked)
-    actor_gpu_moments = min(OPTIMIZER_CHUNK_BYTES, actor_moments) if "actor" in offloaded else actor_moments
+    actor = _trained_bytes(request, rung, "actor")
+    actor_gpu_moments = min(OPTIMIZER_CHUNK_BYTES, actor.moments) if "actor" in offloaded else actor.moments
+    critic = _trained_bytes(request, rung, "critic")
     critic_gpu_moments = (
-        min(OPTIMIZER_CHUNK_BYTES, critic_moments) if "critic" in offloaded else critic_moments
+        min(OPTIMIZER_CHUNK_BYTES, critic.moments) if "critic" in offloaded else critic.moments
     )
-    idle_critic = 0 if "critic" in parked else w * C + (0 if "critic" in offloaded else critic_moments)
-    actor_phase = (2 * w + autocast) * P + actor_gpu_moments + resident_frozen + idle_critic
+    idle_critic = 0 if "critic" in parked else critic.idle + (0 if "critic" in offloaded else critic.moments)
+    actor_phase = actor.updating + actor_gpu_moments + resident_frozen + idle_critic
     critic_phase = None
     if request.critic is not None:
-        idle_actor = w * P + (0 if "actor" in offloaded else actor_moments)
-        critic_phase = idle_actor + resident_frozen + (2 * w + autocast) * C + critic_gpu_moments
+        idle_actor = actor.idle + (0 if "actor" in offloaded else actor.moments)
+        critic_phase = idle_actor + resident_frozen + critic.updating + critic_gpu_moments
     host = sum(frozen[name] for name in parked if name in frozen)
-    host += actor_moments if "actor" in offloaded else 0
-    host += critic_moments if "critic" in offloaded or "critic" in parked else 0
-    host += w * C if "critic" in parked else 0
+    host += actor.moments if "actor" in offloaded else 0
+    host += critic.moments if "critic" in offloaded or "critic" in parked else 0
+    host += critic.idle if "critic" in parked else 0
     return _Layout(actor_phase, critic_phase, host, parked, offloaded)
 
 
+@dataclass(frozen=True)
+class _Trained:
+    """Bytes of one trained model: through its update (weights, gradients, autocast's copies), while
+    another model updates (weights), and its AdamW moments."""
+
+    updating: int
+    idle: int
+    moments: int
+
+
+def _trained_bytes(request: PlanRequest, rung: Rung, name: str) -> _Trained:
+    """Full fine-tuning: (2w + autocast) P through the update, w P idle, 2 m P of moments. LoRA: the frozen
+    base in the trained weights' dtype (w (P - head): the loader's dtype, fp32 master weights or bf16 at the
+    last rung; autocast caches casts of trainable leaves only, so the frozen base has no bf16 copies) and fp32
+    trainable parameters T (PEFT keeps adapters in fp32 under a bf16 base) with gradients, autocast's copies
+    and moments: w (P - head) + (8 + autocast) T, w (P - head) + 4 T idle, 8 T."""
+    shape = request.actor if name == "actor" else request.critic
+    if shape is None:
+        return _Trained(0, 0, 0)
+    w = rung.weights.itemsize
+    autocast = 2 if rung.weights == FP32 and request.autocast else 0
+    lora = request.lora.get(name)
+    if lora is None:
+        m = (rung.actor_moments if name == "actor" else rung.critic_moments).itemsize
+        P = shape.num_params  # noqa: N806
+        return _Trained((2 * w + autocast) * P, w * P, 2 * m * P)
+    base, T = w * (shape.num_params - shape.head_params), lora.num_trainable_params  # noqa: N806
+    lora_autocast = 2 if request.autocast else 0
+    return _Trained(base + (8 + lora_autocast) * T, base + 4 * T, 8 * T)
+
+
+def _trained_names(request: PlanRequest) -> list[str]:
+    return ["actor", "critic"] if request.critic is not None else ["actor"]
+
+
+def _has_reference_copy(request: PlanRequest) -> bool:
+    """A LoRA actor's reference is its own base with the adapters off: no copy."""
+    return request.has_reference and "actor" not in request.lora
+
+
+def _checkpoint_staging(request: PlanRequest) -> int:
+    """Host bytes a checkpoint stages at once: `save_pretrained` gathers one model's weights as bytes in
+    host memory (safetensors), and torch.save copies one optimizer tensor at a time (the largest is a
+    moment of the embedding). LoRA models save their adapters only."""
+    largest = 0
+    for name in _trained_names(request):
+        shape = request.actor if name == "actor" else request.critic
+        assert shape is not None
+        lora = request.lora.get(name)
+        weights = 4 * lora.num_trainable_params if lora else 4 * shape.num_params
+        largest = max(largest, weights + (0 if lora else 4 * shape.vocab_size * shape.hidden_size))
+    return largest
+
+
+def cpu_host_need(request: PlanRequest) -> int:
+    """Host bytes a run on CPU needs: every model resident in fp32 (no autocast, no engine copy), the larger
+    of the two update phases with one sequence's fp32 activations (twice the bf16 figure), and a checkpoint's
+    staging."""
+    layout = _layout(request, _rungs(request)[0], frozenset(), frozenset())
+    checkpointing = bool(request.user_checkpointing)
+    phases = [(layout.actor_phase, request.actor), (layout.critic_phase, request.critic)]
+    need = max(
+        held + 2 * _per_token(shape, checkpointing) * request.max_sequence_length
+        for held, shape in phases
+        if held is not None and shape is not None
+    )
+    return need + (_checkpoint_staging(request) if request.saves_checkpoints else 0)
+
+
+def lora_offer(request: PlanRequest, rank: int = OFFERED_LORA_RANK) -> str | None:
+    """The clause a "does not fit" message adds when LoRA of `rank` (all-linear) on every fully trained
+    model would fit: the key to set and the figure that plan needs; None when it would not fit either."""
+    added = {
+        name: Lora(rank, shape.lora_params(rank))
+        for name, shape in (("actor", request.actor), ("critic", request.critic))
+        if shape is not None and name not in request.lora and shape.linears
+    }
+    if not added:
+        return None
+    try:
+        plan = plan_memory(replace(request, lora={**request.lora, **added}))
+    except PlanDoesNotFit:
+        return None
+    keys = " and ".join(
+        f"{'actor_rollout_ref.model' if name == 'actor' else 'critic.model'}.lora_rank={rank}"
+        for name in added
+    )
+    base = " with the base in bf16" if plan.rung.weights == BF16 and request.weights_dtype is None else ""
+    return (
+        f"LoRA would fit: {keys} (all-linear{base}) trains {sum(x.num_trainable_params for x in added.values()) / 1e6:.0f}M "
+        f"parameters and needs ~{plan.update_peak_bytes / GIB:.0f} GiB on the GPU and "
+        f"~{plan.host_bytes / GIB:.0f} GiB of pinned host memory"
+    )
+
+
+def _closest(
+    layouts: list[_Layout], budget: int, host_budget: int, smallest_need: int, critic_need: int
+) -> _Layout:
+    """The arrangement a refusal speaks of: the first that fits the GPU and the pinned share (only the
+    checkpoint's staging is then over), else the most frugal."""
+    return next(
+        (
+            x
+            for x in layouts
+            if x.actor_phase + smallest_need <= budget
+            and (x.critic_phase is None or x.critic_phase + critic_need <= budget)
+            and x.host <= host_budget
+        ),
+        layouts[-1],
+    )
+
+
 def _why_not(
-    layout: _Layout, budget: int, host_budget: int, smallest_need: int, critic_need: int, request: PlanRequest
+    layout: _Layout,
+    budget: int,
+    host_budget: int,
+    smallest_need: int,
+    critic_need: int,
+    staging: int,
+    request: PlanRequest,
 ) -> str:
     """One clause on the most frugal arrangement of the last rung: what still does not fit."""
     if layout.actor_phase + smallest_need > budget:
@@ -358,6 +555,12 @@ def _why_not(
             f"actor's weights, over {budget / GIB:.0f} GiB usable"
         )
     waiting = sorted(layout.parked) + [f"{name}'s AdamW moments" for name in sorted(layout.offloaded)]
+    if layout.host <= host_budget:
+        held = f"keeping the {', '.join(waiting)} on the CPU needs" if waiting else "the plan pins"
+        return (
+            f"{held} ~{layout.host / GIB:.0f} GiB of host memory and a checkpoint stages ~{staging / GIB:.0f} GiB more, over the "
+            f"{request.host_bytes / GIB:.0f} GiB this process may use"
+        )
     return (
         f"keeping the {', '.join(waiting)} on the CPU needs ~{layout.host / GIB:.0f} GiB of host memory, "
         f"over {HOST_SHARE:.0%} of this machine's {request.host_bytes / GIB:.0f} GiB"
@@ -367,9 +570,12 @@ def _why_not(
 def _given_up(request: PlanRequest, rung: Rung) -> list[str]:
     lost = []
     if request.weights_dtype is None and rung.weights != FP32:
-        lost.append(
-            "weights trained in bf16 with stochastically rounded updates instead of fp32 master weights"
-        )
+        if all(name in request.lora for name in _trained_names(request)):
+            lost.append("the LoRA base held in bf16 instead of fp32 (the adapters train in fp32)")
+        else:
+            lost.append(
+                "weights trained in bf16 with stochastically rounded updates instead of fp32 master weights"
+            )
     planned = [
         name
         for name, user, dtype in (

@@ -52,6 +52,7 @@ from relm.memory.choices import (
     build_residency,
     builds_critic,
     builds_reference,
+    cap_gpu_memory,
     choose_memory,
 )
 from relm.memory.offload import OffloadedOptimizerStates, Residency
@@ -248,6 +249,7 @@ def build_components(
     device = dist.device if dist.is_distributed else pick_device(cfg.trainer.device)
     # Planned before loading: the plan's last rung loads the trained models in bf16.
     memory = choose_memory(cfg, model_dir, device=device, sharded=dist.is_distributed)
+    cap_gpu_memory(cfg, device)
     if dist.is_distributed:  # FSDP's MixedPrecisionPolicy casts instead of autocast
         memory.precision = replace(memory.precision, use_autocast=False)
     precision = memory.precision

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from relm.learner.batch import ExperienceBatch
+from relm.memory.choices import MemoryChoices
+from relm.memory.host import peak_rss_bytes
 from relm.rollout.base import FINISH_LENGTH
 
 
@@ -50,13 +52,37 @@ def mean_of_lists(metrics: dict[str, list[float]]) -> dict[str, float]:
 
 
 def memory_metrics(device: torch.device) -> dict[str, float]:
-    """Peak accelerator memory (GPU) or the process's peak resident memory (CPU)."""
+    """Peak accelerator memory (GPU) and the process's peak resident host memory (GiB)."""
+    host = peak_rss_bytes() / 2**30
     if device.type == "cuda":
         return {
             "perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30,
             "perf/max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30,
+            "perf/max_host_memory_gb": host,
         }
-    import resource
+    return {"perf/cpu_max_rss_gb": host, "perf/max_host_memory_gb": host}
 
-    # ru_maxrss is in KiB on Linux.
-    return {"perf/cpu_max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+def plan_metrics(memory: MemoryChoices) -> dict[str, float]:
+    """The memory plan's predicted peaks (GiB), to read beside the measured ones of `memory_metrics`."""
+    metrics = {}
+    if memory.plan is not None:
+        metrics["perf/plan_gpu_gb"] = memory.plan.update_peak_bytes / 2**30
+    if memory.host_peak_bytes is not None:
+        metrics["perf/plan_host_gb"] = memory.host_peak_bytes / 2**30
+    return metrics
+
+
+def memory_report(metrics: dict[str, float]) -> str | None:
+    """The line printed after the first step: each predicted peak beside the measured one (GiB)."""
+    pairs = [
+        ("GPU", "perf/max_memory_allocated_gb", "perf/plan_gpu_gb", " (the actor's update)"),
+        ("host", "perf/max_host_memory_gb", "perf/plan_host_gb", ""),
+    ]
+    parts = [
+        f"{name} peak {metrics[measured]:.2f} GiB measured, {metrics[planned]:.2f} GiB planned{what} "
+        f"({(metrics[measured] - metrics[planned]) / metrics[planned]:+.0%})"
+        for name, measured, planned, what in pairs
+        if measured in metrics and planned in metrics and metrics[planned] > 0
+    ]
+    return f"memory after the first step: {'; '.join(parts)}" if parts else None

@@ -25,6 +25,8 @@ from relm.errors import UserError
 from relm.learner.actor import update_actor
 from relm.learner.batch import ExperienceBatch
 from relm.learner.critic import update_critic
+from relm.memory.choices import host_budget_bytes
+from relm.memory.host import HostWatchdog, watching
 from relm.rollout.watchdog import engine_stage
 from relm.trainer.checkpoint import (
     find_resume_checkpoint,
@@ -41,7 +43,7 @@ from relm.trainer.experience import batched_logprobs, batched_values
 from relm.trainer.flops import peak_flops, training_flops
 from relm.trainer.guards import DegenerateBatchReporter, SkipGuard
 from relm.trainer.loggers import make_loggers
-from relm.trainer.metrics import data_metrics, mean_of_lists, memory_metrics
+from relm.trainer.metrics import data_metrics, mean_of_lists, memory_metrics, memory_report, plan_metrics
 from relm.trainer.plot import CURVES_FILE, plot_curves
 from relm.trainer.samples import ValidationSamples, dump_rollout
 from relm.trainer.signals import stop_on_signals
@@ -92,6 +94,7 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
     metrics.update(perf_metrics(c, batch, metrics))
     metrics.update(data_metrics(batch))
     metrics.update(memory_metrics(c.device))
+    metrics.update(plan_metrics(c.memory))
     return metrics
 
 
@@ -296,6 +299,7 @@ def train(c: RunComponents) -> None:
         return result.metrics
 
     def save(step: int) -> None:
+        c.residency.current = "checkpoint save"
         save_checkpoint(c, step, loop_state={"skip_guard": guard.state_dict()})
         if c.dist.is_main:
             prune_checkpoints(
@@ -316,8 +320,12 @@ def train(c: RunComponents) -> None:
         return
     last_step = last_saved = start
     cpu_threads = CpuThreads(c.device)  # fewer torch threads while other processes hold cores
+    running = {"step": start}
+    watchdog = HostWatchdog(
+        lambda: f"{c.residency.current} of step {running['step']}", budget_bytes=host_budget_bytes(c.cfg)
+    )
     try:
-        with stop_on_signals() as stop:
+        with stop_on_signals() as stop, watching(watchdog):
             if val_dataset is not None and trainer_cfg.val_before_train and start == 0:
                 val_metrics = validate(0)  # on every rank: generation is shared out over the ranks
                 for sink in loggers:
@@ -326,7 +334,10 @@ def train(c: RunComponents) -> None:
                 if c.dist.any_true(stop.requested):
                     break
                 cpu_threads.adjust()
+                running["step"] = step
                 metrics = ppo_step(c, c.loader.next_batch(), step)
+                if step == start + 1 and c.dist.is_main and (report := memory_report(metrics)):
+                    logger.info("%s", report)
                 metrics["training/epoch"] = float(c.loader.epoch)
                 diverged = guard.update(step, metrics)
                 if val_dataset is not None and is_validation_step(step, total, trainer_cfg.test_freq):

@@ -26,12 +26,16 @@ GAE_WITH_SHORT_PROMPTS = ("algorithm.adv_estimator=gae", "data.max_prompt_length
 
 
 def pretend_gpu(monkeypatch: pytest.MonkeyPatch, usable: int, pinnable: int) -> None:
-    """Plan the CPU run for a GPU with `usable` bytes (85% of it) and a host that may pin `pinnable`."""
+    """Plan the CPU run for a GPU with `usable` bytes (85% of it) and a host that may pin `pinnable`
+    (the process's own memory left out: `host_baseline_bytes` only adds to the reported peak)."""
     monkeypatch.setattr(
         memory, "device_memory", lambda device: (math.ceil(usable / 0.85), math.ceil(pinnable / 0.7))
     )
     monkeypatch.setattr(memory_plan, "LOGIT_SCRATCH_BYTES", 0)
     monkeypatch.setattr(memory_plan, "OPTIMIZER_CHUNK_BYTES", 4096)
+    # the rungs are chosen by the pinned share here; a checkpoint's staging (the model's weights, on the
+    # scale of the pinnable bytes) is checked in tests/unit/test_memory_plan.py
+    monkeypatch.setattr(memory_plan, "_checkpoint_staging", lambda request: 0)
 
 
 # (usable, pinnable, plan lines, why)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relm.compat.host_memory import BYTES_PER_PARAM, available_host_bytes, cpu_memory_note
+from relm.compat.host_memory import BYTES_PER_PARAM, cpu_memory_note
+from relm.memory.host import available_host_bytes
 
 
 def test_estimate_matches_the_measured_climb_of_a_half_billion_model():

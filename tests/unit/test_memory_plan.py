@@ -14,10 +14,22 @@ tokens) 3,548,315,648 B.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from relm.memory.plan import GIB, ModelShape, PlanDoesNotFit, PlanRequest, Rung, plan_memory
+from relm.memory.plan import (
+    GIB,
+    Lora,
+    ModelShape,
+    PlanDoesNotFit,
+    PlanRequest,
+    Rung,
+    cpu_host_need,
+    lora_offer,
+    plan_memory,
+)
 
 SHAPE = ModelShape(
     num_params=10**9, num_layers=10, hidden_size=1000, intermediate_size=4000, vocab_size=10_000
@@ -285,3 +297,85 @@ def test_moment_dtype_keys_are_checked_before_anything_loads():
     cfg = load_config(["actor_rollout_ref.actor.optim.moments_dtype=bfloat16"])
     with pytest.raises(UserError, match="applies to single-process runs"):
         choose_memory(cfg, "unused", device=torch.device("cpu"), sharded=True)
+
+
+# LoRA (issue 19 part 3). The made-up shape with adapters of T = 1e7 trainable parameters: the frozen base is
+# loaded as the trained weights are (fp32 master weights: 4e9; autocast caches no bf16 copy of a frozen
+# weight), the adapters hold fp32 weights and gradients and their bf16 autocast copies (10 T = 1e8) and fp32
+# moments (8 T = 8e7); the reference is the base with the adapters off (no copy); the engine's bf16 copy
+# stays (2e9). Actor phase 6.18e9.
+def test_lora_counts_only_adapter_gradients_and_moments_and_no_reference():
+    plan = plan_memory(request(22, lora={"actor": Lora(8, 10**7)}))
+    # usable int(0.85 * 22 GiB) = 20,078,972,108; free 20,078,972,108 - 6.18e9 - 2 GiB = 11,751,488,460,
+    # 15,462 tokens without checkpointing, rounded to 15,360 (>= 8,192: checkpointing off)
+    assert plan.rung == Rung(FP32, FP32, FP32) and not plan.gradient_checkpointing and not plan.given_up
+    assert not (plan.park_reference or plan.park_generator or plan.offload_optimizer) and plan.host_bytes == 0
+    assert plan.max_tokens_per_microbatch == 15360
+    assert plan.update_peak_bytes == 6_180_000_000 + 2 * GIB + 15360 * 760_000 == 20_001_083_648
+    # the same GPU without LoRA holds 22e9 and needs gradient checkpointing (test_tight_gpu above)
+    assert plan_memory(request(22)).gradient_checkpointing
+    # a LoRA checkpoint stages the adapters only: 4 T
+    assert plan.checkpoint_staging_bytes == 4 * 10**7 and plan.host_peak_bytes == 4 * 10**7
+    assert "actor: LoRA rank 8, 10.0M trainable parameters" in plan.describe()
+    assert "LoRA adapters in fp32 on its frozen fp32 base" in plan.describe()
+
+
+LINEARS = tuple(
+    (f"layers.{i}.{name}", fan_in, fan_out)
+    for i in range(10)
+    for name, fan_in, fan_out in (("q", 1000, 1000), ("up", 1000, 4000), ("down", 4000, 1000))
+)
+
+
+def test_lora_parameters_are_rank_times_in_plus_out_per_target():
+    shape = replace(SHAPE, linears=LINEARS, head_params=1001)
+    # per layer 64 * (2000 + 5000 + 5000) = 768,000; ten layers; the value head (1001) trains whole
+    assert shape.lora_params(64) == 7_680_000 + 1001
+    assert shape.lora_params(64, ["q"]) == 10 * 64 * 2000 + 1001
+    assert shape.lora_params(64, exclude_modules=["down"]) == 10 * 64 * 7000 + 1001
+    assert shape.lora_params(64, "layers\\.0\\..*") == 768_000 + 1001  # a string is a regex on the full name
+
+
+def test_lora_of_a_real_shape_counts_like_peft():
+    # Qwen2.5-7B, rank 64, all-linear: PEFT reports 161,480,704 trainable parameters
+    actor, _ = published("Qwen/Qwen2.5-7B-Instruct")
+    assert actor.lora_params(64) == 161_480_704
+    assert len(actor.linears) == 28 * 7  # q k v o gate up down per layer; no lm_head
+
+
+def test_does_not_fit_offers_lora_with_its_rank_and_figures():
+    shape = replace(SHAPE, linears=LINEARS)
+    # 6 GiB GPU (5,475,663,052 B usable): even bf16 weights and gradients with a 2 GiB chunk of moments,
+    # 4e9 + 2 GiB, leave no room for one sequence (2,303,131,648 B)
+    small = request(6, actor=shape)
+    with pytest.raises(PlanDoesNotFit, match="actor's update needs ~8 GiB"):
+        plan_memory(small)
+    # LoRA rank 64, T = 7,680,000: an fp32 base (4e9) leaves no room either; a bf16 base generated on directly
+    # (the last rung) holds 2e9 + 10 T + 8 T = 2,138,240,000 and one sequence fits, nothing pinned
+    offer = lora_offer(small)
+    assert offer is not None and offer.startswith("LoRA would fit: actor_rollout_ref.model.lora_rank=64")
+    assert "(all-linear with the base in bf16) trains 8M parameters" in offer
+    assert "~0 GiB of pinned host memory" in offer
+    plan = plan_memory(replace(small, lora={"actor": Lora(64, 7_680_000)}))
+    assert plan.given_up == ["the LoRA base held in bf16 instead of fp32 (the adapters train in fp32)"]
+    assert plan.rung == Rung(BF16, FP32, FP32) and not plan.generator_copy
+    assert lora_offer(request(1, actor=shape)) is None  # not even LoRA fits 1 GiB
+
+
+def test_checkpoint_staging_counts_against_the_host():
+    # full fine-tuning stages a model's fp32 weights (4e9) and its largest moment (4 * 10,000 * 1,000)
+    plan = plan_memory(request(40))
+    assert plan.checkpoint_staging_bytes == 4_040_000_000 and plan.host_bytes == 0
+    assert plan_memory(request(40, host_bytes=4 * GIB, saves_checkpoints=False)).host_bytes == 0
+    with pytest.raises(PlanDoesNotFit, match="a checkpoint stages ~4 GiB more, over the 3 GiB"):
+        plan_memory(request(40, host_bytes=3 * GIB))
+
+
+def test_cpu_runs_need_every_model_in_host_memory():
+    # fp32 actor 16e9 (weights, gradients, moments), reference 4e9, one 1024-token sequence's fp32
+    # activations 2 * 760,000 * 1024, a checkpoint's staging 4.04e9
+    cpu = request(0, autocast=False, generation_dtype=None)
+    assert cpu_host_need(cpu) == 20e9 + 1_556_480_000 + 4_040_000_000
+    lora = replace(cpu, lora={"actor": Lora(8, 10**7)})
+    # LoRA: fp32 base 4e9, adapters 8 T + 8 T, no reference; staging 4 T
+    assert cpu_host_need(lora) == 4e9 + 16 * 10**7 + 1_556_480_000 + 4 * 10**7
