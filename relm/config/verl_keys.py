@@ -33,7 +33,10 @@ _MULTIMODAL = "multimodal inputs are not supported"
 _COMPILE = "relm reads `actor_rollout_ref.actor.use_torch_compile` for every training forward"
 _KERNELS = "fused/Liger kernels are not wired in yet"
 _LORA = "LoRA is not supported yet"
-_RM = "reward models are not supported yet (`reward_model.enable=true` is an error)"
+_RM = "the reward model runs in the training process, on the actor's GPU, unsharded"
+_RM_ROLLOUT = (
+    "a vLLM/sglang serving knob; relm's judge generates with its own engine (`reward_model.rollout.name`)"
+)
 _CKPT = "relm saves model, optimizer and loop state in every checkpoint"
 _HYDRA = "relm does not compose Hydra configs; write the values out in full"
 _MEGATRON = "Megatron is not supported; relm trains with PyTorch FSDP"
@@ -53,7 +56,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     # data
     "data.tokenizer": "relm uses `actor_rollout_ref.model.tokenizer_path` (or the model's tokenizer)",
     "data.use_shm": _SHM,
-    "data.return_raw_input_ids": _RM,
+    "data.return_raw_input_ids": "the reward model re-renders responses itself (`reward_model.model.input_tokenizer`)",
     "data.return_full_prompt": "relm keeps prompt token ids; the full prompt text is not stored",
     "data.dataloader_num_workers": "relm tokenizes in-process, without dataloader workers",
     "data.validation_shuffle": "relm validates in file order",
@@ -145,16 +148,20 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "critic.checkpoint.*": _CKPT,
     "critic.profiler.*": _PROFILER,
     "critic.megatron.*": _MEGATRON,
-    # reward_model: everything but `enable` and `reward_manager`
+    # reward_model: relm reads `enable`, `reward_manager`, `model.path`, `model.input_tokenizer`,
+    # `micro_batch_size_per_gpu`, `max_length` and the judge's `rollout.*` sampling keys
     "reward_model.strategy": _RM,
     "reward_model.model.*": _RM,
-    "reward_model.micro_batch_size": _RM,
-    "reward_model.micro_batch_size_per_gpu": _RM,
-    "reward_model.max_length": _RM,
-    "reward_model.ulysses_sequence_parallel_size": _RM,
+    "reward_model.micro_batch_size": "deprecated in verl; use `reward_model.micro_batch_size_per_gpu`",
+    "reward_model.ulysses_sequence_parallel_size": _SP,
     "reward_model.use_dynamic_bsz": _RM,
     "reward_model.forward_max_token_len_per_gpu": _RM,
-    "reward_model.profiler.*": _RM,
+    "reward_model.profiler.*": _PROFILER,
+    "reward_model.rollout.*": _RM_ROLLOUT,
+    "reward_model.num_workers": "the reward model scores in the training process",
+    "reward_model.enable_resource_pool": _RM,
+    "reward_model.n_gpus_per_node": _RM,
+    "reward_model.nnodes": _RM,
     "reward_model.megatron.*": _MEGATRON,
     "reward_model.launch_reward_fn_async": "relm scores rewards in the training process",
     "reward_model.sandbox_fusion.*": "remote code sandboxes are not supported; score in a custom function",

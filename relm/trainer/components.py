@@ -60,6 +60,7 @@ from relm.models.value_model import load_value_model
 from relm.models.zoo import default_cache_dir
 from relm.rewards.custom import ComputeScore, resolve_compute_score
 from relm.rewards.manager import RewardManager
+from relm.rewards.model_reward import ModelScorer, build_reward_model
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.engine import NativeRolloutEngine
@@ -118,6 +119,8 @@ class RunComponents:
     """Which models wait on the CPU outside their phases (none unless the plan parks them)."""
     dist: DistContext
     """This process's place in a data-parallel run (the single-process context by default)."""
+    reward_model: ModelScorer | None = None
+    """The frozen reward model or LLM judge (`reward_model.enable`), whose score is the reward."""
 
     @property
     def trainees(self) -> list[Trainee]:
@@ -304,6 +307,9 @@ def build_components(
         memory=memory,
         residency=residency,
         dist=dist,
+        reward_model=build_reward_model(cfg.reward_model, device=device, seed=cfg.seed)
+        if cfg.reward_model.enable
+        else None,
     )
 
 
@@ -336,6 +342,8 @@ def _load_run_tokenizer(cfg: RelmConfig, model_dir: str) -> PreTrainedTokenizerB
 
 def _prompt_loader(cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase) -> PromptLoader:
     dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer)
+    # A reward model re-renders (or shows its judge) the prompt's messages, as verl's does.
+    dataset.return_raw_chat = dataset.return_raw_chat or cfg.reward_model.enable
     return PromptLoader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
 
 
