@@ -59,7 +59,7 @@ def build_reward_model(rm: RewardModelConfig, *, device: torch.device, seed: int
     judge = rm.judge
     if judge.prompt_template is None and judge.prompt_template_path is None:
         return load_discriminative_reward_model(
-            folder,
+            rm.model.path,
             tokenizer=tokenizer,
             device=device,
             dtype=dtype,

@@ -72,8 +72,10 @@ def render_conversation(
     return list(tokenizer.encode(text, add_special_tokens=True))
 
 
-def reward_model_kind(folder: str) -> str:
+def reward_model_kind(folder: str, shown: str | None = None) -> str:
     """`value_head` for a relm-exported critic, `sequence_classification` for an HF classifier.
+
+    `shown` is the path as the user wrote it (a `zoo:` name or Hub id), for the message.
 
     Raises:
         UserError: The folder is neither.
@@ -86,7 +88,7 @@ def reward_model_kind(folder: str) -> str:
     if any(name.endswith("ForSequenceClassification") for name in architectures):
         return "sequence_classification"
     raise UserError(
-        f"`reward_model.model.path={folder}` is neither a sequence-classification model (its architectures are "
+        f"`reward_model.model.path={shown or folder}` is neither a sequence-classification model (its architectures are "
         f"{architectures or 'not named'}) nor a critic exported by `relm export --critic` ({VALUE_HEAD_FILE}); "
         "for an LLM judge set `reward_model.judge.prompt_template`"
     )
@@ -206,7 +208,7 @@ def load_discriminative_reward_model(
 ) -> DiscriminativeRewardModel:
     """Load `path` (a classifier or an exported critic) frozen on `device`, waiting parked on a GPU."""
     folder = resolve_model_dir(path)
-    kind = reward_model_kind(folder)
+    kind = reward_model_kind(folder, path)
     if kind == "value_head":
         module: nn.Module = load_value_model(
             folder, dtype=dtype, device=device, trust_remote_code=trust_remote_code

@@ -271,3 +271,12 @@ def test_llm_judge_run_logs_parsed_scores(engine: str, train: Callable, tmp_path
     rows = [json.loads(line) for line in (dumps / "1.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [row["rm_score"] for row in rows] == [7.0] * 8
     assert all(0.0 <= row["rule_score"] <= 1.0 for row in rows)
+
+
+def test_a_causal_lm_as_reward_model_is_one_error_line(train: Callable) -> None:
+    result = train("reward_model.enable=true", "reward_model.model.path=zoo:tiny/qwen2")
+
+    assert result.exit_code == 2
+    (line,) = result.stderr_lines[-1:]
+    assert line.startswith("error: `reward_model.model.path=zoo:tiny/qwen2` is neither")
+    assert "reward_model.judge.prompt_template" in line
