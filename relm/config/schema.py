@@ -390,11 +390,59 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class RewardModelModelConfig:
+    """The reward model's weights and tokenizer (`reward_model.model.*`)."""
+
+    path: str | None = None
+    """Folder or Hub id: a sequence-classification model, a relm-exported critic, or a causal LM judge."""
+    input_tokenizer: str | None = None
+    """The policy's tokenizer: when set, responses are decoded and re-rendered with the reward model's own
+    tokenizer and chat template; unset feeds the policy's token ids as they are (same tokenizer)."""
+    trust_remote_code: bool = False
+    """Allow the reward model's own modelling code."""
+
+
+@dataclass
+class RewardModelRolloutConfig:
+    """How an LLM judge generates its verdicts (`reward_model.rollout.*`, verl's names)."""
+
+    name: str = "native"
+    """Engine that serves the judge: `native` or `hf`."""
+    response_length: int = 32
+    """Most tokens of a verdict."""
+    prompt_length: int = 512
+    """Longest judge prompt in tokens; a longer one keeps its end."""
+    temperature: float = 1.0
+    """Sampling temperature when `do_sample` is on."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold when `do_sample` is on."""
+    top_k: int = -1
+    """Top-k sampling when `do_sample` is on; -1 is off."""
+    do_sample: bool = False
+    """Sample verdicts; off decodes greedily (relm's default, verl's is on)."""
+
+
+@dataclass
+class JudgeConfig:
+    """A causal LM as judge (`reward_model.judge.*`, relm's keys: verl leaves this to a custom function)."""
+
+    prompt_template: str | None = None
+    """Judge prompt with `{prompt}`, `{response}`, `{ground_truth}` fields; setting it (or the path) makes
+    the reward model a generative judge."""
+    prompt_template_path: str | None = None
+    """File holding the judge prompt (instead of `prompt_template`)."""
+    score_regex: str = r"-?\d+(?:\.\d+)?"
+    """Pattern whose last match in the verdict is the score (its first group when it has one)."""
+    default_score: float = 0.0
+    """Score of a verdict the pattern does not match (counted in `reward_model/judge_unparsed`)."""
+
+
+@dataclass
 class RewardModelConfig:
     """A learned reward model (`reward_model.*`)."""
 
     enable: bool = False
-    """Score responses with a reward model (not supported yet: true is an error)."""
+    """Score responses with a reward model: its score is the reward (the rule score is still logged)."""
     reward_manager: str = "naive"
     """verl's reward manager: `naive`, `dapo` (with `overlong_buffer`) and `prime` call the function once a
     response; `batch` once for many (`compute_score(data_sources, solution_strs, ground_truths, extra_infos)`
@@ -413,6 +461,16 @@ class RewardModelConfig:
     """Resident memory past which a reward worker is killed and replaced (unset: no limit)."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO overlong reward shaping."""
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    """The reward model."""
+    micro_batch_size_per_gpu: int | None = None
+    """Responses per reward-model forward (or judge generation); unset is 16."""
+    max_length: int | None = None
+    """Longest reward-model input in tokens; a longer one keeps its end. Unset keeps all."""
+    rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)
+    """The judge's generation."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """LLM-as-judge prompt and parser."""
 
 
 @dataclass

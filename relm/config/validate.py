@@ -12,11 +12,12 @@ Batch sizes follow verl: `data.train_batch_size` and `ppo_mini_batch_size` count
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from relm.config.fsdp_size import FSDP_SIZE_KEYS, check_fsdp_size
-from relm.config.schema import ActorConfig, CriticConfig, RelmConfig
+from relm.config.schema import ActorConfig, CriticConfig, RelmConfig, RewardModelConfig
 from relm.errors import UserError
 
 CONFIG_OK_MESSAGE = "All configuration checks passed successfully!"
@@ -365,13 +366,33 @@ def _check_fsdp_sizes(cfg: RelmConfig) -> None:
         check_fsdp_size(value, key=key, world_size=num_data_parallel_ranks(cfg))
 
 
+def _check_reward_model(rm: RewardModelConfig) -> None:
+    if not rm.model.path:
+        raise UserError(
+            "`reward_model.enable=true` needs `reward_model.model.path=<reward model folder or Hub id>`"
+        )
+    if rm.judge.prompt_template is not None and rm.judge.prompt_template_path is not None:
+        raise UserError(
+            "`reward_model.judge.prompt_template` and `reward_model.judge.prompt_template_path` are both set; keep one"
+        )
+    if rm.rollout.name not in ("native", "hf"):
+        raise UserError(f"`reward_model.rollout.name={rm.rollout.name}`: the judge runs on `native` or `hf`")
+    if rm.micro_batch_size_per_gpu is not None and rm.micro_batch_size_per_gpu < 1:
+        raise UserError(
+            f"`reward_model.micro_batch_size_per_gpu={rm.micro_batch_size_per_gpu}` must be at least 1"
+        )
+    try:
+        re.compile(rm.judge.score_regex)
+    except re.error as exc:
+        raise UserError(
+            f"`reward_model.judge.score_regex={rm.judge.score_regex}` is not a valid pattern: {exc}"
+        ) from exc
+
+
 def _check_features(cfg: RelmConfig) -> None:
     data, rollout = cfg.data, cfg.actor_rollout_ref.rollout
     if cfg.reward_model.enable:
-        raise UserError(
-            "`reward_model.enable=true`: reward models are not supported yet; score with a rule "
-            "(`data_source`) or `custom_reward_function.path`"
-        )
+        _check_reward_model(cfg.reward_model)
     if data.custom_cls.path is not None:
         raise UserError(
             f"`data.custom_cls.path={data.custom_cls.path}`: custom dataset classes are not supported yet; "

@@ -35,7 +35,10 @@ _MULTI_TURN = "multi-turn and tool rollouts are not implemented"
 _MULTIMODAL = "multimodal inputs are not supported"
 _COMPILE = "relm reads `actor_rollout_ref.actor.use_torch_compile` for every training forward"
 _KERNELS = "fused/Liger kernels are not wired in yet"
-_RM = "reward models are not supported yet (`reward_model.enable=true` is an error)"
+_RM = "the reward model runs in the training process, on the actor's GPU, unsharded"
+_RM_ROLLOUT = (
+    "a vLLM/sglang serving knob; relm's judge generates with its own engine (`reward_model.rollout.name`)"
+)
 _CKPT = "relm saves model, optimizer and loop state in every checkpoint"
 _MEGATRON = "Megatron is not supported; relm trains with PyTorch FSDP"
 _SHM = "relm loads models directly, without a shared-memory copy"
@@ -73,7 +76,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     # data
     "data.tokenizer": "relm uses `actor_rollout_ref.model.tokenizer_path` (or the model's tokenizer)",
     "data.use_shm": _SHM,
-    "data.return_raw_input_ids": _RM,
+    "data.return_raw_input_ids": "the reward model re-renders responses itself (`reward_model.model.input_tokenizer`)",
     "data.return_full_prompt": "relm keeps prompt token ids; the full prompt text is not stored",
     "data.dataloader_num_workers": "relm tokenizes in-process, without dataloader workers",
     "data.validation_shuffle": "relm validates in file order",
@@ -158,16 +161,20 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "critic.checkpoint.*": _CKPT,
     "critic.profiler.*": _PROFILER,
     "critic.megatron.*": _MEGATRON,
-    # reward_model: everything but `enable` and `reward_manager`
+    # reward_model: relm reads `enable`, `reward_manager`, `model.path`, `model.input_tokenizer`,
+    # `micro_batch_size_per_gpu`, `max_length` and the judge's `rollout.*` sampling keys
     "reward_model.strategy": _RM,
     "reward_model.model.*": _RM,
-    "reward_model.micro_batch_size": _RM,
-    "reward_model.micro_batch_size_per_gpu": _RM,
-    "reward_model.max_length": _RM,
-    "reward_model.ulysses_sequence_parallel_size": _RM,
+    "reward_model.micro_batch_size": "deprecated in verl; use `reward_model.micro_batch_size_per_gpu`",
+    "reward_model.ulysses_sequence_parallel_size": _SP,
     "reward_model.use_dynamic_bsz": _RM,
     "reward_model.forward_max_token_len_per_gpu": _RM,
-    "reward_model.profiler.*": _RM,
+    "reward_model.profiler.*": _PROFILER,
+    "reward_model.rollout.*": _RM_ROLLOUT,
+    "reward_model.num_workers": "the reward model scores in the training process",
+    "reward_model.enable_resource_pool": _RM,
+    "reward_model.n_gpus_per_node": _RM,
+    "reward_model.nnodes": _RM,
     "reward_model.megatron.*": _MEGATRON,
     "reward_model.launch_reward_fn_async": "relm scores a step's rewards before the step goes on (in its reward workers)",
     "reward_model.sandbox_fusion.*": _SANDBOX,
@@ -259,10 +266,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "reward_model.reward_loop_source": _REWARD_IN_PROCESS,
     "reward_model.reward_loop_module_path": _REWARD_IN_PROCESS,
     "reward_model.reward_loop_class_name": _REWARD_IN_PROCESS,
-    "reward_model.enable_resource_pool": _RM,
-    "reward_model.n_gpus_per_node": _RM,
-    "reward_model.nnodes": _RM,
-    "reward_model.rollout.*": _RM,
     "reward.reward_manager.source": _REWARD_IN_PROCESS,
     "reward.reward_manager.module.*": _REWARD_IN_PROCESS,
     "reward.reward_model.*": _RM,

@@ -12,6 +12,7 @@ from relm.data.records import PromptBatch
 from relm.errors import UserError
 from relm.learner.batch import ExperienceBatch
 from relm.rewards.manager import RewardResult, place_on_last_token
+from relm.rewards.model_reward import score_with_reward_model
 from relm.rewards.shaping import overlong_penalty
 from relm.rollout.base import SamplingParams
 from relm.trainer.components import RunComponents
@@ -38,7 +39,24 @@ def sampling_params(c: RunComponents, step: int, round_index: int = 0) -> Sampli
     )
 
 
-def _score(c: RunComponents, batch: ExperienceBatch) -> RewardResult:
+def _score(c: RunComponents, batch: ExperienceBatch, prompts: PromptBatch, n: int) -> RewardResult:
+    if c.reward_model is not None:
+        return score_with_reward_model(
+            c.reward_model,
+            c.reward,
+            c.tokenizer,
+            sequences=[
+                ids[mask.bool()].tolist()
+                for ids, mask in zip(batch.input_ids, batch.attention_mask, strict=True)
+            ],
+            messages=[messages for messages in prompts.raw_prompts for _ in range(n)],
+            response_ids=batch.response_ids,
+            response_mask=batch.response_mask,
+            data_sources=batch.data_sources,
+            ground_truths=batch.ground_truths,
+            extra_infos=batch.extra_infos,
+            custom_function=c.cfg.custom_reward_function.path is not None,
+        )
     return c.reward(
         batch.response_ids, batch.response_mask, batch.data_sources, batch.ground_truths, batch.extra_infos
     )
@@ -50,7 +68,7 @@ def _greedy_baseline(c: RunComponents, prompts: PromptBatch, n: int) -> torch.Te
     greedy = build_experience(
         prompts, c.engine.generate(prompts.prompt_ids, params), n=1, pad_token_id=c.tokenizer.pad_token_id
     )
-    return _score(c, greedy).scores.repeat_interleave(n)
+    return _score(c, greedy, prompts, 1).scores.repeat_interleave(n)
 
 
 def generate_and_score(
@@ -60,7 +78,7 @@ def generate_and_score(
     gen = c.engine.generate(prompts.prompt_ids, params)
     batch = build_experience(prompts, gen, n=params.n, pad_token_id=c.tokenizer.pad_token_id)
     batch.group_ids += group_offset
-    scored = _score(c, batch)
+    scored = _score(c, batch, prompts, params.n)
     extras = {name: torch.tensor(values, dtype=torch.float32) for name, values in scored.extra.items()}
     token_scores = scored.token_scores
     if "acc" not in extras:  # as verl's naive and DAPO managers do, a plain float score is also `acc`

@@ -64,6 +64,7 @@ from relm.models.value_model import load_value_model
 from relm.models.zoo import default_cache_dir
 from relm.rewards.custom import ComputeScore, resolve_compute_score
 from relm.rewards.manager import RewardManager, build_reward_manager
+from relm.rewards.model_reward import ModelScorer, build_reward_model
 from relm.rewards.registry import default_compute_score
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
@@ -128,6 +129,8 @@ class RunComponents:
     weight_sync: WeightSync
     """What the engine receives after each actor update (every weight, or a LoRA actor's merged adapted
     ones), and the check that a separate engine copy took it."""
+    reward_model: ModelScorer | None = None
+    """The frozen reward model or LLM judge (`reward_model.enable`), whose score is the reward."""
 
     def reference(self) -> contextlib.AbstractContextManager[nn.Module] | None:
         """The reference policy for a forward (`with c.reference() as ref:`), or None when nothing reads one."""
@@ -336,6 +339,9 @@ def build_components(
         dist=dist,
         # vLLM keeps its own copy of the weights, out of reach: the sync sends, the engine cannot be read.
         weight_sync=WeightSync(actor, engine_model=None if arr.rollout.name == "vllm" else generator),
+        reward_model=build_reward_model(cfg.reward_model, device=device, seed=cfg.seed)
+        if cfg.reward_model.enable
+        else None,
     )
 
 
@@ -369,6 +375,8 @@ def _load_run_tokenizer(cfg: RelmConfig, model_dir: str) -> PreTrainedTokenizerB
 def _prompt_loader(cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase) -> PromptLoader:
     dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer)
     assert cfg.data.seed is not None, "the loader takes the run's seed"
+    # A reward model re-renders (or shows its judge) the prompt's messages, as verl's does.
+    dataset.return_raw_chat = dataset.return_raw_chat or cfg.reward_model.enable
     return PromptLoader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
 
 

@@ -25,8 +25,6 @@ NOT_READ = {
     "CriticConfig.ppo_micro_batch_size": "the same for the critic",
     "RefConfig.log_prob_micro_batch_size": "deprecated global size, turned into the _per_gpu key on load",
     "RolloutConfig.log_prob_micro_batch_size": "the same for the rollout",
-    "RolloutConfig.prompt_length": "verl's mirror of data.max_prompt_length: filled from it, validated equal",
-    "RolloutConfig.response_length": "verl's mirror of data.max_response_length: filled from it, validated equal",
     "DataConfig.custom_cls": "custom dataset classes are refused by the validator when set",
 }
 """Fields nothing outside relm/config/ reads, each with the reason; keep it short and true."""
