@@ -83,6 +83,25 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
     return cfg, warnings
 
 
+def user_set_keys(argv: list[str]) -> set[str]:
+    """Dotted keys the user's file, composed config or overrides set (not the defaults or the demo preset).
+
+    Some sizes follow the model when the user left them alone (`relm.config.context_fit`); this tells them
+    apart from a value the user chose, even one equal to the default.
+    """
+    keys: set[str] = set()
+    for layer in _user_layers(argv)[0]:
+        if layer.values is not None:
+            keys.update(_dotted_leaves(OmegaConf.to_container(layer.values, resolve=False), ""))
+    return keys
+
+
+def _dotted_leaves(node: Any, prefix: str) -> list[str]:
+    if isinstance(node, dict) and node:
+        return [k for key, value in node.items() for k in _dotted_leaves(value, f"{prefix}{key}.")]
+    return [prefix.rstrip(".")]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Layer:
     """One user layer: values to merge, or (Hydra's `~key`) a key to delete; `source` names it in errors."""

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from relm.config.loader import load_config
+from relm.config.context_fit import fitted_lengths, require_named_model
+from relm.config.loader import load_config, load_config_with_warnings, user_set_keys
 from relm.config.schema import RelmConfig
 from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
 from relm.distributed.context import in_torchrun, init_distributed
@@ -34,6 +35,8 @@ def train_command(argv: list[str]) -> int:
     command (several nodes), after the checks, so a mistake is reported once rather than by every rank.
     """
     cfg = load_config(argv)
+    user_keys = user_set_keys(argv)
+    require_named_model(cfg, user_keys)
     model = cfg.actor_rollout_ref.model
     # Cheap checks of the model (its config only: architecture, positions) and of the reward file
     # (imported once here, used by the run) come before the success line, so it means what it says.
@@ -41,8 +44,18 @@ def train_command(argv: list[str]) -> int:
     model_dir, model_config, _ = load_model_config(
         model.path, override_config=model.override_config, trust_remote_code=model.trust_remote_code
     )
-    text_config = model_config.get_text_config()
-    validate_config(cfg, max_position_embeddings=getattr(text_config, "max_position_embeddings", None))
+    max_positions = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    fitted = fitted_lengths(cfg, user_keys, max_positions)
+    if fitted:
+        # Loaded again with the lengths as overrides, so every value derived from them follows.
+        argv = [*argv, *(f"{key}={value}" for key, value in fitted.items())]
+        cfg = load_config_quietly(argv)
+        logger.info(
+            "%s follow the model's context of %d positions (left at their defaults, they would not fit)",
+            ", ".join(f"{key}={value}" for key, value in fitted.items()),
+            max_positions,
+        )
+    validate_config(cfg, max_position_embeddings=max_positions)
     reward = cfg.custom_reward_function
     compute_score = resolve_compute_score(
         reward.path, reward.name, batched=cfg.reward_model.reward_manager == "batch"
@@ -77,6 +90,11 @@ def train_command(argv: list[str]) -> int:
     finally:
         dist.close(finished=finished)
     return 0
+
+
+def load_config_quietly(argv: list[str]) -> RelmConfig:
+    """The config again, without repeating the warnings the first load already printed."""
+    return load_config_with_warnings(argv)[0]
 
 
 def record_run_config(cfg: RelmConfig) -> None:

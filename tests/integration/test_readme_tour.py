@@ -23,19 +23,19 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 REALWORLD = SHARED / "realworld"
-TOUR = re.compile(r"<!-- tour:gsm8k -->\n```bash\n(?P<body>.*?)```\n<!-- /tour:gsm8k -->", re.DOTALL)
 
 
-def tour_commands() -> list[str]:
-    """The tour's shell commands, continuation lines joined."""
-    match = TOUR.search((REPO / "README.md").read_text(encoding="utf-8"))
-    assert match, "README.md has no <!-- tour:gsm8k --> bash block"
+def tour_commands(name: str = "gsm8k") -> list[str]:
+    """A README block's shell commands (`<!-- tour:NAME -->`), continuation lines joined."""
+    block = re.compile(rf"<!-- tour:{name} -->\n```bash\n(?P<body>.*?)```\n<!-- /tour:{name} -->", re.DOTALL)
+    match = block.search((REPO / "README.md").read_text(encoding="utf-8"))
+    assert match, f"README.md has no <!-- tour:{name} --> bash block"
     return [line for line in match["body"].replace("\\\n", " ").splitlines() if line.strip()]
 
 
 def as_argv(command: str) -> list[str]:
     argv = shlex.split(command)
-    if argv[0] == ".venv/bin/python":
+    if argv[0] in (".venv/bin/python", "python"):
         return [sys.executable, *argv[1:]]
     if argv[0] == ".venv/bin/relm":
         return [sys.executable, "-m", "relm.cli", *argv[1:]]
@@ -100,3 +100,57 @@ def test_readme_gsm8k_tour_runs_as_written_and_its_dump_reads(tmp_path: Path):
 
 def _readme() -> str:
     return (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def test_readme_verl_command_and_reward_file_run_as_written(tmp_path: Path):
+    """The verl command line of "What relm is" and step 4's reward file and command, as README writes them:
+    verl's paths under a home folder (the GSM8K parquet from the preprocess example, a model folder named as
+    in the command), the reward file from README's python block."""
+    if not (REALWORLD / "data" / "gsm8k").is_dir() or not (REALWORLD / "tokenizers" / "qwen2.5").is_dir():
+        pytest.skip(f"{REALWORLD} is not on this machine")
+    clone, home = tmp_path / "relm", tmp_path / "home"
+    clone.mkdir()
+    home.mkdir()
+    (clone / "examples").symlink_to(REPO / "examples")
+    (tmp_path / "shared").symlink_to(SHARED)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HOME": str(home),
+    }
+    env.pop("RELM_DEBUG", None)
+
+    def run(command: str) -> str:
+        done = subprocess.run(
+            as_argv(command), cwd=clone, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        return done.stderr
+
+    preprocess, tiny_model = tour_commands()[:2]
+    run(preprocess)  # outputs/gsm8k and outputs/tiny-qwen2.5, as step 3 made them
+    run(tiny_model)
+    run(f"{preprocess.split(' --local_save_dir ')[0]} --local_save_dir {home}/data/gsm8k")
+    run(tiny_model.replace("outputs/tiny-qwen2.5", f"{home}/models/Qwen2.5-0.5B-Instruct"))
+
+    (verl_command,) = tour_commands("verl")
+    run(verl_command)
+    (run_dir,) = (clone / "checkpoints").glob(
+        "*/*"
+    )  # verl's default_local_dir: checkpoints/PROJECT/EXPERIMENT
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1]
+
+    reward_file = re.search(r"Bring your reward.*?```python\n(?P<code>.*?)```", _readme(), re.DOTALL)
+    assert reward_file, "README shows no reward function"
+    (clone / "my_reward.py").write_text(reward_file["code"], encoding="utf-8")
+    (reward_command,) = tour_commands("reward")
+    run(reward_command)
+    steps = [
+        json.loads(line)
+        for line in (clone / "outputs" / "my-reward" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [s["step"] for s in steps] == [1] and steps[0][
+        "critic/score/mean"
+    ] == 0.0  # exact match: random text

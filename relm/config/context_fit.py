@@ -1,0 +1,52 @@
+"""Sizes a user left at verl's defaults follow the chosen model, and a run on the user's data names its model.
+
+verl's defaults (512 prompt + 512 response tokens) are meant for real models; a small or shrunk model with a
+shorter context would otherwise meet them as an error the user did not cause ("512 + 512 exceeds 256"), one
+run at a time. A length the user set is kept (and checked by `relm.config.validate`); only the ones left
+alone are fitted, and the run says so in one line.
+"""
+
+from __future__ import annotations
+
+from relm.config.schema import RelmConfig
+from relm.errors import UserError
+
+PROMPT_KEY, RESPONSE_KEY = "data.max_prompt_length", "data.max_response_length"
+MODEL_KEY = "actor_rollout_ref.model.path"
+
+
+def require_named_model(cfg: RelmConfig, user_keys: set[str]) -> None:
+    """A run on the user's data must name its model: the default is the demo's random tiny model.
+
+    Raises:
+        UserError: `data.train_files` is set and `actor_rollout_ref.model.path` is not.
+    """
+    if cfg.data.train_files and MODEL_KEY not in user_keys:
+        raise UserError(
+            f"{MODEL_KEY}: no model named for data.train_files; set {MODEL_KEY}=<folder, Hub id or zoo:NAME> "
+            "(zoo:tiny/qwen2 is the demo's random 2-layer model)"
+        )
+
+
+def fitted_lengths(cfg: RelmConfig, user_keys: set[str], max_positions: int | None) -> dict[str, int]:
+    """New values for the prompt/response lengths the user left alone, when the two exceed the context.
+
+    A length the user set stays; the other takes the rest of the context (never more than it had). With
+    neither set, the context is split as the defaults split it (in proportion). Nothing is returned when
+    they fit, when both were set (validation names the problem) or when nothing can be left for one.
+    """
+    data = cfg.data
+    prompt, response = data.max_prompt_length, data.max_response_length
+    if max_positions is None or prompt + response <= max_positions:
+        return {}
+    prompt_set, response_set = PROMPT_KEY in user_keys, RESPONSE_KEY in user_keys
+    if prompt_set and response_set:
+        return {}
+    if prompt_set:
+        fitted = {RESPONSE_KEY: min(response, max_positions - prompt)}
+    elif response_set:
+        fitted = {PROMPT_KEY: min(prompt, max_positions - response)}
+    else:
+        new_prompt = max_positions * prompt // (prompt + response)
+        fitted = {PROMPT_KEY: new_prompt, RESPONSE_KEY: max_positions - new_prompt}
+    return fitted if all(value > 0 for value in fitted.values()) else {}
