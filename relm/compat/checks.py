@@ -70,6 +70,9 @@ class CompatOptions:
     max_host_memory_gb: float | None = None
     """Host budget (`trainer.max_host_memory_gb`): the update stage's plan keeps to it and every stage runs
     under the host-memory watchdog."""
+    lora_rank: int = 0
+    """The update stage trains LoRA adapters of this rank on actor and critic (0: every weight); a model
+    that passes this way is `conditional` on it."""
 
 
 @dataclass
@@ -92,6 +95,8 @@ def check_model(model: str, options: CompatOptions) -> ModelReport:
     budget = options.max_gpu_memory_gb
     cap_gpu_bytes(None if budget is None else int(budget * 1e9), device)
     report = ModelReport(model=model, status="pass", classification="", reason="", model_dir=folder)
+    if options.lora_rank:
+        report.conditions.append(f"LoRA rank {options.lora_rank} in the update stage (--lora-rank)")
     try:
         config = read_config(folder, model, trust_remote_code=False)
     except UserError as exc:
@@ -445,4 +450,9 @@ def _update_overrides(
             overrides.append(f"trainer.{key}={getattr(options, key)}")
     if options.tokenizer_path:
         overrides.append(f"actor_rollout_ref.model.tokenizer_path='{options.tokenizer_path}'")
+    if options.lora_rank:
+        overrides += [
+            f"{section}.lora_rank={options.lora_rank}"
+            for section in ("actor_rollout_ref.model", "critic.model")
+        ]
     return overrides

@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the tokenizer stage alone: its facts in seconds, no weights built (any size, any device)",
     )
+    parser.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="train LoRA adapters of this rank in the update stage (a condition of the verdict; docs/lora.md)",
+    )
     parser.add_argument("--out", default="compat-report", help="folder for compat.json and compat.md")
     parser.add_argument("--json", help="also write the JSON report to this file")
     parser.add_argument(
@@ -154,6 +160,7 @@ def compat_command(argv: list[str]) -> int:
         tokenizer_only=args.tokenizer_only,
         max_gpu_memory_gb=args.max_gpu_memory_gb,
         max_host_memory_gb=args.max_host_memory_gb,
+        lora_rank=args.lora_rank,
     )
     reports, start = [], time.perf_counter()
     with _quiet_console(args.verbose):
@@ -184,7 +191,10 @@ def _say_cpu_memory(models: list[str]) -> None:
     from relm.models.loading import load_config
 
     for model in models:
-        _, config, _ = load_config(model)
+        try:
+            _, config, _ = load_config(model)
+        except UserError:
+            continue  # a model relm cannot run: its check reports why, with the others
         note = cpu_memory_note(model, ModelShape.from_config(config).num_params, available_host_bytes())
         if note is not None:
             line, warn = note

@@ -69,9 +69,14 @@ def check_update_metrics(metrics: dict[str, float], step: int) -> None:
 
 @torch.no_grad()
 def sample_weights(model: nn.Module, per_tensor: int = 1024) -> list[torch.Tensor]:
-    """Up to `per_tensor` evenly spaced elements of every parameter, copied (cheap at any size)."""
+    """Up to `per_tensor` evenly spaced elements of every parameter an update moves, copied (cheap at any
+    size). Under LoRA those are the adapters' B matrices: the base is frozen, and A gets no gradient while
+    B is still at its initial zero (the first step)."""
     samples = []
-    for param in model.parameters():
+    lora = any(".lora_" in name for name, _ in model.named_parameters())
+    for name, param in model.named_parameters():
+        if not param.requires_grad or (lora and ".lora_A." in name):
+            continue
         flat = param.detach().reshape(-1)
         count = min(flat.numel(), per_tensor)
         # Integer arithmetic: a float32 linspace rounds indices past 2^24 and can step off the end.

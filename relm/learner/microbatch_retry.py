@@ -34,6 +34,9 @@ class MicroBatchSize:
     max_tokens: int | None
     largest_rows: int = 0
     """Rows in the largest micro-batch of the last cut (set by the update): 1 means nothing to halve."""
+    largest_tokens: int = 0
+    """Tokens the largest micro-batch of the last cut computed (padding included unless packed): what
+    the memory plan's predicted peak is read at."""
     halvings: int = 0
 
     def halve(self) -> bool:

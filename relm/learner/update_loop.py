@@ -74,6 +74,7 @@ def run_update(
             dist=dist,
         )
         size.largest_rows = max(len(micro) for micro in micros)
+        size.largest_tokens = max(int(token_counts[micro].sum()) for micro in micros)
         return accumulate(micros, scale, accumulation)
 
     world_size = 1 if dist is None or single_process else dist.world_size

@@ -128,8 +128,10 @@ def cap_gpu_bytes(budget_bytes: int | None, device: torch.device) -> None:
     """`cap_gpu_memory` for a budget in bytes (None or a CPU device: nothing)."""
     if budget_bytes is None or device.type != "cuda":
         return
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), device)
+    # torch wants the device's index here (plain `cuda` is refused): the current device stands for it.
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), index)
 
 
 def choose_memory(

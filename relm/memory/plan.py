@@ -163,6 +163,11 @@ class MemoryPlan:
     generator_copy: bool = False
     """The engine generates with its own copy of the actor (fp32 master weights)."""
     update_peak_bytes: int = 0
+    """The actor update's peak at the planned micro-batch token budget."""
+    update_fixed_bytes: int = 0
+    """The actor update's bytes that do not grow with the micro-batch (weights, grads, moments, scratch)."""
+    update_bytes_per_token: int = 0
+    """Activation bytes per micro-batch token of the actor update."""
     budget_bytes: int = 0
     host_bytes: int = 0
     """Pinned CPU memory the plan takes: offloaded moments and parked models."""
@@ -178,6 +183,14 @@ class MemoryPlan:
     fp32_bytes: dict[str, int] = field(default_factory=dict)
     """What fp32 would have needed, for the lines that say what was given up: `actor moments`,
     `critic moments` (8 bytes a parameter) and `weights` (fp32 master weights and gradients, 8)."""
+
+    def update_peak_at(self, tokens: int) -> int:
+        """The actor update's predicted peak when its largest micro-batch computes `tokens` tokens (a step's
+        batch may hold fewer than the budget allows: the prediction to compare a measurement with)."""
+        return (
+            self.update_fixed_bytes
+            + min(tokens, self.max_tokens_per_microbatch) * self.update_bytes_per_token
+        )
 
     def describe(self) -> str:
         """The lines printed before the first step."""
@@ -344,11 +357,9 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
                 f"{max_tokens} fit"
             )
         plan.max_tokens_per_microbatch = request.user_max_tokens
-    plan.update_peak_bytes = (
-        chosen.actor_phase
-        + LOGIT_SCRATCH_BYTES
-        + plan.max_tokens_per_microbatch * _per_token(actor, plan.gradient_checkpointing)
-    )
+    plan.update_fixed_bytes = chosen.actor_phase + LOGIT_SCRATCH_BYTES
+    plan.update_bytes_per_token = _per_token(actor, plan.gradient_checkpointing)
+    plan.update_peak_bytes = plan.update_peak_at(plan.max_tokens_per_microbatch)
     return plan
 
 

@@ -63,11 +63,17 @@ def memory_metrics(device: torch.device) -> dict[str, float]:
     return {"perf/cpu_max_rss_gb": host, "perf/max_host_memory_gb": host}
 
 
-def plan_metrics(memory: MemoryChoices) -> dict[str, float]:
-    """The memory plan's predicted peaks (GiB), to read beside the measured ones of `memory_metrics`."""
+def plan_metrics(memory: MemoryChoices, largest_tokens: int = 0) -> dict[str, float]:
+    """The memory plan's predicted peaks (GiB), to read beside the measured ones of `memory_metrics`.
+
+    `largest_tokens`: tokens of the actor update's largest micro-batch this step; the GPU prediction is read
+    there, since a step's batch may fill less than the micro-batch budget the plan allows (0: at the budget).
+    """
     metrics = {}
     if memory.plan is not None:
-        metrics["perf/plan_gpu_gb"] = memory.plan.update_peak_bytes / 2**30
+        plan = memory.plan
+        peak = plan.update_peak_at(largest_tokens) if largest_tokens else plan.update_peak_bytes
+        metrics["perf/plan_gpu_gb"] = peak / 2**30
     if memory.host_peak_bytes is not None:
         metrics["perf/plan_host_gb"] = memory.host_peak_bytes / 2**30
     return metrics

@@ -94,7 +94,7 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
     metrics.update(perf_metrics(c, batch, metrics))
     metrics.update(data_metrics(batch))
     metrics.update(memory_metrics(c.device))
-    metrics.update(plan_metrics(c.memory))
+    metrics.update(plan_metrics(c.memory, c.actor.microbatch.largest_tokens))
     return metrics
 
 

@@ -236,3 +236,13 @@ def test_cli_reports_bert_t5_llava_unsupported_with_exit_0(tmp_path, capsys):
 def test_cli_usage_errors_exit_2(argv, message, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_compat_runs_its_update_stage_with_lora_as_a_condition(tmp_path):
+    """`--lora-rank R`: actor and critic train adapters; a pass that needed them is `conditional`."""
+    from relm.compat.checks import CompatOptions, check_model
+
+    report = check_model("zoo:tiny/qwen2", CompatOptions(device="cpu", lora_rank=4))
+    assert report.status == "conditional", report
+    assert report.conditions == ["LoRA rank 4 in the update stage (--lora-rank)"]
+    assert [stage.status for stage in report.stages] == ["pass"] * len(report.stages)
