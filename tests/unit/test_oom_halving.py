@@ -89,6 +89,11 @@ def test_an_update_whose_single_row_does_not_fit_raises():
 
     model = tiny_lm()
     limit_tokens(model, 3)
-    actor = trainee(model, ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.2), rows_per_microbatch=4, remove_padding=True)
+    actor = trainee(
+        model,
+        ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.2),
+        rows_per_microbatch=4,
+        remove_padding=True,
+    )
     with pytest.raises(torch.OutOfMemoryError):
         update_actor(actor, batch_with_uneven_lengths(), temperature=1.0, device=torch.device("cpu"))
