@@ -12,6 +12,7 @@ import copy
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -62,6 +63,8 @@ from relm.rewards.custom import ComputeScore, resolve_compute_score
 from relm.rewards.manager import RewardManager
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
+from relm.rollout.multi_turn.driver import MultiTurnRollout
+from relm.rollout.multi_turn.setup import build_multi_turn, load_run_tools, tool_schemas
 from relm.rollout.native.engine import NativeRolloutEngine
 from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
 from relm.rollout.watchdog import WatchedEngine
@@ -118,6 +121,8 @@ class RunComponents:
     """Which models wait on the CPU outside their phases (none unless the plan parks them)."""
     dist: DistContext
     """This process's place in a data-parallel run (the single-process context by default)."""
+    multi_turn: MultiTurnRollout | None = None
+    """Drives `engine` through conversations with tools when `rollout.multi_turn.enable` (else None)."""
 
     @property
     def trainees(self) -> list[Trainee]:
@@ -235,7 +240,8 @@ def build_components(
     torch.manual_seed(cfg.seed)
 
     tokenizer = _load_run_tokenizer(cfg, model_dir)
-    loader = _prompt_loader(cfg, tokenizer)
+    tools = load_run_tools(arr.rollout.multi_turn)
+    loader = _prompt_loader(cfg, tokenizer, tool_schemas(tools))
     sizes = compute_sizes(cfg, loader.batches_per_epoch)
     if compute_score is None:
         compute_score = resolve_compute_score(
@@ -281,6 +287,22 @@ def build_components(
         critic_optimizer=critic.optimizer if critic else None,
     )
     kl = cfg.algorithm.kl_ctrl
+    engine = build_run_engine(
+        cfg, generator, model_dir, tokenizer, dist=dist, device=device, precision=precision
+    )
+    multi_turn = (
+        build_multi_turn(
+            arr.rollout.multi_turn,
+            tools,
+            engine,
+            tokenizer,
+            chat_template=arr.model.custom_chat_template,
+            chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
+            eos_token_ids=eos_token_ids_of(tokenizer, generator),
+        )
+        if tools
+        else None
+    )
     return RunComponents(
         cfg=cfg,
         device=device,
@@ -289,9 +311,7 @@ def build_components(
         actor=trainees["actor"],
         critic=critic,
         ref=ref,
-        engine=build_run_engine(
-            cfg, generator, model_dir, tokenizer, dist=dist, device=device, precision=precision
-        ),
+        engine=engine,
         reward=RewardManager(tokenizer, compute_score),
         loader=loader,
         kl_ctrl=make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon),
@@ -304,6 +324,7 @@ def build_components(
         memory=memory,
         residency=residency,
         dist=dist,
+        multi_turn=multi_turn,
     )
 
 
@@ -334,8 +355,10 @@ def _load_run_tokenizer(cfg: RelmConfig, model_dir: str) -> PreTrainedTokenizerB
     )
 
 
-def _prompt_loader(cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase) -> PromptLoader:
-    dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer)
+def _prompt_loader(
+    cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]] | None = None
+) -> PromptLoader:
+    dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer, tools=tools)
     return PromptLoader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
 
 
