@@ -38,7 +38,9 @@ def test_prompt_plus_sampled_plus_tool_ids_are_the_templates_ids(qwen):
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * (3 + 4)"}}\n</tool_call>'
     results = [["84"], ["84", "error: ZeroDivisionError: division by zero"]]
     answers = [call, "Let me check again.\n" + call + "\n" + call, "The answer is 84."]
-    ids = qwen.apply_chat_template(user, tools=[SCHEMA], add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids = qwen.apply_chat_template(
+        user, tools=[SCHEMA], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     messages = list(user)
     for turn, text in enumerate(answers):
         ids += qwen.encode(text, add_special_tokens=False) + [turn_end]  # what the model samples
@@ -49,7 +51,10 @@ def test_prompt_plus_sampled_plus_tool_ids_are_the_templates_ids(qwen):
     whole = qwen.apply_chat_template(messages, tools=[SCHEMA], tokenize=True, return_dict=False)
     # The template closes the last assistant turn with <|im_end|>\n; the model's ids stop at <|im_end|>.
     assert ids == whole[: len(ids)] and whole[len(ids) :] == qwen.encode("\n", add_special_tokens=False)
-    assert renderer.suffix_text(["84"]) == "\n<|im_start|>user\n<tool_response>\n84\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        renderer.suffix_text(["84"])
+        == "\n<|im_start|>user\n<tool_response>\n84\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_hermes_calls_are_parsed_and_bad_ones_say_why():

@@ -51,7 +51,9 @@ def test_no_network():
 
 def test_calls_run_concurrently():
     async def both():
-        return await asyncio.gather(*(run_tool(TOOL, {"code": "import time; time.sleep(1)"}, ToolContext(row=i)) for i in range(4)))
+        return await asyncio.gather(
+            *(run_tool(TOOL, {"code": "import time; time.sleep(1)"}, ToolContext(row=i)) for i in range(4))
+        )
 
     started = time.monotonic()
     results = asyncio.run(both())

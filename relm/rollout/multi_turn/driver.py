@@ -231,6 +231,7 @@ class _Stats:
     def __init__(self) -> None:
         self.calls = self.errors = self.timeouts = 0
         self.seconds = self.reward = 0.0
+        self.tool_metrics: dict[str, list[float]] = {}
 
     def record(self, result: ToolResult, seconds: float) -> None:
         self.calls += 1
@@ -238,12 +239,15 @@ class _Stats:
         self.timeouts += result.error == "timeout"
         self.seconds += seconds
         self.reward += result.reward
+        for key, value in result.metrics.items():
+            self.tool_metrics.setdefault(key, []).append(float(value))
 
     def metrics(self, rows: list[_Conversation]) -> dict[str, float]:
         num = max(len(rows), 1)
         model_tokens = sum(sum(r.model_mask) for r in rows)
         tool_tokens = sum(len(r.response) for r in rows) - model_tokens
-        return {
+        per_call = {f"multi_turn/tool/{k}/mean": sum(v) / len(v) for k, v in self.tool_metrics.items()}
+        return per_call | {
             "multi_turn/assistant_turns/mean": sum(r.assistant_turns for r in rows) / num,
             "multi_turn/assistant_turns/max": float(max((r.assistant_turns for r in rows), default=0)),
             "multi_turn/tool_calls/mean": self.calls / num,
