@@ -223,7 +223,9 @@ def test_a_run_with_tools_through_the_entry_point(setup, train, tmp_path):
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "trainer.total_training_steps=2",
         "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
+        f"data.val_files={data}",
+        "trainer.test_freq=2",
+        f"trainer.validation_data_dir={tmp_path / 'val'}",
         "trainer.logger=[jsonl]",
         f"trainer.rollout_data_dir={tmp_path / 'rollout'}",
         tiny=False,
@@ -245,3 +247,7 @@ def test_a_run_with_tools_through_the_entry_point(setup, train, tmp_path):
         for line in (tmp_path / "rollout" / f"{step}.jsonl").read_text().splitlines()
     ]
     assert any("<tool_response>" in s["output"] for s in dumped)
+    # Validation runs the same conversations (greedy): the fitted model calls the calculator.
+    assert "val-core/calc/reward/mean@1" in metrics[-1]
+    validated = [json.loads(line) for line in (tmp_path / "val" / "2.jsonl").read_text().splitlines()]
+    assert any("<tool_response>" in s["output"] for s in validated)

@@ -87,6 +87,11 @@ class MultiTurnRollout:
         self.engine, self.tokenizer, self.renderer = engine, tokenizer, renderer
         self.tools, self.limits, self.pad_token_id = tools, limits, pad_token_id
 
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tools' function schemas, which the chat template lists in every prompt."""
+        return [tool.schema for tool in self.tools.values()]
+
     def generate(
         self,
         prompts: list[list[int]],
