@@ -241,6 +241,13 @@ def build_components(
 
     tokenizer = _load_run_tokenizer(cfg, model_dir)
     tools = load_run_tools(arr.rollout.multi_turn)
+    if tools and dist.is_distributed:
+        # Each turn is a collective generate; ranks whose tools answered differently (a timeout on one)
+        # would make different numbers of calls and wait on each other forever.
+        raise UserError(
+            "actor_rollout_ref.rollout.multi_turn.enable=true runs in one process for now; set "
+            "trainer.n_gpus_per_node=1 and trainer.nnodes=1"
+        )
     loader = _prompt_loader(cfg, tokenizer, tool_schemas(tools))
     sizes = compute_sizes(cfg, loader.batches_per_epoch)
     if compute_score is None:
