@@ -179,14 +179,14 @@ def test_a_run_with_tools_through_the_entry_point(setup, train, tmp_path):
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    (tmp_path / "my_tools.py").write_text(TOOL_FILE)
+    (tmp_path / "entry_tools.py").write_text(TOOL_FILE)
     (tmp_path / "reward.py").write_text(REWARD_FILE)
     tools = tmp_path / "tools.yaml"
     tools.write_text(
         yaml.safe_dump(
             {
                 "tools": [
-                    {"class_name": "my_tools.CheckedCalculator", "config": {}, "tool_schema": calc.schema}
+                    {"class_name": "entry_tools.CheckedCalculator", "config": {}, "tool_schema": calc.schema}
                 ]
             },
             sort_keys=False,
