@@ -237,6 +237,30 @@ class ValKwargsConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Multi-turn rollouts with tools (`rollout.multi_turn.*`, verl's names; docs/multi_turn.md)."""
+
+    enable: bool = False
+    """Let the model call tools over several turns; the reward comes at the end of the conversation."""
+    max_assistant_turns: int | None = None
+    """Model turns per conversation (null: until `data.max_response_length` runs out)."""
+    max_user_turns: int | None = None
+    """Tool turns per conversation (null: no limit)."""
+    max_turns: int | None = None
+    """verl's older name for `max_assistant_turns`, read when that is unset."""
+    tool_config_path: str | None = None
+    """verl's tool config YAML: `tools:` entries with `class_name`, `config` and `tool_schema`."""
+    format: str = "hermes"
+    """How the model writes tool calls: `hermes` (`<tool_call>{json}</tool_call>`, as Qwen2.5 does)."""
+    max_parallel_calls: int = 1
+    """Calls run from one turn; later ones are dropped."""
+    max_tool_response_length: int = 256
+    """Characters of a tool result the model reads."""
+    tool_response_truncate_side: str = "middle"
+    """Which part of a longer result is cut: left, right or middle."""
+
+
+@dataclass
 class RolloutConfig:
     """Generation (`actor_rollout_ref.rollout.*`)."""
 
@@ -290,6 +314,8 @@ class RolloutConfig:
     null waits forever."""
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     """Sampling for validation."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn rollouts with tools."""
 
 
 @dataclass

@@ -31,7 +31,12 @@ _SP = "sequence parallelism (Ulysses) is not implemented yet"
 _PROFILER = "verl's profiler hooks are not implemented; wrap `relm train` in a profiler instead"
 _HDFS = "relm writes only to the local run folder"
 _VLLM = "an sglang or vLLM setting that relm's engines have no counterpart for"
-_MULTI_TURN = "multi-turn and tool rollouts are not implemented"
+_MULTI_TURN = (
+    "relm's multi-turn rollouts run in-process under `rollout.multi_turn.*`, without agent loop workers"
+)
+_MULTI_TURN_IDS = (
+    "relm never re-tokenizes a conversation: the ids trained on are the ids sampled plus the tool ids"
+)
 _MULTIMODAL = "multimodal inputs are not supported"
 _COMPILE = "relm reads `actor_rollout_ref.actor.use_torch_compile` for every training forward"
 _KERNELS = "fused/Liger kernels are not wired in yet"
@@ -137,7 +142,9 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.rollout.update_weights_bucket_megabytes": "relm hands weights to vLLM in-process, tensor by tensor (no buckets)",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": _DYN_LOGPROB,
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": _DYN_LOGPROB,
-    "actor_rollout_ref.rollout.multi_turn.*": _MULTI_TURN,
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": "interactions (scripted users) are not implemented",
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": _MULTI_TURN_IDS,
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": _MULTI_TURN_IDS,
     "actor_rollout_ref.rollout.agent.*": _MULTI_TURN,
     "actor_rollout_ref.rollout.trace.*": _MULTI_TURN,
     "actor_rollout_ref.rollout.over_sample_rate": _ASYNC,
@@ -310,7 +317,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
 """Dotted verl key (or `prefix.*` subtree) -> why relm ignores it."""
 
 UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
-    "actor_rollout_ref.rollout.multi_turn.enable": "multi-turn rollouts are not supported yet",
     "algorithm.use_pf_ppo": "PF-PPO (policy filtration) is not supported yet",
     "algorithm.rollout_correction.rollout_is": "rollout importance sampling is not implemented yet",
     "algorithm.rollout_correction.rollout_rs": "rollout rejection sampling is not implemented yet",

@@ -144,10 +144,15 @@ class PromptDataset:
         tokenizer: PreTrainedTokenizerBase,
         *,
         files_key: str = "data.train_files",
+        tools: list[dict[str, Any]] | None = None,
     ) -> PromptDataset:
         """The dataset the run's `data.*` keys and `actor_rollout_ref.model.custom_chat_template` describe,
-        so training and validation prompts are rendered and cut the same way."""
+        so training and validation prompts are rendered and cut the same way. `tools`: the function
+        schemas a multi-turn run's chat template lists in every prompt (as verl's agent loop does)."""
         data = cfg.data
+        template_kwargs = dict(data.apply_chat_template_kwargs)
+        if tools:
+            template_kwargs["tools"] = tools
         return cls(
             files,
             tokenizer,
@@ -155,7 +160,7 @@ class PromptDataset:
             reward_fn_key=data.reward_fn_key,
             max_prompt_length=data.max_prompt_length,
             custom_chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
-            chat_template_kwargs=dict(data.apply_chat_template_kwargs),
+            chat_template_kwargs=template_kwargs,
             filter_overlong_prompts=data.filter_overlong_prompts,
             truncation=data.truncation,
             return_raw_chat=data.return_raw_chat,

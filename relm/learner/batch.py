@@ -24,13 +24,16 @@ class ExperienceBatch:
     response_ids: torch.Tensor
     """[N, R] int64, right-padded."""
     response_mask: torch.Tensor
-    """[N, R] int64, 1 on generated tokens."""
+    """[N, R] int64, 1 on the tokens the model generated: what losses, KL, entropy and advantages cover."""
     group_ids: torch.Tensor
     """[N] int64, the prompt each response answers (GRPO-style groups)."""
     data_sources: list[str]
     ground_truths: list[Any]
     extra_infos: list[dict[str, Any]]
     finish_reasons: list[str]
+    response_attention_mask: torch.Tensor | None = None
+    """[N, R] int64, 1 on every response token the model attends to: the sampled ones and, in a
+    multi-turn rollout, the tool results between them (0 in `response_mask`). None: `response_mask`."""
     reward_extras: list[dict[str, float]] | None = None
     """N dicts: the numbers the reward function returned beside each score (for the sample dumps)."""
     rollout_logprobs: torch.Tensor | None = None
@@ -61,9 +64,14 @@ class ExperienceBatch:
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)
 
     @property
+    def response_tokens(self) -> torch.Tensor:
+        """[N, R] 1 on every real response token (sampled or tool result): the whole conversation."""
+        return self.response_mask if self.response_attention_mask is None else self.response_attention_mask
+
+    @property
     def attention_mask(self) -> torch.Tensor:
         """[N, P + R]."""
-        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+        return torch.cat([self.prompt_mask, self.response_tokens], dim=1)
 
     @property
     def position_ids(self) -> torch.Tensor:

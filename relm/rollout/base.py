@@ -61,6 +61,9 @@ class GenerationOutput:
     """[N, R] float32, logprob of each generated token; 0 on padding."""
     finish_reasons: list[str]
     """N entries, `stop` or `length`."""
+    model_mask: torch.Tensor | None = None
+    """[N, R] int64, 1 on the tokens the model sampled, 0 on tool results a multi-turn rollout appended
+    (which `response_mask` covers too); None when every response token was sampled."""
 
     @property
     def response_lengths(self) -> torch.Tensor:

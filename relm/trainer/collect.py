@@ -14,7 +14,7 @@ from relm.learner.batch import ExperienceBatch
 from relm.rewards.manager import RewardResult, place_on_last_token
 from relm.rewards.model_reward import score_with_reward_model
 from relm.rewards.shaping import overlong_penalty
-from relm.rollout.base import SamplingParams
+from relm.rollout.base import GenerationOutput, SamplingParams
 from relm.trainer.components import RunComponents
 from relm.trainer.experience import build_experience
 
@@ -40,8 +40,10 @@ def sampling_params(c: RunComponents, step: int, round_index: int = 0) -> Sampli
 
 
 def _score(c: RunComponents, batch: ExperienceBatch, prompts: PromptBatch, n: int) -> RewardResult:
+    """Scores of whole responses (a multi-turn conversation's tool results included, as verl scores
+    them), each placed on the last token the model sampled."""
     if c.reward_model is not None:
-        return score_with_reward_model(
+        scored = score_with_reward_model(
             c.reward_model,
             c.reward,
             c.tokenizer,
@@ -51,31 +53,57 @@ def _score(c: RunComponents, batch: ExperienceBatch, prompts: PromptBatch, n: in
             ],
             messages=[messages for messages in prompts.raw_prompts for _ in range(n)],
             response_ids=batch.response_ids,
-            response_mask=batch.response_mask,
+            response_mask=batch.response_tokens,
             data_sources=batch.data_sources,
             ground_truths=batch.ground_truths,
             extra_infos=batch.extra_infos,
             custom_function=c.cfg.custom_reward_function.path is not None,
         )
-    return c.reward(
-        batch.response_ids, batch.response_mask, batch.data_sources, batch.ground_truths, batch.extra_infos
-    )
+    else:
+        scored = c.reward(
+            batch.response_ids,
+            batch.response_tokens,
+            batch.data_sources,
+            batch.ground_truths,
+            batch.extra_infos,
+        )
+    if batch.response_attention_mask is not None:
+        scored.token_scores = place_on_last_token(scored.scores, batch.response_mask)
+    return scored
+
+
+def _generate(
+    c: RunComponents, prompts: PromptBatch, params: SamplingParams, metrics: dict[str, float] | None = None
+) -> GenerationOutput:
+    """The engine's responses, or with `rollout.multi_turn.enable` whole conversations with tools
+    (their statistics into `metrics`)."""
+    if c.multi_turn is None:
+        return c.engine.generate(prompts.prompt_ids, params)
+    tools_kwargs = [dict((info or {}).get("tools_kwargs") or {}) for info in prompts.extra_infos]
+    out = c.multi_turn.generate(prompts.prompt_ids, params, tools_kwargs)
+    if metrics is not None:
+        metrics.update(out.metrics)
+    return out.generation
 
 
 def _greedy_baseline(c: RunComponents, prompts: PromptBatch, n: int) -> torch.Tensor:
     """ReMax's baseline: the score of one greedy response per prompt, repeated for its `n` samples."""
     params = SamplingParams(n=1, max_new_tokens=c.cfg.data.max_response_length, do_sample=False)
     greedy = build_experience(
-        prompts, c.engine.generate(prompts.prompt_ids, params), n=1, pad_token_id=c.tokenizer.pad_token_id
+        prompts, _generate(c, prompts, params), n=1, pad_token_id=c.tokenizer.pad_token_id
     )
     return _score(c, greedy, prompts, 1).scores.repeat_interleave(n)
 
 
 def generate_and_score(
-    c: RunComponents, prompts: PromptBatch, params: SamplingParams, group_offset: int = 0
+    c: RunComponents,
+    prompts: PromptBatch,
+    params: SamplingParams,
+    group_offset: int = 0,
+    metrics: dict[str, float] | None = None,
 ) -> tuple[ExperienceBatch, dict[str, torch.Tensor]]:
     """One generation round: responses with `token_scores` set, and the reward function's extras per row."""
-    gen = c.engine.generate(prompts.prompt_ids, params)
+    gen = _generate(c, prompts, params, metrics)
     batch = build_experience(prompts, gen, n=params.n, pad_token_id=c.tokenizer.pad_token_id)
     batch.group_ids += group_offset
     scored = _score(c, batch, prompts, params.n)
@@ -86,7 +114,7 @@ def generate_and_score(
     overlong = c.cfg.reward_model.overlong_buffer
     if overlong.enable:
         penalty = overlong_penalty(
-            batch.response_mask.sum(-1),
+            batch.response_tokens.sum(-1),
             max_response_length=c.cfg.data.max_response_length,
             buffer_len=overlong.len,
             penalty_factor=overlong.penalty_factor,
@@ -117,7 +145,7 @@ def collect_experience(
 ) -> ExperienceBatch:
     """Generate and score `prompts`; with DAPO's dynamic sampling, keep only groups whose responses
     differ and draw more prompts from the loader until `data.train_batch_size` groups are kept."""
-    batch, extras = generate_and_score(c, prompts, sampling_params(c, step))
+    batch, extras = generate_and_score(c, prompts, sampling_params(c, step), metrics=metrics)
     filt = c.cfg.algorithm.filter_groups
     if filt.enable:
         batch, extras = _fill_with_varied_groups(c, prompts, batch, extras, step, metrics)

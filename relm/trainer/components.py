@@ -13,6 +13,7 @@ import copy
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -68,6 +69,8 @@ from relm.rewards.model_reward import ModelScorer, build_reward_model
 from relm.rewards.registry import default_compute_score
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
+from relm.rollout.multi_turn.driver import MultiTurnRollout
+from relm.rollout.multi_turn.setup import build_multi_turn, load_run_tools, tool_schemas
 from relm.rollout.native.engine import NativeRolloutEngine
 from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
 from relm.rollout.watchdog import WatchedEngine
@@ -131,6 +134,8 @@ class RunComponents:
     ones), and the check that a separate engine copy took it."""
     reward_model: ModelScorer | None = None
     """The frozen reward model or LLM judge (`reward_model.enable`), whose score is the reward."""
+    multi_turn: MultiTurnRollout | None = None
+    """Drives `engine` through conversations with tools when `rollout.multi_turn.enable` (else None)."""
 
     def reference(self) -> contextlib.AbstractContextManager[nn.Module] | None:
         """The reference policy for a forward (`with c.reference() as ref:`), or None when nothing reads one."""
@@ -259,7 +264,15 @@ def build_components(
     torch.manual_seed(cfg.seed)
 
     tokenizer = _load_run_tokenizer(cfg, model_dir)
-    loader = _prompt_loader(cfg, tokenizer)
+    tools = load_run_tools(arr.rollout.multi_turn)
+    if tools and dist.is_distributed:
+        # Each turn is a collective generate; ranks whose tools answered differently (a timeout on one)
+        # would make different numbers of calls and wait on each other forever.
+        raise UserError(
+            "actor_rollout_ref.rollout.multi_turn.enable=true runs in one process for now; set "
+            "trainer.n_gpus_per_node=1 and trainer.nnodes=1"
+        )
+    loader = _prompt_loader(cfg, tokenizer, tool_schemas(tools))
     sizes = compute_sizes(cfg, loader.batches_per_epoch)
     if compute_score is None:
         compute_score = resolve_compute_score(
@@ -314,6 +327,22 @@ def build_components(
         critic_optimizer=critic.optimizer if critic else None,
     )
     kl = cfg.algorithm.kl_ctrl
+    engine = build_run_engine(
+        cfg, generator, model_dir, tokenizer, dist=dist, device=device, precision=precision
+    )
+    multi_turn = (
+        build_multi_turn(
+            arr.rollout.multi_turn,
+            tools,
+            engine,
+            tokenizer,
+            chat_template=arr.model.custom_chat_template,
+            chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
+            eos_token_ids=eos_token_ids_of(tokenizer, generator),
+        )
+        if tools
+        else None
+    )
     return RunComponents(
         cfg=cfg,
         device=device,
@@ -322,9 +351,7 @@ def build_components(
         actor=trainees["actor"],
         critic=critic,
         ref=ref,
-        engine=build_run_engine(
-            cfg, generator, model_dir, tokenizer, dist=dist, device=device, precision=precision
-        ),
+        engine=engine,
         reward=reward,
         loader=loader,
         kl_ctrl=make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon),
@@ -342,6 +369,7 @@ def build_components(
         reward_model=build_reward_model(cfg.reward_model, device=device, seed=cfg.seed)
         if cfg.reward_model.enable
         else None,
+        multi_turn=multi_turn,
     )
 
 
@@ -372,8 +400,10 @@ def _load_run_tokenizer(cfg: RelmConfig, model_dir: str) -> PreTrainedTokenizerB
     )
 
 
-def _prompt_loader(cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase) -> PromptLoader:
-    dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer)
+def _prompt_loader(
+    cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]] | None = None
+) -> PromptLoader:
+    dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer, tools=tools)
     assert cfg.data.seed is not None, "the loader takes the run's seed"
     # A reward model re-renders (or shows its judge) the prompt's messages, as verl's does.
     dataset.return_raw_chat = dataset.return_raw_chat or cfg.reward_model.enable

@@ -40,7 +40,9 @@ def build_experience(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         response_ids=gen.response_ids.cpu(),
-        response_mask=gen.response_mask.cpu(),
+        # A multi-turn rollout's tool results are attended to but not trained on.
+        response_mask=(gen.response_mask if gen.model_mask is None else gen.model_mask).cpu(),
+        response_attention_mask=None if gen.model_mask is None else gen.response_mask.cpu(),
         group_ids=torch.arange(len(prompts)).repeat_interleave(n),
         data_sources=rep(prompts.data_sources),
         ground_truths=rep(prompts.ground_truths),

@@ -30,7 +30,7 @@ def _token_stats(prefix: str, values: torch.Tensor | None, mask: torch.Tensor) -
 def data_metrics(batch: ExperienceBatch) -> dict[str, float]:
     """Scores, rewards, advantages, returns, values and lengths, as verl's `compute_data_metrics`."""
     mask = batch.response_mask
-    response_length = mask.sum(-1)
+    response_length = batch.response_tokens.sum(-1)  # a conversation's tool results count, as in verl
     prompt_length = batch.prompt_mask.sum(-1)
     metrics: dict[str, float] = {}
     if batch.token_scores is not None:

@@ -271,7 +271,7 @@ def train(c: RunComponents) -> None:
             )  # fmt: skip
             return
         logger.info("resumed from %s: continuing at step %d of %d", checkpoint, start + 1, total)
-    val_dataset = make_val_dataset(c.cfg, c.tokenizer)
+    val_dataset = make_val_dataset(c.cfg, c.tokenizer, c.multi_turn.schemas if c.multi_turn else None)
     if trainer_cfg.val_only and val_dataset is None:
         raise UserError("`trainer.val_only=true` has nothing to validate: set `data.val_files`")
     loggers = make_loggers(
@@ -292,7 +292,7 @@ def train(c: RunComponents) -> None:
         with c.residency.phase("generate"), engine_stage(c.engine, f"validation after step {step}"):
             result = run_validation(
                 c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size,
-                keep_samples=val_samples.wanted,
+                keep_samples=val_samples.wanted, multi_turn=c.multi_turn,
             )  # fmt: skip
         if c.dist.is_main:
             val_samples.write(step, result.samples)

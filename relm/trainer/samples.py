@@ -80,7 +80,7 @@ def decode_rows(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor, mask: tor
 def rollout_samples(tokenizer: PreTrainedTokenizerBase, batch: ExperienceBatch) -> list[GenerationSample]:
     """A step's responses from its scored batch (`token_scores` set), in the batch's row order."""
     inputs = decode_rows(tokenizer, batch.prompt_ids, batch.prompt_mask)
-    outputs = decode_rows(tokenizer, batch.response_ids, batch.response_mask)
+    outputs = decode_rows(tokenizer, batch.response_ids, batch.response_tokens)  # tool results included
     assert batch.token_scores is not None, "rollout_samples takes a scored batch"
     scores = batch.token_scores.sum(-1).tolist()
     extras = batch.reward_extras or [{} for _ in range(len(batch))]

@@ -28,6 +28,7 @@ from relm.data.demo_task import write_demo_parquet
 from relm.models.zoo import default_cache_dir
 from relm.rewards.manager import RewardManager, RewardResult
 from relm.rollout.base import RolloutEngine, SamplingParams
+from relm.rollout.multi_turn.driver import MultiTurnRollout
 from relm.trainer.samples import GenerationSample
 
 CORE_VARIABLES = ("acc", "reward")
@@ -63,15 +64,18 @@ def build_val_params(
     )
 
 
-def make_val_dataset(cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase) -> PromptDataset | None:
-    """The validation prompts: `data.val_files`, else the demo task's when training on the demo, else None."""
+def make_val_dataset(
+    cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]] | None = None
+) -> PromptDataset | None:
+    """The validation prompts: `data.val_files`, else the demo task's when training on the demo, else None.
+    `tools`: a multi-turn run's tool schemas, listed in every prompt as in training."""
     files = cfg.data.val_files
     if not files:
         if cfg.data.train_files:
             return None
         _, val = write_demo_parquet(default_cache_dir() / "demo")
         files = [str(val)]
-    return PromptDataset.from_config(cfg, files, tokenizer, files_key="data.val_files")
+    return PromptDataset.from_config(cfg, files, tokenizer, files_key="data.val_files", tools=tools)
 
 
 def is_validation_step(step: int, total_steps: int, test_freq: int) -> bool:
@@ -87,6 +91,7 @@ def run_validation(
     params: SamplingParams,
     batch_size: int | None = None,
     keep_samples: bool = False,
+    multi_turn: MultiTurnRollout | None = None,
 ) -> ValidationResult:
     """Generate `params.n` responses for every prompt of `dataset`, score them, and reduce to metrics.
 
@@ -98,6 +103,8 @@ def run_validation(
         batch_size: Prompts per `generate` call (`data.val_batch_size`); None sends them all at once.
         keep_samples: Also return every generated response as text (greedy validation generates one
             response per prompt and counts it N times: that one is kept once).
+        multi_turn: With `rollout.multi_turn.enable`, the conversations with tools run through it (each
+            row's `extra_info.tools_kwargs` reaching its tools), as in training.
 
     Returns:
         Metrics under verl's names (`val-core/<data_source>/reward/mean@N`, the `val-aux/...` spread
@@ -122,7 +129,14 @@ def run_validation(
             items = [dataset[i] for i in range(first, min(first + batch_size, num_prompts))]
             # Seeding only the first call gives one seeded stream over the set, not the same noise per batch.
             batch_params = replace(params, n=num_generated, seed=params.seed if first == 0 else None)
-            gen = engine.generate([list(item["prompt_ids"]) for item in items], batch_params)
+            prompt_ids = [list(item["prompt_ids"]) for item in items]
+            if multi_turn is None:
+                gen = engine.generate(prompt_ids, batch_params)
+            else:
+                tools_kwargs = [
+                    dict(dict(item["extra_info"] or {}).get("tools_kwargs") or {}) for item in items
+                ]
+                gen = multi_turn.generate(prompt_ids, batch_params, tools_kwargs).generation
             scored = reward(
                 gen.response_ids,
                 gen.response_mask,

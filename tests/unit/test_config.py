@@ -183,7 +183,6 @@ def test_deprecated_global_micro_batch_size_is_divided_by_the_gpus_with_a_warnin
         ("--config", "`--config` needs a value"),
         ("--config-path=conf", "`--config-path conf` needs `--config-name NAME`"),
         ("--config-name=ppo_megatron_trainer", "`--config-name ppo_megatron_trainer`: Megatron is not supported"),
-        (f"{RO}.multi_turn.enable=true", f"`{RO}.multi_turn.enable=True`: multi-turn rollouts are not"),
     ],
 )  # fmt: skip
 def test_load_errors_name_the_culprit_first(argv: str, message: str):
@@ -207,7 +206,7 @@ def test_config_file_errors_name_the_file(tmp_path: Path):
 
 def test_ignored_verl_keys_warn_once_each_and_change_nothing(caplog: pytest.LogCaptureFixture):
     argv = [REAL, f"{ACT}.fsdp_config.param_offload=True", "ray_init.num_cpus=4",
-            f"{RO}.multi_turn.max_turns=3", f"{RO}.multi_turn.format=chatml",
+            f"{RO}.multi_turn.use_inference_chat_template=true", f"{RO}.agent.num_workers=2",
             "algorithm._target_=verl.trainer.config.AlgoConfig"]  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="relm"):
         cfg = load_config(argv)
@@ -215,8 +214,10 @@ def test_ignored_verl_keys_warn_once_each_and_change_nothing(caplog: pytest.LogC
     assert [record.getMessage() for record in caplog.records] == [
         f"`{ACT}.fsdp_config.param_offload`: verl key not used by relm (on one GPU the memory plan decides what "
         "waits in CPU memory; when sharded, `fsdp_config.offload_policy`)",
-        f"`{RO}.multi_turn.max_turns`, `{RO}.multi_turn.format`: verl keys not used by relm "
-        "(multi-turn and tool rollouts are not implemented)",
+        f"`{RO}.multi_turn.use_inference_chat_template`: verl key not used by relm (relm never re-tokenizes a "
+        "conversation: the ids trained on are the ids sampled plus the tool ids)",
+        f"`{RO}.agent.num_workers`: verl key not used by relm (relm's multi-turn rollouts run in-process under "
+        "`rollout.multi_turn.*`, without agent loop workers)",
         "`ray_init.num_cpus`: verl key not used by relm "
         "(relm runs without Ray (processes start with torchrun))",
     ]
