@@ -9,7 +9,7 @@ exactly (tied embeddings once, biases, norms) for any architecture transformers 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -33,6 +33,9 @@ class ModelShape:
     and a value model's head."""
     head_params: int = 0
     """Parameters of a value model's head, trained whole when the backbone trains with LoRA."""
+    lora_input_bytes_per_token: int = 0
+    """Under LoRA, the bf16 copies of each adapted layer's input that its adapter keeps for backward
+    (autocast casts the input again for `lora_A`), summed over the layers; 0 without LoRA."""
 
     @classmethod
     def of(cls, model: nn.Module) -> ModelShape:
@@ -107,5 +110,11 @@ class ModelShape:
         one_layer = 2 * (12 * self.hidden_size + 6 * self.intermediate_size)
         if checkpointing:
             # each layer's fp32 residual input, plus one layer's full set while it is recomputed
-            return self.num_layers * 4 * self.hidden_size + one_layer
-        return self.num_layers * one_layer
+            lora = self.lora_input_bytes_per_token // max(1, self.num_layers)
+            return self.num_layers * 4 * self.hidden_size + one_layer + lora
+        return self.num_layers * one_layer + self.lora_input_bytes_per_token
+
+    def with_lora_inputs(self) -> ModelShape:
+        """This shape with LoRA's saved inputs counted (every adaptable Linear: `all-linear`, the default;
+        fewer targets keep fewer, so the count errs on the side of memory)."""
+        return replace(self, lora_input_bytes_per_token=2 * sum(fan_in for _, fan_in, _ in self.linears))

@@ -285,6 +285,10 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
     """
     budget = int(request.gpu_bytes * USABLE_SHARE)
     host_budget = int(request.host_bytes * HOST_SHARE)
+    if "actor" in request.lora:
+        request = replace(request, actor=request.actor.with_lora_inputs())
+    if "critic" in request.lora and request.critic is not None:
+        request = replace(request, critic=request.critic.with_lora_inputs())
     actor, critic = request.actor, request.critic
     smallest_need = _per_token(actor, True) * request.max_sequence_length + LOGIT_SCRATCH_BYTES
     comfortable = smallest_need + _per_token(actor, True) * MIN_TOKENS_WITHOUT_CHECKPOINTING
