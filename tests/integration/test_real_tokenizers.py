@@ -212,6 +212,7 @@ def run_two_grpo_steps(
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.logger=[jsonl]",
+        f"trainer.rollout_data_dir={tmp_path / 'rollout'}",
         *kwargs,
         tiny=False,
     )
@@ -267,3 +268,13 @@ def test_two_grpo_steps_on_gsm8k_with_a_real_tokenizer(
         assert all(prompt[1] != tokenizer.bos_token_id for call in calls for prompt in call.prompts)
     if name in ("llama3.2", "mistral-nemo"):  # they name no pad token: relm chose one and said which
         assert "has no pad token: padding with" in result.stderr
+    # The sample dumps a person reads: the prompt as the template rendered it around the GSM8K question,
+    # the response as text, the score; one file a step, one line a response.
+    questions = [row["prompt"][0]["content"][:80] for row in gsm8k_rows()]
+    for step in (1, 2):
+        lines = (tmp_path / "rollout" / f"{step}.jsonl").read_text(encoding="utf-8").splitlines()
+        assert len(lines) == 4 * 2
+        for line in map(json.loads, lines):
+            assert any(question in line["input"] for question in questions), line["input"][:200]
+            assert isinstance(line["output"], str) and "\ufffd" not in line["input"]
+            assert isinstance(line["score"], float) and line["step"] == step
