@@ -21,6 +21,8 @@ import pytest
 from relm.trainer.main_ppo import main
 
 TINY_OVERRIDES = (
+    # The demo's model, named: a run on the user's data must name its model.
+    "actor_rollout_ref.model.path=zoo:tiny/qwen2",
     "data.train_batch_size=4",
     "actor_rollout_ref.rollout.n=2",
     "data.max_response_length=8",

@@ -44,7 +44,12 @@ def test_a_plan_over_the_host_budget_stops_before_loading(train):
 def test_the_watchdog_ends_a_run_that_grows_past_its_budget_with_the_phase_named(train, write_reward):
     budget_gb = (process_rss_bytes() + 400 * 10**6) / 1e9  # the plan (tens of MB) fits, 800 MB more does not
     reward = write_reward(GREEDY_REWARD)
-    result = train(f"trainer.max_host_memory_gb={budget_gb}", f"custom_reward_function.path={reward}")
+    # In-process scoring (no reward workers), so the growth is this process's own.
+    result = train(
+        f"trainer.max_host_memory_gb={budget_gb}",
+        f"custom_reward_function.path={reward}",
+        "reward_model.num_workers=0",
+    )
     assert result.exit_code == 2, result.stderr
     error_lines = [line for line in result.stderr_lines if line.startswith("error:")]
     assert len(error_lines) == 1 and "Traceback" not in result.stderr

@@ -165,6 +165,7 @@ def test_sigterm_stops_the_run_and_its_reward_workers(tmp_path: Path, write_parq
     run_dir = tmp_path / "run"
     command = [
         sys.executable, "-m", "relm.trainer.main_ppo", *STEPS_OF_TEN, _data(write_parquet, verl_rows),
+        "actor_rollout_ref.model.path=zoo:tiny/qwen2",
         f"custom_reward_function.path={reward}", "trainer.total_training_steps=1000",
         "data.max_response_length=8",
         "trainer.test_freq=-1", "trainer.val_before_train=false", f"trainer.default_local_dir={run_dir}",
