@@ -71,6 +71,7 @@ from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.multi_turn.driver import MultiTurnRollout
 from relm.rollout.multi_turn.setup import build_multi_turn, load_run_tools, tool_schemas
+from relm.rollout.multi_turn.tools import Tool
 from relm.rollout.native.engine import NativeRolloutEngine
 from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
 from relm.rollout.watchdog import WatchedEngine
@@ -264,33 +265,12 @@ def build_components(
     torch.manual_seed(cfg.seed)
 
     tokenizer = _load_run_tokenizer(cfg, model_dir)
-    tools = load_run_tools(arr.rollout.multi_turn)
-    if tools and dist.is_distributed:
-        # Each turn is a collective generate; ranks whose tools answered differently (a timeout on one)
-        # would make different numbers of calls and wait on each other forever.
-        raise UserError(
-            "actor_rollout_ref.rollout.multi_turn.enable=true runs in one process for now; set "
-            "trainer.n_gpus_per_node=1 and trainer.nnodes=1"
-        )
+    tools = _run_tools(cfg, dist)
     loader = _prompt_loader(cfg, tokenizer, tool_schemas(tools))
     sizes = compute_sizes(cfg, loader.batches_per_epoch)
-    if compute_score is None:
-        compute_score = resolve_compute_score(
-            cfg.custom_reward_function.path, cfg.custom_reward_function.name,
-            batched=cfg.reward_model.reward_manager == "batch",
-        )  # fmt: skip
-    # Started before the models load, so the workers' imports overlap with it. The demo task's scorer is
-    # relm's own constant-time code: it scores in-process unless reward_model.num_workers says otherwise.
-    dataset = loader.dataset
-    demo_only = {dataset[i]["data_source"] for i in range(len(dataset))} == {DEMO_DATA_SOURCE}
-    reward = build_reward_manager(
-        tokenizer, compute_score, cfg.reward_model, cfg.custom_reward_function,
-        in_process_by_default=demo_only and compute_score is default_compute_score,
-    )  # fmt: skip
-    sources = {"actor": model_dir}
-    if builds_critic(cfg):
-        sources["critic"] = resolve_model_dir(cfg.critic.model.path) if cfg.critic.model.path else model_dir
-
+    # Started before the models load, so the reward workers' imports overlap with it.
+    reward = _reward_manager(cfg, tokenizer, loader, compute_score)
+    sources = _trained_sources(cfg, model_dir)
     actor = load_trained_model(cfg, "actor", model_dir, device, precision.master)
     # Taken before sharding: the engine generates with whole weights (a copy when data-parallel).
     # vLLM keeps its own copy of the weights (in rollout.dtype), so no HF copy is made for it.
@@ -330,19 +310,6 @@ def build_components(
     engine = build_run_engine(
         cfg, generator, model_dir, tokenizer, dist=dist, device=device, precision=precision
     )
-    multi_turn = (
-        build_multi_turn(
-            arr.rollout.multi_turn,
-            tools,
-            engine,
-            tokenizer,
-            chat_template=arr.model.custom_chat_template,
-            chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
-            eos_token_ids=eos_token_ids_of(tokenizer, generator),
-        )
-        if tools
-        else None
-    )
     return RunComponents(
         cfg=cfg,
         device=device,
@@ -369,7 +336,68 @@ def build_components(
         reward_model=build_reward_model(cfg.reward_model, device=device, seed=cfg.seed)
         if cfg.reward_model.enable
         else None,
-        multi_turn=multi_turn,
+        multi_turn=_multi_turn(cfg, tools, engine, tokenizer, generator) if tools else None,
+    )
+
+
+def _trained_sources(cfg: RelmConfig, model_dir: str) -> dict[str, str]:
+    """The folder each trained model loads from: the actor's, and a critic's where the estimator reads values."""
+    sources = {"actor": model_dir}
+    if builds_critic(cfg):
+        sources["critic"] = resolve_model_dir(cfg.critic.model.path) if cfg.critic.model.path else model_dir
+    return sources
+
+
+def _run_tools(cfg: RelmConfig, dist: DistContext) -> dict[str, Tool]:
+    """The multi-turn rollout's tools (none without `rollout.multi_turn.enable`)."""
+    tools = load_run_tools(cfg.actor_rollout_ref.rollout.multi_turn)
+    if tools and dist.is_distributed:
+        # Each turn is a collective generate; ranks whose tools answered differently (a timeout on one)
+        # would make different numbers of calls and wait on each other forever.
+        raise UserError(
+            "actor_rollout_ref.rollout.multi_turn.enable=true runs in one process for now; set "
+            "trainer.n_gpus_per_node=1 and trainer.nnodes=1"
+        )
+    return tools
+
+
+def _reward_manager(
+    cfg: RelmConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    loader: PromptLoader,
+    compute_score: ComputeScore | None,
+) -> RewardManager:
+    """The run's rule/custom reward, scored in reward workers. The demo task's scorer is relm's own
+    constant-time code: it scores in-process unless `reward_model.num_workers` says otherwise."""
+    if compute_score is None:
+        compute_score = resolve_compute_score(
+            cfg.custom_reward_function.path, cfg.custom_reward_function.name,
+            batched=cfg.reward_model.reward_manager == "batch",
+        )  # fmt: skip
+    dataset = loader.dataset
+    demo_only = {dataset[i]["data_source"] for i in range(len(dataset))} == {DEMO_DATA_SOURCE}
+    return build_reward_manager(
+        tokenizer, compute_score, cfg.reward_model, cfg.custom_reward_function,
+        in_process_by_default=demo_only and compute_score is default_compute_score,
+    )  # fmt: skip
+
+
+def _multi_turn(
+    cfg: RelmConfig,
+    tools: dict[str, Tool],
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    generator: nn.Module,
+) -> MultiTurnRollout:
+    """Drives `engine` through conversations with `tools` (`rollout.multi_turn.enable`)."""
+    return build_multi_turn(
+        cfg.actor_rollout_ref.rollout.multi_turn,
+        tools,
+        engine,
+        tokenizer,
+        chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
+        chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
+        eos_token_ids=eos_token_ids_of(tokenizer, generator),
     )
 
 
