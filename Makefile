@@ -69,7 +69,9 @@ test: $(STAMP) $(VERL_WHEELS_STAMP)
 	$(BIN)/ruff check relm tests
 	$(BIN)/ruff format --check relm tests
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q tests
+	# Two workers, one file each at a time (fixtures and caches are per file), one torch thread each: the
+	# 2-core CI machine runs the suite in about 15 minutes instead of 30.
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 # The vLLM group (marker `vllm`), which `make test` deselects: the real engine, weight syncs, the demo
 # learning on vLLM and `relm compat --zoo tiny --rollout vllm`.

@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import functools
 import logging
+import re
 import types
 import typing
 from collections.abc import Iterator
@@ -68,6 +69,7 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
     """`load_config` that returns the warning lines instead of logging them."""
     layers, warnings = _user_layers(argv)
     merged = _merge_layers(layers)
+    _drop_unset(merged, NULL_MEANS_UNSET)
     renamed = verl_renames.fold(merged, [layer.values for layer in layers if layer.values is not None])
     ignored: dict[str, list[str]] = {}
     cfg = _build(RelmConfig, merged, "", _Walk(root=merged, ignored=ignored))
@@ -81,6 +83,19 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
     warnings += _fill_derived(cfg)
     warnings += fall_back_on_missing_parts(cfg)
     return cfg, warnings
+
+
+NULL_MEANS_UNSET = ("reward_model.model", "reward_model.rollout")
+"""Sections verl 0.9's default config fills with `null` for "unset" where relm's schema has a default."""
+
+
+def _drop_unset(merged: DictConfig, sections: tuple[str, ...]) -> None:
+    """Remove the null leaves of `sections`, so relm's defaults stand where verl wrote `null`."""
+    for section in sections:
+        node = OmegaConf.select(merged, section, default=None, throw_on_resolution_failure=False)
+        if isinstance(node, DictConfig):
+            for key in [k for k, v in node.items_ex(resolve=False) if v is None]:
+                del node[key]
 
 
 def user_set_keys(argv: list[str]) -> set[str]:
@@ -162,6 +177,8 @@ def _user_layers(argv: list[str]) -> tuple[list[_Layer], list[str]]:
 
 
 _PARSER = OverridesParser.create()
+_HOME_PATHS = re.compile(r"(^|[\[,]\s*)(~[^,\]\s]*)")
+"""A `~/...` path as a whole value or as a list item (what Hydra's grammar refuses unquoted)."""
 
 
 def _parse_override(arg: str) -> _Layer:
@@ -179,9 +196,12 @@ def _parse_override(arg: str) -> _Layer:
     try:
         override = _PARSER.parse_override(arg)
     except HydraException as err:
-        if value.startswith("~") and "'" not in value:
-            # A home-relative path, which Hydra's grammar only takes quoted; relm expands `~` in paths.
-            return _parse_override(f"{key}='{value}'")
+        if "~" in value and "'" not in value:
+            # Home-relative paths, which Hydra's grammar only takes quoted (alone or in a list); relm
+            # expands `~` in paths.
+            quoted = _HOME_PATHS.sub(lambda m: f"{m[1]}'{m[2]}'", value)
+            if quoted != value:
+                return _parse_override(f"{key}={quoted}")
         raise UserError(f"`{arg}`: cannot parse the value ({_one_line(err)})") from err
     if override.is_sweep_override():
         raise UserError(f"`{arg}`: a sweep (several values) needs Hydra's --multirun; relm runs one value")

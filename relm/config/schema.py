@@ -424,8 +424,8 @@ class RewardModelModelConfig:
     input_tokenizer: str | None = None
     """The policy's tokenizer: when set, responses are decoded and re-rendered with the reward model's own
     tokenizer and chat template; unset feeds the policy's token ids as they are (same tokenizer)."""
-    trust_remote_code: bool = False
-    """Allow the reward model's own modelling code."""
+    trust_remote_code: bool | None = False
+    """Allow the reward model's own modelling code (null, as verl 0.9 writes it, is no)."""
 
 
 @dataclass

@@ -52,7 +52,7 @@ def build_reward_model(rm: RewardModelConfig, *, device: torch.device, seed: int
     assert rm.model.path is not None  # validated: enable needs a path
     folder = resolve_model_dir(rm.model.path)
     tokenizer = load_tokenizer(
-        folder, trust_remote_code=rm.model.trust_remote_code, path_key="reward_model.model.path"
+        folder, trust_remote_code=bool(rm.model.trust_remote_code), path_key="reward_model.model.path"
     )
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     micro_batch_size = rm.micro_batch_size_per_gpu or DEFAULT_MICRO_BATCH
@@ -66,10 +66,12 @@ def build_reward_model(rm: RewardModelConfig, *, device: torch.device, seed: int
             micro_batch_size=micro_batch_size,
             max_length=rm.max_length,
             rerender=rm.model.input_tokenizer is not None,
-            trust_remote_code=rm.model.trust_remote_code,
+            trust_remote_code=bool(rm.model.trust_remote_code),
         )
     template = load_template(judge.prompt_template, judge.prompt_template_path)
-    model = load_causal_lm(folder, dtype=dtype, device=device, trust_remote_code=rm.model.trust_remote_code)
+    model = load_causal_lm(
+        folder, dtype=dtype, device=device, trust_remote_code=bool(rm.model.trust_remote_code)
+    )
     model.requires_grad_(False).eval()
     rollout = rm.rollout
     settings = JudgeSettings(

@@ -232,7 +232,7 @@ def test_custom_function_gets_the_model_score(classifier_folder: Path, tokenizer
             "`native` or `hf`",
         ),
         (
-            "reward_model.enable=true reward_model.model.path=x reward_model.judge.score_regex=(",
+            "reward_model.enable=true reward_model.model.path=x reward_model.judge.score_regex='('",
             "not a valid pattern",
         ),
         (
