@@ -30,7 +30,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def test_a_plan_over_the_host_budget_stops_before_loading(train):
-    budget_gb = (process_rss_bytes() + 2 * 10**6) / 1e9  # 2 MB beyond what this process holds
+    budget_gb = process_rss_bytes() / 2 / 1e9  # less than this process already holds: no plan fits
     result = train(f"trainer.max_host_memory_gb={budget_gb}")
     assert result.exit_code == 2
     error_lines = [line for line in result.stderr_lines if line.startswith("error:")]
