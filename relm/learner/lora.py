@@ -141,9 +141,12 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     is formed in fp32 (the base may be bf16) and handed over for the engine to cast.
     """
     for name, layer in lora_layers(model):
-        base = layer.get_base_layer().weight
-        delta = layer.get_delta_weight(ADAPTER)
-        yield f"{name}.weight", base.float() + delta.float()
+        yield f"{name}.weight", _merged(layer)
+
+
+def _merged(layer: Any) -> torch.Tensor:
+    """A PEFT LoRA layer's weight with its adapter merged in, in fp32 (the base may be bf16)."""
+    return layer.get_base_layer().weight.float() + layer.get_delta_weight(ADAPTER).float()
 
 
 def without_adapters(model: nn.Module) -> Any:
@@ -157,9 +160,7 @@ def without_adapters(model: nn.Module) -> Any:
     for name, layer in list(lora_layers(plain)):
         base = layer.get_base_layer()
         with torch.no_grad():
-            base.weight.copy_(
-                (base.weight.float() + layer.get_delta_weight(ADAPTER).float()).to(base.weight.dtype)
-            )
+            base.weight.copy_(_merged(layer).to(base.weight.dtype))
         parent_name, _, child = name.rpartition(".")
         setattr(plain.get_submodule(parent_name) if parent_name else plain, child, base)
     # transformers remembers that adapters were added; the copy has none left.
@@ -188,7 +189,7 @@ def check_synced(model: nn.Module, engine_model: nn.Module, name: str) -> None:
     """
     layer_name = name.removesuffix(".weight")
     layer: Any = model.get_submodule(layer_name)  # a PEFT LoRA layer
-    expected = layer.get_base_layer().weight.float() + layer.get_delta_weight(ADAPTER).float()
+    expected = _merged(layer)
     held = engine_model.get_parameter(name)
     if not torch.equal(held, expected.to(device=held.device, dtype=held.dtype)):
         diff = (held.float() - expected.to(held.device)).abs().max().item()
