@@ -49,6 +49,7 @@ from relm.rollout.native.attention import (
 )
 from relm.rollout.native.cuda_graphs import DecodeGraphs
 from relm.rollout.native.decode_state import DecodeBuffers, Prompts, admit_rows, gather_rows
+from relm.rollout.native.fp8 import QUANTIZATIONS, Fp8Weights
 from relm.rollout.native.fused_projections import FusedProjections
 from relm.rollout.native.slot_scheduler import SlotScheduler
 from relm.rollout.padding import left_pad
@@ -90,6 +91,9 @@ class NativeRolloutEngine:
             (`relm.rollout.native.fused_projections`); False keeps them separate.
         vocab_limit: ids at or past this (the tokenizer's length) are never sampled; None: every
             embedding row may be (see `relm.rollout.sampling.SampledColumns`).
+        quantization: "fp8" generates with FP8 copies of the linear layers' weights, re-quantized at
+            every `sync_weights` (`relm.rollout.native.fp8`; `actor_rollout_ref.rollout.quantization`);
+            None generates with the model's own weights.
     """
 
     def __init__(
@@ -109,7 +113,10 @@ class NativeRolloutEngine:
         compile_mode: str | None = None,
         fuse_projections: bool = True,
         vocab_limit: int | None = None,
+        quantization: str | None = None,
     ) -> None:
+        if quantization is not None and quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
         if max_num_seqs is not None and max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if compile_mode not in COMPILE_MODES:
@@ -144,6 +151,9 @@ class NativeRolloutEngine:
         self.fused = FusedLayers(model, enabled=compile_layers, mode=compile_mode)
         # A frozen generator copy (the trainer's on GPU) gets its q/k/v and gate/up weights fused.
         self.projections = FusedProjections(model, enabled=fuse_projections)
+        # FP8 copies of the linear weights (a fused group is one), quantized before the first call and
+        # again at every sync; the actor's own weights are never touched.
+        self.fp8 = Fp8Weights(model, self.projections.groups, self.device) if quantization else None
         self._race = self.fused.compiled(exponential_race)
         self._buffers: DecodeBuffers | None = None
         self.fallback_reason = _native_blocker(model)
@@ -159,7 +169,7 @@ class NativeRolloutEngine:
         """Sample `params.n` responses per prompt, grouped prompt by prompt; tensors come back on CPU."""
         check_generate_args(prompts, params)
         if self.fallback_reason:
-            return self.reference.generate(prompts, params)
+            return self._generate_on_fallback(prompts, params)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         was_training = self.model.training
@@ -167,7 +177,12 @@ class NativeRolloutEngine:
         self.model.eval()
         self.model.set_attn_implementation(NATIVE_ATTENTION)  # type: ignore[operator]  # nn.Module hides the HF model's API
         try:
-            with self.projections.applied(), self.fused.applied(), _contiguous_head_input(self.model):
+            with (
+                self.projections.applied(),
+                self.fp8.applied() if self.fp8 else contextlib.nullcontext(),
+                self.fused.applied(),
+                _contiguous_head_input(self.model),
+            ):
                 return self._generate(prompts, params)
         except NativeAttentionUnsupported as exc:
             # Raised by the first prefill forward, before any sampling, so the fallback draws the
@@ -178,7 +193,14 @@ class NativeRolloutEngine:
         finally:
             self.model.set_attn_implementation(previous_attention)  # type: ignore[operator]  # nn.Module hides the HF model's API
             self.model.train(was_training)
-        return self.reference.generate(prompts, params)
+        return self._generate_on_fallback(prompts, params)
+
+    def _generate_on_fallback(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        """The HF engine's call, with the FP8 weights when they are on (fused groups included)."""
+        if self.fp8 is None:
+            return self.reference.generate(prompts, params)
+        with self.projections.applied(), self.fp8.applied():
+            return self.reference.generate(prompts, params)
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         started = time.perf_counter()
@@ -471,9 +493,12 @@ class NativeRolloutEngine:
             torch.cuda.empty_cache()
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load the actor's weights by HF name, in place (see `HFRolloutEngine.sync_weights`); in-place
-        copies keep every address, so captured graphs stay valid."""
+        """Load the actor's weights by HF name, in place (see `HFRolloutEngine.sync_weights`), and
+        re-quantize the FP8 copies from them; in-place copies keep every address, so captured graphs
+        stay valid."""
         self.reference.sync_weights(named_tensors)
+        if self.fp8 is not None:
+            self.fp8.quantize()
 
 
 def _native_blocker(model: nn.Module) -> str | None:

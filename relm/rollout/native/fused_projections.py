@@ -25,7 +25,7 @@ weights again.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -44,6 +44,9 @@ class ProjectionGroup:
         self.sizes = [linear.out_features for linear in linears]
         self.weight: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
+        self.product: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """The group's product for an input when not `F.linear(x, weight, bias)` (FP8 rollout weights,
+        `relm.rollout.native.fp8`); set only while generating."""
         self._input: torch.Tensor | None = None
         self._pending: list[torch.Tensor | None] = []
 
@@ -79,7 +82,7 @@ class ProjectionGroup:
             out = pending
         elif index == 0:
             assert self.weight is not None, "ensure_fused() comes first (`FusedProjections.applied`)"
-            product = F.linear(x, self.weight, self.bias)
+            product = self.product(x) if self.product is not None else F.linear(x, self.weight, self.bias)
             out, *others = product.split(self.sizes, dim=-1)
             self._pending = [out, *others]
             self._input = x
