@@ -307,6 +307,9 @@ class RolloutConfig:
     """Sequences decoded at once (vLLM, native); a batch with more rows is continuously batched."""
     max_model_len: int | None = None
     """vLLM: longest prompt plus response; unset is `data.max_prompt_length + data.max_response_length`."""
+    quantization: str | None = None
+    """`fp8`: the native engine generates with FP8 copies of the linear layers' weights (128 x 128 blocks,
+    activations per token; Hopper's FP8 products on CUDA), re-quantized at every weight sync (docs/rollout.md)."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Further engine arguments by engine, e.g. `engine_kwargs.vllm.kv_cache_dtype=fp8` (passed to vllm.LLM)."""
     timeout_s: float | None = 600.0

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from relm.config.fsdp_size import FSDP_SIZE_KEYS, check_fsdp_size
-from relm.config.schema import ActorConfig, CriticConfig, RelmConfig, RewardModelConfig
+from relm.config.schema import ActorConfig, CriticConfig, RelmConfig, RewardModelConfig, RolloutConfig
 from relm.errors import UserError
 
 CONFIG_OK_MESSAGE = "All configuration checks passed successfully!"
@@ -62,6 +62,8 @@ batched function once for many responses."""
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
+ROLLOUT_QUANTIZATIONS = ("fp8",)
+"""`actor_rollout_ref.rollout.quantization` values the native engine implements (`relm.rollout.native.fp8`)."""
 
 _DEPRECATED_GLOBAL_SIZES = (
     ("actor_rollout_ref.actor", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu"),
@@ -389,6 +391,19 @@ def _check_reward_model(rm: RewardModelConfig) -> None:
         ) from exc
 
 
+def _check_quantization(rollout: RolloutConfig) -> None:
+    """`rollout.quantization`: fp8, on the native engine (docs/rollout.md#fp8-rollout-weights)."""
+    if rollout.quantization is None:
+        return
+    key = f"actor_rollout_ref.rollout.quantization={rollout.quantization}"
+    if rollout.quantization not in ROLLOUT_QUANTIZATIONS:
+        raise UserError(f"`{key}`: relm implements {_listed(ROLLOUT_QUANTIZATIONS)}; set that or null")
+    if rollout.name != "native":
+        raise UserError(
+            f"`{key}` runs on the native engine; set actor_rollout_ref.rollout.name=native or drop the key"
+        )
+
+
 def _check_features(cfg: RelmConfig) -> None:
     data, rollout = cfg.data, cfg.actor_rollout_ref.rollout
     if cfg.reward_model.enable:
@@ -411,6 +426,7 @@ def _check_features(cfg: RelmConfig) -> None:
                 f"`actor_rollout_ref.rollout.{key}={mirror}` differs from `data.{source_key}={source}`; relm "
                 f"reads `data.{source_key}`: set the two equal or drop the rollout key"
             )
+    _check_quantization(rollout)
     longest = data.max_prompt_length + data.max_response_length
     if rollout.max_model_len is not None and rollout.max_model_len < longest:
         raise UserError(

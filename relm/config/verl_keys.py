@@ -52,7 +52,7 @@ _ENTROPY_MEM = "relm computes the entropy in one pass"
 _CLIP_COV = "only used by the `clip_cov`/`kl_cov` policy losses, which relm does not implement"
 _ASYNC = "relm generates synchronously, in-process"
 _QAT = "quantization-aware training is not implemented"
-_QUANT = "quantized rollout weights are not implemented; the engine generates in `rollout.dtype`"
+_QUANT_FILE = "a torchao/vLLM quantization config file; relm's `rollout.quantization=fp8` takes no file"
 _ROUTER_REPLAY = "MoE router replay is not implemented"
 _MTP = "multi-token prediction (MTP) heads are not implemented"
 _TILED_MLP = "tiled MLP is not implemented; the memory plan turns on gradient checkpointing"
@@ -248,8 +248,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.rollout.enable_rollout_routing_replay": _ROUTER_REPLAY,
     "actor_rollout_ref.rollout.router_config_path": _ROUTER_REPLAY,
     "actor_rollout_ref.rollout.moe_load_balance_metrics_interval": "MoE load-balance metrics are not logged",
-    "actor_rollout_ref.rollout.quantization": _QUANT,
-    "actor_rollout_ref.rollout.quantization_config_file": _QUANT,
+    "actor_rollout_ref.rollout.quantization_config_file": _QUANT_FILE,
     "actor_rollout_ref.rollout.qat.*": _QAT,
     "actor_rollout_ref.rollout.mtp": _MTP,
     "actor_rollout_ref.rollout.mtp.*": _MTP,
@@ -332,7 +331,6 @@ UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
     "critic.model.lora.rank": "Megatron's LoRA section: set critic.model.lora_rank instead",
     "actor_rollout_ref.actor.qat.enable": "quantization-aware training is not supported yet",
     "actor_rollout_ref.rollout.qat.enable": "quantization-aware training is not supported yet",
-    "actor_rollout_ref.rollout.quantization": "quantized rollout weights are not supported yet",
     "actor_rollout_ref.model.mtp.enable": "multi-token prediction (MTP) is not supported yet",
     "actor_rollout_ref.actor.loss_scale_factor": (
         "a constant loss divisor is not supported yet; leave it null and pick `loss_agg_mode`"

@@ -672,6 +672,7 @@ def build_engine(
         max_num_seqs=rollout.max_num_seqs,
         max_prefill_tokens=rollout.max_num_batched_tokens,
         vocab_limit=vocab_limit,
+        quantization=rollout.quantization,
     )
 
 

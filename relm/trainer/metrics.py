@@ -92,3 +92,18 @@ def memory_report(metrics: dict[str, float]) -> str | None:
         if measured in metrics and planned in metrics and metrics[planned] > 0
     ]
     return f"memory after the first step: {'; '.join(parts)}" if parts else None
+
+
+def rollout_gap_report(metrics: dict[str, float], quantization: str | None) -> str | None:
+    """The line printed after the first step when the engine generates with quantized weights: how far
+    its logprobs of the sampled tokens are from the trainer's (the gap quantization adds, and what
+    the update's importance ratios start from)."""
+    if quantization is None:
+        return None
+    if "rollout/logprob_diff_max" not in metrics:
+        return f"{quantization} rollout: logprob gap to the trainer not measured at the first step (no old-logprob forward)"
+    return (
+        f"{quantization} rollout: logprob gap to the trainer at the first step: max "
+        f"{metrics['rollout/logprob_diff_max']:.3g}, mean {metrics['rollout/logprob_diff_mean']:.3g} "
+        "(rollout/logprob_diff_max, rollout/logprob_diff_mean)"
+    )

@@ -43,7 +43,14 @@ from relm.trainer.experience import batched_logprobs, batched_values
 from relm.trainer.flops import peak_flops, training_flops
 from relm.trainer.guards import DegenerateBatchReporter, SkipGuard
 from relm.trainer.loggers import make_loggers
-from relm.trainer.metrics import data_metrics, mean_of_lists, memory_metrics, memory_report, plan_metrics
+from relm.trainer.metrics import (
+    data_metrics,
+    mean_of_lists,
+    memory_metrics,
+    memory_report,
+    plan_metrics,
+    rollout_gap_report,
+)
 from relm.trainer.plot import CURVES_FILE, plot_curves
 from relm.trainer.samples import ValidationSamples, dump_rollout
 from relm.trainer.signals import stop_on_signals
@@ -338,6 +345,13 @@ def train(c: RunComponents) -> None:
                 metrics = ppo_step(c, c.loader.next_batch(), step)
                 if step == start + 1 and c.dist.is_main and (report := memory_report(metrics)):
                     logger.info("%s", report)
+                quantization = c.cfg.actor_rollout_ref.rollout.quantization
+                if (
+                    step == start + 1
+                    and c.dist.is_main
+                    and (gap := rollout_gap_report(metrics, quantization))
+                ):
+                    logger.info("%s", gap)
                 metrics["training/epoch"] = float(c.loader.epoch)
                 diverged = guard.update(step, metrics)
                 if val_dataset is not None and is_validation_step(step, total, trainer_cfg.test_freq):

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from relm.config.validate import ROLLOUT_QUANTIZATIONS
 from relm.memory.rollout_budget import check_rollout_memory, rows_within_budget
 from relm.models.fused_layers import FusedLayers
 from relm.rollout.base import GenerationOutput, SamplingParams, check_generate_args
@@ -49,7 +50,7 @@ from relm.rollout.native.attention import (
 )
 from relm.rollout.native.cuda_graphs import DecodeGraphs
 from relm.rollout.native.decode_state import DecodeBuffers, Prompts, admit_rows, gather_rows
-from relm.rollout.native.fp8 import QUANTIZATIONS, Fp8Weights
+from relm.rollout.native.fp8 import Fp8Weights
 from relm.rollout.native.fused_projections import FusedProjections
 from relm.rollout.native.slot_scheduler import SlotScheduler
 from relm.rollout.padding import left_pad
@@ -115,8 +116,10 @@ class NativeRolloutEngine:
         vocab_limit: int | None = None,
         quantization: str | None = None,
     ) -> None:
-        if quantization is not None and quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
+        if quantization is not None and quantization not in ROLLOUT_QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be None or one of {ROLLOUT_QUANTIZATIONS}, got {quantization!r}"
+            )
         if max_num_seqs is not None and max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if compile_mode not in COMPILE_MODES:

@@ -50,8 +50,6 @@ _ALIGN = 16
 """FP8 tensor-core products need both weight dimensions to be multiples of this."""
 _TINY = torch.finfo(torch.float32).tiny
 """Smallest scale: an all-zero row or block quantizes to zeros instead of 0/0."""
-QUANTIZATIONS = ("fp8",)
-"""Values of `actor_rollout_ref.rollout.quantization` the native engine implements."""
 WEIGHT_BUFFER, SCALE_BUFFER = "fp8_weight", "fp8_scale"
 
 
