@@ -11,6 +11,12 @@ case continuous batching (`--max-num-seqs` below the batch) is for; `--waves` ru
 as separate lock-step calls of max-num-seqs prompts, what an engine without it would do in the
 same memory.
 
+`--quantization none fp8` measures the native engine with the model's own weights and with FP8 copies of
+its linear layers (`relm.rollout.native.fp8`), one after the other on the same model; each native row
+also carries the gap between the engine's logprobs of its sampled tokens and the model's own forward
+(the trainer's computation) over the first 16 rows. Random weights sample almost uniformly, so that gap
+is smaller than a trained model's would be.
+
 Bandwidth: decoding is memory-bound, so the yardstick is the bytes one decode step must read (the
 weights plus the live KV cache) over the step's time, against a device copy measured at start.
 """
@@ -31,13 +37,16 @@ import torch
 import transformers
 from torch import nn
 
+from relm.config.validate import ROLLOUT_QUANTIZATIONS
 from relm.errors import UserError, run_guarded
+from relm.learner.forward import response_logprobs
 from relm.memory.rollout_budget import kv_bytes_per_token
 from relm.models.loading import load_causal_lm, pick_dtype
 from relm.models.zoo import zoo_config
-from relm.rollout.base import SamplingParams
+from relm.rollout.base import GenerationOutput, SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.engine import COMPILE_MODES, NativeRolloutEngine
+from relm.rollout.padding import left_pad
 
 ENGINES = ("native", "hf")
 TABLE_HEADER = (
@@ -95,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="native: keep q/k/v and gate/up as separate products (fused by default)",
     )
+    parser.add_argument(
+        "--quantization",
+        nargs="+",
+        choices=("none", *ROLLOUT_QUANTIZATIONS),
+        default=["none"],
+        help="native: the weights it generates with, each measured in turn (fp8: FP8 copies of the linear layers)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results (a list of rows) to this file")
     return parser
@@ -129,12 +145,25 @@ def _run(args: argparse.Namespace) -> int:
     prompts = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=generator).tolist()
     eos_ids = eos_share(vocab, args.eos_rate, generator)
     engines = ENGINES if args.engine == "both" else (args.engine,)
+    runs = [(name, q) for name in engines for q in (args.quantization if name == "native" else ["none"])]
     rows = []
-    for name in engines:
-        engine = make_engine(name, model, device, args, eos_ids)
+    for name, quantization in runs:
+        engine = make_engine(
+            name, model, device, args, eos_ids, None if quantization == "none" else quantization
+        )
         calls = args.max_num_seqs if args.waves else len(prompts)
-        row = measure_engine(engine, prompts, args.response_len, args.warmup, device, bool(eos_ids), calls)
+        outputs: list[GenerationOutput] = []
+        row = measure_engine(
+            engine, prompts, args.response_len, args.warmup, device, bool(eos_ids), calls, outputs
+        )
         row.update(engine=name, **_shape_fields(args, model, dtype, device, copy_bandwidth))
+        row["quantization"] = None if quantization == "none" else quantization
+        fp8 = getattr(engine, "fp8", None)
+        if fp8 is not None:  # the decode step reads the FP8 copies instead of those layers' weights
+            replaced = sum(linear.weight.nbytes for unit in fp8.units for linear in unit.linears)
+            row["bytes_per_step"] += fp8.quantized_bytes() - replaced
+        if name == "native":
+            row.update(logprob_gap(model, prompts, outputs[0], device))
         # The bytes a step reads assume every row live at the mean length: fixed lengths only.
         row["bandwidth_fraction"] = (
             float("nan") if eos_ids else row["bytes_per_step"] / (row["decode_step_s"] * copy_bandwidth)
@@ -185,7 +214,12 @@ def eos_share(vocab: int, rate: float, generator: torch.Generator) -> list[int]:
 
 
 def make_engine(
-    name: str, model: nn.Module, device: torch.device, args: argparse.Namespace, eos_ids: list[int]
+    name: str,
+    model: nn.Module,
+    device: torch.device,
+    args: argparse.Namespace,
+    eos_ids: list[int],
+    quantization: str | None = None,
 ) -> Any:
     pad = model.config.get_text_config().pad_token_id or 0  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
     if name == "hf":
@@ -201,7 +235,26 @@ def make_engine(
         max_num_seqs=args.max_num_seqs,
         compile_mode=args.compile_mode,
         fuse_projections=not args.no_fused_projections,
+        quantization=quantization,
     )
+
+
+@torch.no_grad()
+def logprob_gap(
+    model: nn.Module, prompts: list[list[int]], output: GenerationOutput, device: torch.device, rows: int = 16
+) -> dict[str, float]:
+    """Largest and mean |engine logprob - forward logprob| of the sampled tokens of the first `rows` rows:
+    what `rollout/logprob_diff_*` logs in training, against the model's own unquantized forward."""
+    rows = min(rows, len(prompts), output.response_ids.shape[0])
+    prompt_ids, prompt_mask = left_pad(prompts[:rows], 0)
+    mask = torch.cat([prompt_mask, output.response_mask[:rows]], dim=1)
+    ids = torch.cat([prompt_ids, output.response_ids[:rows]], dim=1)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    expected, _ = response_logprobs(
+        model, *(t.to(device) for t in (ids, mask, positions)), output.response_ids.shape[1]
+    )
+    gap = (expected.cpu().float() - output.logprobs[:rows].float()).abs()[output.response_mask[:rows].bool()]
+    return {"logprob_gap_max": gap.max().item(), "logprob_gap_mean": gap.mean().item()}
 
 
 def measure_engine(
@@ -212,6 +265,7 @@ def measure_engine(
     device: torch.device,
     eos: bool = False,
     prompts_per_call: int | None = None,
+    outputs_sink: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Time one full generate run after `warmup` untimed ones, and a 1-token call for TTFT.
 
@@ -219,6 +273,7 @@ def measure_engine(
     The native engine's warm-up is full-size because it captures one CUDA graph per length bucket
     on first use; the HF engine's is 8 tokens (it only needs kernels loaded and handles made). With
     `eos`, every call has the same seed, so the warm-up draws what the timed run draws.
+    The timed run's outputs are appended to `outputs_sink` when given.
     """
     native = isinstance(engine, NativeRolloutEngine)
     per_call = prompts_per_call or len(prompts)
@@ -244,6 +299,8 @@ def measure_engine(
         torch.cuda.reset_peak_memory_stats(device)
     outputs: list[Any] = []
     total = _timed(lambda: outputs.extend(run(response_len)), device)
+    if outputs_sink is not None:
+        outputs_sink.extend(outputs)
     lengths = torch.cat([out.response_lengths for out in outputs]).float()
     new_tokens = int(lengths.sum())
     # Decode steps: fixed lengths take response_len - 1 after the first token; with eos the native
@@ -348,9 +405,20 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
             f"{row['ttft_s']:>8.3f} "
             f"{row['decode_step_s'] * 1e3:>8.2f} {peak:>8} {_percent(row['bandwidth_fraction']):>6}"
         )
-    speeds = {row["engine"]: row["new_tokens_per_s"] for row in rows}
-    if len(speeds) == 2:
+    speeds = {engine_label(row): row["new_tokens_per_s"] for row in rows}
+    if "native" in speeds and "hf" in speeds:
         print(f"native / hf: {speeds['native'] / speeds['hf']:.1f}x")
+    for quantization in ROLLOUT_QUANTIZATIONS:
+        if "native" in speeds and f"native, {quantization}" in speeds:
+            print(
+                f"native {quantization} / native: {speeds[f'native, {quantization}'] / speeds['native']:.2f}x"
+            )
+    for row in rows:
+        if "logprob_gap_max" in row:
+            print(
+                f"{engine_label(row)}: logprob gap to the model's forward (first 16 rows) max "
+                f"{row['logprob_gap_max']:.4f}, mean {row['logprob_gap_mean']:.5f}"
+            )
     for row in rows:
         if row.get("fallback_reason"):
             print(f"note: the native engine fell back to HF: {row['fallback_reason']}")
@@ -386,11 +454,12 @@ def markdown_row(row: dict[str, Any]) -> str:
 def engine_label(row: dict[str, Any]) -> str:
     """The engine, with how the native one batched when not all rows at once: `native, 64 slots`
     (continuous batching) or `native, waves of 64` (separate lock-step calls)."""
+    engine = f"{row['engine']}, {row['quantization']}" if row.get("quantization") else row["engine"]
     if row.get("waves"):
-        return f"{row['engine']}, waves of {row['max_num_seqs']}"
+        return f"{engine}, waves of {row['max_num_seqs']}"
     if row.get("slots") is not None and row["slots"] < row["batch"]:
-        return f"{row['engine']}, {row['slots']} slots"
-    return row["engine"]
+        return f"{engine}, {row['slots']} slots"
+    return engine
 
 
 def _percent(fraction: float) -> str:

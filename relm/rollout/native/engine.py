@@ -50,7 +50,7 @@ from relm.rollout.native.attention import (
 )
 from relm.rollout.native.cuda_graphs import DecodeGraphs
 from relm.rollout.native.decode_state import DecodeBuffers, Prompts, admit_rows, gather_rows
-from relm.rollout.native.fp8 import Fp8Weights
+from relm.rollout.native.fp8 import Fp8Weights, activation_parts
 from relm.rollout.native.fused_projections import FusedProjections
 from relm.rollout.native.slot_scheduler import SlotScheduler
 from relm.rollout.padding import left_pad
@@ -156,7 +156,11 @@ class NativeRolloutEngine:
         self.projections = FusedProjections(model, enabled=fuse_projections)
         # FP8 copies of the linear weights (a fused group is one), quantized before the first call and
         # again at every sync; the actor's own weights are never touched.
-        self.fp8 = Fp8Weights(model, self.projections.groups, self.device) if quantization else None
+        self.fp8 = (
+            Fp8Weights(model, self.projections.groups, self.device, self.fused.compiled(activation_parts))
+            if quantization
+            else None
+        )
         self._race = self.fused.compiled(exponential_race)
         self._buffers: DecodeBuffers | None = None
         self.fallback_reason = _native_blocker(model)

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -96,15 +97,32 @@ def dequantize(q: Fp8Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor
 def quantize_activation(x: torch.Tensor, weight_block: tuple[int, int] | None) -> Fp8Tensor:
     """Activations [tokens, cols] for a product with a weight quantized with `weight_block`: one scale per
     token for per-channel weights, one per token and `weight_block[1]` columns for block weights."""
-    return quantize(x, None if weight_block is None else (1, weight_block[1]))
+    block = None if weight_block is None else (1, weight_block[1])
+    return Fp8Tensor(*activation_parts(x, block), block)
 
 
-def fp8_linear(x: torch.Tensor, weight: Fp8Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear(x, W, bias)` with W given as FP8 ([out, in]) and `x` ([..., in]) quantized per token;
-    the output is in `x`'s dtype. `torch._scaled_mm` on CUDA, dequantized operands in float32 elsewhere."""
+def activation_parts(x: torch.Tensor, block: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize(x, block)`'s data and scale: a pure tensor function, which the engine compiles on CUDA so
+    that each product's quantization is one fused kernel instead of half a dozen small ones."""
+    q = quantize(x, block)
+    return q.data, q.scale
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: Fp8Tensor,
+    bias: torch.Tensor | None,
+    parts: Callable[
+        [torch.Tensor, tuple[int, int] | None], tuple[torch.Tensor, torch.Tensor]
+    ] = activation_parts,
+) -> torch.Tensor:
+    """`F.linear(x, W, bias)` with W given as FP8 ([out, in]) and `x` ([..., in]) quantized per token
+    (by `parts`, `activation_parts` or its compiled copy); the output is in `x`'s dtype.
+    `torch._scaled_mm` on CUDA, dequantized operands in float32 elsewhere."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
-    activation = quantize_activation(flat, weight.block)
+    block = None if weight.block is None else (1, weight.block[1])
+    activation = Fp8Tensor(*parts(flat, block), block)
     if x.is_cuda:
         out = _scaled_mm(activation, weight, x.dtype)
     else:
@@ -154,9 +172,12 @@ class _Unit:
 
     The FP8 tensors are buffers of the first linear, read at each call (parking replaces them)."""
 
-    def __init__(self, linears: list[nn.Linear], group: ProjectionGroup | None, blocks: bool) -> None:
+    def __init__(
+        self, linears: list[nn.Linear], group: ProjectionGroup | None, blocks: bool, parts: Callable[..., Any]
+    ) -> None:
         self.linears = linears
         self.group = group
+        self.parts = parts
         out_features = sum(linear.out_features for linear in linears)
         self.block = weight_block(out_features, linears[0].in_features) if blocks else None
 
@@ -183,7 +204,7 @@ class _Unit:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.group.bias if self.group is not None else self.owner.bias
-        return fp8_linear(x, self.fp8(), bias)
+        return fp8_linear(x, self.fp8(), bias, self.parts)
 
     def remove(self) -> None:
         for name in (WEIGHT_BUFFER, SCALE_BUFFER):
@@ -198,16 +219,27 @@ class Fp8Weights:
         groups: its fused projection groups (`FusedProjections.groups`): each is quantized and
             multiplied as one weight; their members are left to the group.
         device: where it generates; on CUDA without block-scaled products, every layer scales per channel.
+        compiled: `activation_parts` compiled (the engine's `FusedLayers.compiled`), or None to run it
+            as it is.
     """
 
-    def __init__(self, model: nn.Module, groups: list[ProjectionGroup], device: torch.device) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        groups: list[ProjectionGroup],
+        device: torch.device,
+        compiled: Callable[..., Any] | None = None,
+    ) -> None:
         self.model = model
         blocks = blockwise_supported(torch.device(device))
+        parts = compiled or activation_parts
         grouped = {id(linear) for group in groups for linear in group.linears}
-        self.units = [_Unit(group.linears, group, blocks) for group in groups if _quantizable(group.linears)]
+        self.units = [
+            _Unit(group.linears, group, blocks, parts) for group in groups if _quantizable(group.linears)
+        ]
         for name, module in model.named_modules():
             if type(module) is nn.Linear and id(module) not in grouped and _quantizable([module], name):
-                self.units.append(_Unit([module], None, blocks))
+                self.units.append(_Unit([module], None, blocks, parts))
         self.units = [unit for unit in self.units if not _skipped(model, unit)]
         self.stale = True
         """Whether the weights changed since the last `quantize()` (the engine quantizes before generating)."""
