@@ -162,6 +162,8 @@ def _run(args: argparse.Namespace) -> int:
         if fp8 is not None:  # the decode step reads the FP8 copies instead of those layers' weights
             replaced = sum(linear.weight.nbytes for unit in fp8.units for linear in unit.linears)
             row["bytes_per_step"] += fp8.quantized_bytes() - replaced
+            blocks = sum(unit.block is not None for unit in fp8.units)
+            row["fp8_products"] = f"{blocks} with 128x128 blocks, {len(fp8.units) - blocks} per channel"
         if name == "native":
             row.update(logprob_gap(model, prompts, outputs[0], device))
         # The bytes a step reads assume every row live at the mean length: fixed lengths only.
@@ -418,6 +420,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
             print(
                 f"{engine_label(row)}: logprob gap to the model's forward (first 16 rows) max "
                 f"{row['logprob_gap_max']:.4f}, mean {row['logprob_gap_mean']:.5f}"
+                + (f"; fp8 products: {row['fp8_products']}" if row.get("fp8_products") else "")
             )
     for row in rows:
         if row.get("fallback_reason"):

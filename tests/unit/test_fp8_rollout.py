@@ -235,7 +235,12 @@ def test_gpu_scaled_mm_matches_the_cpu_path_and_bf16(block):
 def test_gpu_fp8_engine_with_graphs_logprobs_near_the_trainers():
     model = zoo_model(HD64, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
     engine = NativeRolloutEngine(
-        model, pad_token_id=pad_id(model), eos_token_ids=[], device="cuda", quantization="fp8"
+        model,
+        pad_token_id=pad_id(model),
+        eos_token_ids=[],
+        device="cuda",
+        quantization="fp8",
+        compile_layers=False,  # graphs on, compilation off: seconds instead of a cold inductor compile
     )
     prompts = prompts_for(model, [5, 23, 30])
     out = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=16, temperature=1.0, seed=0))

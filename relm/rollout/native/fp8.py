@@ -158,9 +158,10 @@ def blockwise_supported(device: torch.device) -> bool:
     if device.type != "cuda":
         return True
     try:
-        x = torch.randn(16, BLOCK, device=device, dtype=torch.bfloat16)
-        w = quantize(torch.randn(BLOCK, BLOCK, device=device), (BLOCK, BLOCK))
-        _scaled_mm(quantize_activation(x, w.block), w, torch.bfloat16)
+        w = quantize(torch.randn(2 * BLOCK, 2 * BLOCK, device=device), (BLOCK, BLOCK))
+        for rows in (16, 3):  # decode buckets and prefill chunks: any number of rows
+            x = torch.randn(rows, 2 * BLOCK, device=device, dtype=torch.bfloat16)
+            _scaled_mm(quantize_activation(x, w.block), w, torch.bfloat16)
     except (RuntimeError, NotImplementedError) as exc:
         logger.warning("fp8 rollout: block scales are not supported here (%s); scaling per channel", exc)
         return False
