@@ -253,7 +253,7 @@ def logprob_gap(
     ids = torch.cat([prompt_ids, output.response_ids[:rows]], dim=1)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     expected, _ = response_logprobs(
-        model, *(t.to(device) for t in (ids, mask, positions)), output.response_ids.shape[1]
+        model, ids.to(device), mask.to(device), positions.to(device), output.response_ids.shape[1]
     )
     gap = (expected.cpu().float() - output.logprobs[:rows].float()).abs()[output.response_mask[:rows].bool()]
     return {"logprob_gap_max": gap.max().item(), "logprob_gap_mean": gap.mean().item()}

@@ -263,7 +263,7 @@ class Fp8Weights:
                 if unit.group is not None:
                     unit.group.product = unit.forward
                 else:
-                    unit.owner.forward = unit.forward  # type: ignore[method-assign]  # popped below
+                    unit.owner.forward = unit.forward  # type: ignore[method-assign,assignment]  # popped below
             yield
         finally:
             for unit in self.units:
