@@ -69,3 +69,17 @@ def test_bench_rollout_refuses_waves_without_max_num_seqs(capsys):
     assert "--waves needs --max-num-seqs" in capsys.readouterr().err
     assert main([*args, "--eos-rate", "1.5"]) == 2
     assert "--eos-rate must be in [0, 1)" in capsys.readouterr().err
+
+
+def test_bench_rollout_measures_fp8_beside_the_models_own_weights(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    args = ["--model", "zoo:tiny/qwen2-hd64", "--batch", "4", "--prompt-len", "8", "--response-len", "8"]
+    assert main([*args, "--device", "cpu", "--quantization", "none", "fp8", "--json", str(out)]) == 0
+    plain, fp8 = json.loads(out.read_text())
+    assert (plain["quantization"], fp8["quantization"]) == (None, "fp8")
+    assert plain["logprob_gap_max"] < 1e-4 < fp8["logprob_gap_max"] < 0.25  # fp8's rounding, nothing else
+    assert fp8["bytes_per_step"] < plain["bytes_per_step"]  # a step reads 1-byte weights for the products
+    assert fp8["fp8_products"] == "8 with 128x128 blocks, 0 per channel"  # 2 layers: qkv, o, gate_up, down
+    assert "native, fp8" in markdown_row(fp8)
+    printed = capsys.readouterr().out
+    assert "native fp8 / native:" in printed and "native, fp8: logprob gap" in printed
