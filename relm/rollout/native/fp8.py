@@ -205,7 +205,10 @@ class _Unit:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.group.bias if self.group is not None else self.owner.bias
-        return fp8_linear(x, self.fp8(), bias, self.parts)
+        # Inside a compiled piece (the MLP) the plain function is traced into that piece's kernels;
+        # called eagerly (attention's projections), the compiled copy is one kernel of its own.
+        parts = activation_parts if torch.compiler.is_compiling() else self.parts
+        return fp8_linear(x, self.fp8(), bias, parts)
 
     def remove(self) -> None:
         for name in (WEIGHT_BUFFER, SCALE_BUFFER):
