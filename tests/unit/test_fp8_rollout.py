@@ -247,3 +247,20 @@ def test_gpu_fp8_engine_with_graphs_logprobs_near_the_trainers():
     assert engine.graphs is not None and engine.graphs.num_graphs > 0
     gap = (out.logprobs - trainer_logprobs(model, prompts, out, n=2, temperature=1.0)).abs()
     assert gap[out.response_mask.bool()].max() < 0.3
+
+
+@torch.no_grad()
+def test_a_lora_actor_generating_itself_quantizes_its_base_layers_not_its_adapters():
+    pytest.importorskip("peft")
+    from relm.learner.lora import LoraSettings, add_lora
+
+    model = zoo_model(HD64)
+    add_lora(model, LoraSettings(rank=16, alpha=32))
+    engine = native(model, eos=[], quantization="fp8")
+    names = {module: name for name, module in model.named_modules()}
+    quantized = [names[unit.owner] for unit in engine.fp8.units]
+    assert quantized and all(name.endswith("base_layer") for name in quantized)
+    prompts = prompts_for(model)
+    out = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=8, temperature=1.0, seed=3))
+    gap = (out.logprobs - trainer_logprobs(model, prompts, out, n=2, temperature=1.0)).abs()
+    assert 1e-4 < gap[out.response_mask.bool()].max() < 0.25

@@ -15,8 +15,8 @@ What is quantized follows verl 0.9's `quantization=fp8` (its vLLM path, `FP8_BLO
   weights, one per token and 128 input columns (1 x 128) for block weights, as vLLM's block FP8 does;
 - kept in the engine's dtype: the LM head and embeddings (vLLM's fp8 method skips them too), norms,
   MoE routers (`*.gate`, verl's `ignored_layers`; also anything named `*router*`), transformers 5's fused
-  expert tensors (not `nn.Linear`), and layers whose dimensions are not multiples of 16 (what FP8 tensor
-  cores take).
+  expert tensors (not `nn.Linear`), LoRA adapters (a LoRA actor that generates itself, on CPU, has its
+  base layers quantized), and layers whose dimensions are not multiples of 16 (what FP8 tensor cores take).
 
 On CUDA a product is `torch._scaled_mm` (fp32 accumulation, output in the activation dtype). Elsewhere
 (CPU tests) the same quantized operands are dequantized and multiplied in float32: the same rounding
@@ -287,6 +287,8 @@ class Fp8Weights:
 def _quantizable(linears: list[nn.Linear], name: str = "") -> bool:
     leaf = name.rsplit(".", 1)[-1]
     if leaf.endswith("gate") or "router" in leaf:  # MoE routers stay exact (verl's ignored_layers)
+        return False
+    if ".lora_" in name:  # a LoRA actor generating itself (CPU): its base layers are quantized, not adapters
         return False
     out_features = sum(linear.out_features for linear in linears)
     return out_features % _ALIGN == 0 and linears[0].in_features % _ALIGN == 0
