@@ -32,6 +32,10 @@ if has bench; then
     --batch "${FP8_BATCH:-256}" --prompt-len "${FP8_PROMPT:-256}" --response-len "${FP8_RESPONSE:-256}" \
     --device "${DEVICE:-auto}" --quantization none fp8 --json "$RESULTS/fp8_rollout.json"
 fi
+if has tests && ! "$PY" -c "import pytest" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"  # as gpu_rollout.sh: pytest's wheels carried in .whl/
+fi
 if has tests; then
   step fp8_gpu_tests "${FP8_TEST_LIMIT:-60}" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_fp8_rollout.py
 fi
