@@ -366,6 +366,7 @@ def _plan_request(
         generation_dtype=pick_dtype(arr.rollout.dtype, device) if copies else None,
         weights_dtype=None if arr.model.dtype == "auto" else precision.master,
         autocast=precision.compute != precision.master,
+        compiled_layers=arr.actor.use_torch_compile and device.type == "cuda",
         host_baseline_bytes=rss,
         saves_checkpoints=cfg.trainer.save_freq > 0,
     )

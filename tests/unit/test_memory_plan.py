@@ -354,7 +354,7 @@ def test_lora_counts_only_adapter_gradients_and_moments_and_no_reference():
     assert "LoRA adapters in fp32 on its frozen fp32 base" in plan.describe()
 
 
-def test_qwen25_7b_lora_peaks_while_the_engine_copy_is_made():
+def test_qwen25_7b_lora_and_full_peaks_within_10_percent_of_the_h200s():
     # bench/gpu_lora.sh's run: Qwen2.5-7B GRPO, LoRA rank 64 on all-linear, KL loss (the reference is the
     # base with adapters off), 512-token sequences. P = 7,615,616,512, T = 161,480,704. The update holds
     # the fp32 base 4P = 30,462,466,048, the adapters' weights, gradients, autocast copies 10T =
@@ -366,7 +366,10 @@ def test_qwen25_7b_lora_peaks_while_the_engine_copy_is_made():
     # (adapters included) before the cast to bf16, 2 (4P + 4T) = 62,216,777,728 B = 57.94 GiB (-1.4%).
     actor, _ = published("Qwen/Qwen2.5-7B-Instruct")
     lora = Lora(64, 161_480_704)
-    plan = plan_memory(PlanRequest(trainees(TraineeRequest(actor, lora=lora)), has_reference=True, **H200))
+    lora_request = PlanRequest(
+        trainees(TraineeRequest(actor, lora=lora)), has_reference=True, compiled_layers=True, **H200
+    )
+    plan = plan_memory(lora_request)
     assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.generator_copy and plan.policy.checkpointing
     assert plan.update_fixed_bytes == 50_747_835_392 and plan.update_bytes_per_token == 1_403_904
     assert plan.update_peak_at(3853) == 56_157_077_504
@@ -374,15 +377,23 @@ def test_qwen25_7b_lora_peaks_while_the_engine_copy_is_made():
     assert plan.gpu_peak_at(3853) == 62_216_777_728
     assert abs(58.76 * GIB - plan.gpu_peak_at(3853)) / (58.76 * GIB) < 0.1
     assert "start-up peak ~57.9 GiB while the engine's copy is made" in plan.describe()
-    # full fine-tuning at the same shape: its copy (8P) stays below the update, which is still the peak
-    full = plan_memory(PlanRequest(trainees(actor), has_reference=True, **H200))
-    assert full.startup_peak_bytes == 8 * 7_615_616_512 and full.gpu_peak_at(4060) == full.update_peak_at(
-        4060
-    )
+    # full fine-tuning at the same shape (bench/gpu_lora.sh's q7_full: 90.5 GiB measured). Training compiles
+    # the norms and MLPs, so autocast caches bf16 copies of the attention projections only, A = 28 * (2 *
+    # 3584^2 + 2 * 3584 * 512 + 3584 + 2 * 512) = 822,212,608 parameters: with the moments offloaded the update
+    # holds 8P + 2A + a 2 GiB chunk + the reference and engine copies 4P + 2 GiB scratch = 97,326,790,656 B;
+    # at its largest micro-batch of about 4,060 tokens 102,698,203,136 B = 95.6 GiB (-5.4%). Counting 2P of
+    # copies, as before, it was 108.3 GiB (-16%). Its copy (8P) stays below the update.
+    full = plan_memory(PlanRequest(trainees(actor), has_reference=True, compiled_layers=True, **H200))
+    assert actor.autocast_cached_params == 822_212_608 and full.policy.offload_optimizer
+    assert full.update_fixed_bytes == 12 * 7_615_616_512 + 2 * 822_212_608 + 4 * GIB == 97_326_790_656
+    assert full.gpu_peak_at(4060) == full.update_peak_at(4060) == 102_698_203_136
+    assert abs(90.5 * GIB - full.gpu_peak_at(4060)) / (90.5 * GIB) < 0.1
+    assert full.startup_peak_bytes == 8 * 7_615_616_512
+    uncompiled = plan_memory(PlanRequest(trainees(actor), has_reference=True, **H200))
+    assert uncompiled.update_fixed_bytes == 14 * 7_615_616_512 + 4 * GIB  # 2P of autocast copies
     # held to a 48 GB card (40.8e9 usable) the copy alone is over: the plan loads the base in bf16, which the
     # engine generates on directly (no copy), where the fp32 base ran out of memory at 44.6 GiB making it
-    small = plan_memory(PlanRequest(trainees(TraineeRequest(actor, lora=lora)), has_reference=True,
-                                    **{**H200, "gpu_bytes": 48 * 10**9}))  # fmt: skip
+    small = plan_memory(replace(lora_request, gpu_bytes=48 * 10**9))
     assert (
         small.rung == Rung(BF16, {"actor": FP32})
         and not small.generator_copy
@@ -449,3 +460,36 @@ def test_cpu_runs_need_every_model_in_host_memory():
     lora = with_lora(cpu, {"actor": Lora(8, 10**7)})
     # LoRA: fp32 base 4e9, adapters 8 T + 8 T, no reference; staging 4 T
     assert cpu_host_need(lora) == 4e9 + 16 * 10**7 + 1_556_480_000 + 4 * 10**7
+
+
+def test_autocast_caches_the_eager_casts_of_weights_not_the_compiled_pieces():
+    # What `autocast_cached_params` rests on: autocast keeps the bf16 copy of an fp32 weight it cast eagerly
+    # (a later change of the weight goes unseen until the cache is cleared), also under checkpointing,
+    # while a compiled function casts inside its graph and keeps nothing.
+    from torch.nn import functional as F  # noqa: N812
+    from torch.utils.checkpoint import checkpoint
+
+    from tests.tiny_models import tiny_lm
+
+    weight, x = torch.nn.Parameter(torch.randn(16, 16)), torch.randn(4, 16)
+
+    def keeps_a_copy(fn) -> bool:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            before = fn(x).float()
+            with torch.no_grad():
+                weight.add_(1.0)
+            after = fn(x).float()
+        return torch.equal(before, after)
+
+    assert keeps_a_copy(lambda y: F.linear(y, weight))
+    assert keeps_a_copy(lambda y: checkpoint(lambda z: F.linear(z, weight), y, use_reentrant=False))
+    assert not keeps_a_copy(torch.compile(lambda y: F.linear(y, weight), backend="aot_eager"))
+    # a tiny Qwen2: the eager Linear layers are q, k, v (with biases) and o; the MLPs and norms compile
+    model = tiny_lm()
+    layer = model.model.layers[0].self_attn
+    attention = sum(
+        p.numel()
+        for proj in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj)
+        for p in proj.parameters()
+    )
+    assert ModelShape.of(model).autocast_cached_params == model.config.num_hidden_layers * attention
