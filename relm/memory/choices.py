@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,9 +36,11 @@ from relm.memory.plan import (
     MemoryPlan,
     PlanDoesNotFit,
     PlanRequest,
+    TraineeRequest,
     cpu_host_need,
     lora_offer,
     plan_memory,
+    with_lora,
 )
 from relm.models.loading import load_config, pick_dtype, resolve_model_dir
 from relm.models.precision import Precision, pick_precision
@@ -224,30 +228,26 @@ def user_choices(
 
 def planned_choices(cfg: RelmConfig, plan: MemoryPlan, precision: Precision) -> MemoryChoices:
     """The plan's checkpointing, token budgets, moment dtypes and offload (micro-batches by the plan's
-    token budget unless the user fixed their row count)."""
-    actor_cfg, critic_cfg = cfg.actor_rollout_ref.actor, cfg.critic
-    by_tokens = actor_cfg.use_dynamic_bsz or actor_cfg.ppo_micro_batch_size_per_gpu is None
-    critic_by_tokens = critic_cfg.use_dynamic_bsz or critic_cfg.ppo_micro_batch_size_per_gpu is None
-    return MemoryChoices(
-        models={
-            "actor": ModelMemory(
-                checkpointing=plan.gradient_checkpointing,
-                max_tokens=plan.max_tokens_per_microbatch if by_tokens else None,
-                moments_dtype=plan.rung.actor_moments,
-                offload_optimizer=plan.offload_optimizer,
-            ),
-            "critic": ModelMemory(
-                checkpointing=plan.critic_gradient_checkpointing,
-                max_tokens=(critic_cfg.ppo_max_token_len_per_gpu or plan.max_tokens_per_microbatch)
-                if critic_by_tokens
-                else None,
-                moments_dtype=plan.rung.critic_moments,
-                offload_optimizer=plan.offload_critic_optimizer,
-            ),
-        },
-        precision=precision,
-        plan=plan,
-    )
+    token budget unless the user fixed their row count); a model the plan does not train keeps the user's
+    settings."""
+    models = user_choices(cfg, precision).models
+    for name, planned in plan.trainees.items():
+        section = _trained_sections(cfg)[name]
+        by_tokens = section.use_dynamic_bsz or section.ppo_micro_batch_size_per_gpu is None
+        # the policy's budget is the plan's; another model's is its own key where the user set it
+        own = section.ppo_max_token_len_per_gpu if name != "actor" else None
+        models[name] = ModelMemory(
+            checkpointing=planned.checkpointing,
+            max_tokens=(own or plan.max_tokens_per_microbatch) if by_tokens else None,
+            moments_dtype=planned.moments_dtype,
+            offload_optimizer=planned.offload_optimizer,
+        )
+    return MemoryChoices(models=models, precision=precision, plan=plan)
+
+
+def _trained_sections(cfg: RelmConfig) -> dict[str, Any]:
+    """The config section that sizes each trained model's updates (`ppo_max_token_len_per_gpu`, ...)."""
+    return {"actor": cfg.actor_rollout_ref.actor, "critic": cfg.critic}
 
 
 def data_parallel_plan(
@@ -276,12 +276,11 @@ def whole_model_plan(request: PlanRequest) -> tuple[MemoryPlan | None, str]:
         for name, on in (
             ("the reference", plan.park_reference),
             ("the generator copy", plan.park_generator),
-            ("the critic", plan.park_critic),
-            ("the actor's AdamW moments", plan.offload_optimizer),
-            ("the critic's AdamW moments", plan.offload_critic_optimizer),
         )
         if on
     ]
+    waiting += [f"the {name}" for name, t in plan.trainees.items() if t.parked]
+    waiting += [f"the {name}'s AdamW moments" for name, t in plan.trainees.items() if t.offload_optimizer]
     if waiting:
         listed = " and ".join([", ".join(waiting[:-1]), waiting[-1]] if len(waiting) > 1 else waiting)
         return None, f"one GPU would keep {listed} in CPU memory"
@@ -341,9 +340,25 @@ def _plan_request(
         gpu_bytes = min(gpu_bytes, gpu_budget)
     if (host_budget := host_budget_bytes(cfg)) is not None:
         host_bytes = min(host_bytes, max(host_budget - rss, 0))
+    lora = _lora(cfg, actor, critic)
+    trainees = {
+        "actor": TraineeRequest(
+            actor,
+            moments_dtype=user_moments["actor"],
+            checkpointing=arr.model.enable_gradient_checkpointing,
+            max_tokens=arr.actor.ppo_max_token_len_per_gpu,
+            lora=lora.get("actor"),
+        )
+    }
+    if critic is not None:
+        trainees["critic"] = TraineeRequest(
+            critic,
+            moments_dtype=user_moments["critic"],
+            checkpointing=critic_cfg.model.enable_gradient_checkpointing,
+            lora=lora.get("critic"),
+        )
     return PlanRequest(
-        actor=actor,
-        critic=critic,
+        trainees=trainees,
         has_reference=builds_reference(cfg),
         max_sequence_length=cfg.data.max_prompt_length + cfg.data.max_response_length,
         gpu_bytes=gpu_bytes,
@@ -351,12 +366,7 @@ def _plan_request(
         generation_dtype=pick_dtype(arr.rollout.dtype, device) if copies else None,
         weights_dtype=None if arr.model.dtype == "auto" else precision.master,
         autocast=precision.compute != precision.master,
-        actor_moments_dtype=user_moments["actor"],
-        critic_moments_dtype=user_moments["critic"],
-        user_checkpointing=arr.model.enable_gradient_checkpointing,
-        user_critic_checkpointing=critic_cfg.model.enable_gradient_checkpointing,
-        user_max_tokens=arr.actor.ppo_max_token_len_per_gpu,
-        lora=_lora(cfg, actor, critic),
+        compiled_layers=arr.actor.use_torch_compile and device.type == "cuda",
         host_baseline_bytes=rss,
         saves_checkpoints=cfg.trainer.save_freq > 0,
     )
@@ -419,7 +429,7 @@ def check_cpu_host_memory(
         else "the host memory available (MemAvailable, cgroup limit)"
     )
     offer = ""
-    if "actor" not in request.lora and request.actor.linears:
+    if request.policy.lora is None and request.policy.shape.linears:
         rank = 64
         lora_need = cpu_host_need(_with_lora(request, rank))
         if lora_need <= room:
@@ -437,10 +447,9 @@ def _size(num_bytes: int) -> str:
 
 
 def _with_lora(request: PlanRequest, rank: int) -> PlanRequest:
-    lora = {"actor": Lora(rank, request.actor.lora_params(rank))}
-    if request.critic is not None:
-        lora["critic"] = Lora(rank, request.critic.lora_params(rank))
-    return replace(request, lora=lora)
+    return with_lora(
+        request, {name: Lora(rank, t.shape.lora_params(rank)) for name, t in request.trainees.items()}
+    )
 
 
 def _moments_dtype(value: str | None, key: str) -> torch.dtype | None:
@@ -467,13 +476,13 @@ def build_residency(
     *,
     ref: nn.Module | None,
     generator: nn.Module | None,
-    critic: nn.Module | None,
-    critic_optimizer: torch.optim.Optimizer | None,
+    trained: Mapping[str, tuple[nn.Module, torch.optim.Optimizer | None]],
 ) -> Residency:
     """The models the plan parks outside their phases (none without a plan).
 
-    `critic_optimizer` travels with a parked critic unless its moments are offloaded already (they wait
-    in CPU memory anyway, and would otherwise be copied into a second host buffer).
+    `trained` maps each trained model's name to its module and optimizer. A parked model's optimizer
+    travels with it unless its moments are offloaded already (they wait in CPU memory anyway, and would
+    otherwise be copied into a second host buffer).
     """
     models: dict[str, ParkedModel] = {}
     if plan is not None:
@@ -481,7 +490,9 @@ def build_residency(
             models["reference"] = ParkedModel(ref, device)
         if plan.park_generator and generator is not None:
             models["generator"] = ParkedModel(generator, device)
-        if plan.park_critic and critic is not None:
-            optimizer = None if plan.offload_critic_optimizer else critic_optimizer
-            models["critic"] = ParkedModel(critic, device, optimizer)
+        for name, (module, optimizer) in trained.items():
+            planned = plan.trainees.get(name)
+            if planned is not None and planned.parked:
+                kept = None if planned.offload_optimizer else optimizer
+                models[name] = ParkedModel(module, device, kept)
     return Residency(models)

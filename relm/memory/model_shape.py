@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from relm.models.fused_layers import compiles
 from relm.models.registry import registered_model_class
 from relm.models.value_model import ValueModel
 
@@ -33,6 +34,11 @@ class ModelShape:
     and a value model's head."""
     head_params: int = 0
     """Parameters of a value model's head, trained whole when the backbone trains with LoRA."""
+    autocast_cached_params: int = 0
+    """Parameters autocast keeps a bf16 copy of under compiled training pieces: the Linear layers outside
+    the compiled MLPs (`relm.models.fused_layers.compiles`), i.e. the attention projections; the MLPs and
+    norms cast inside their graphs, the embedding is not cast and the output head is read in compiled
+    vocabulary chunks. 0: unknown (the plan then counts every parameter)."""
     lora_input_bytes_per_token: int = 0
     """Under LoRA, the bf16 copies of each adapted layer's input that its adapter keeps for backward
     (autocast casts the input again for `lora_A`), summed over the layers; 0 without LoRA."""
@@ -56,6 +62,7 @@ class ModelShape:
                 if isinstance(module, nn.Linear) and module is not output
             ),
             head_params=sum(p.numel() for p in head.parameters()) if head is not None else 0,
+            autocast_cached_params=_eagerly_cast_params(backbone, output),
         )
 
     def lora_params(
@@ -118,3 +125,15 @@ class ModelShape:
         """This shape with LoRA's saved inputs counted (every adaptable Linear: `all-linear`, the default;
         fewer targets keep fewer, so the count errs on the side of memory)."""
         return replace(self, lora_input_bytes_per_token=2 * sum(fan_in for _, fan_in, _ in self.linears))
+
+
+def _eagerly_cast_params(backbone: nn.Module, output: nn.Module | None) -> int:
+    """Parameters of the Linear layers that run eagerly under the compiled training pieces: every one but
+    the output head and those inside a compiled module."""
+    inside = {id(child) for module in backbone.modules() if compiles(module) for child in module.modules()}
+    return sum(
+        p.numel()
+        for module in backbone.modules()
+        if isinstance(module, nn.Linear) and module is not output and id(module) not in inside
+        for p in module.parameters()
+    )

@@ -7,14 +7,18 @@ C critic parameters) and the run's lengths. Bytes a parameter:
 
 - a trained model (actor, critic) holds weights and gradients of the weights' dtype (w = 4 for fp32
   master weights, 2 for bf16), the bf16 copies autocast caches of fp32 weights while it computes
-  (2, none for bf16 weights), and two AdamW moments (8 in fp32, 4 in bf16);
+  (2, none for bf16 weights; where training compiles the norms and MLPs, as it does on a GPU, only the
+  eagerly cast attention projections keep one: `ModelShape.autocast_cached_params`), and two AdamW
+  moments (8 in fp32, 4 in bf16);
 - frozen copies hold 2: the reference model, and the engine's bf16 generator copy, which exists only
   beside fp32 master weights (bf16 weights are generated on directly);
 - activations of one micro-batch, per token: without gradient checkpointing every layer keeps its
   intermediate tensors; with it only each layer's input stays and one layer is recomputed at a time,
   plus the output head's bf16 logits and their gradient, and 2 GiB of log-softmax scratch.
 
-Each update is its own phase, and the plan checks both. During the actor's update the GPU holds the
+Each update is its own phase, and the plan checks both, and one moment before them: while the engine's
+bf16 copy is made, as a copy of the fp32 actor cast afterwards, the GPU holds the actor's weights twice
+(below a full fine-tune's update, above a LoRA actor's; `_startup_bytes`). During the actor's update the GPU holds the
 actor's (2w + 2 or 2w) P, its moments (or one 2 GiB chunk of them when they wait in CPU memory and
 step chunk by chunk), the frozen copies, and the idle critic's weights and moments. During the
 critic's update the actor holds only its weights (its gradients are freed, its autocast copies
@@ -44,6 +48,10 @@ micro-batch of at least two full sequences fits without it. A setting the user m
 (`model.dtype`, `optim.moments_dtype`, `enable_gradient_checkpointing`, `ppo_max_token_len_per_gpu`)
 is kept; the plan only reports what it estimates for it.
 
+Measured on the H200 against this arithmetic (bench/gpu_lora.sh, Qwen2.5-7B GRPO, 512-token rows,
+checkpointing): full fine-tuning 90.5 GiB against 95.6 planned at the step's largest micro-batch, LoRA
+rank 64 58.76 GiB against 57.94 (the start-up copy); tests/unit/test_memory_plan.py works both out.
+
 The per-token activation constants are calibrated on an H200 (Qwen2.5-1.5B shape, 16,384 packed
 tokens, fp32 master weights under bf16 autocast: 86 GB peak without checkpointing) and rounded up;
 a plan is an estimate, so a phase that still runs out of memory is retried with half the micro-batch
@@ -60,15 +68,19 @@ import torch
 from relm.memory.model_shape import ModelShape
 
 __all__ = [
+    "POLICY",
     "Lora",
     "MemoryPlan",
     "ModelShape",
     "PlanDoesNotFit",
     "PlanRequest",
     "Rung",
+    "TraineePlan",
+    "TraineeRequest",
     "cpu_host_need",
     "lora_offer",
     "plan_memory",
+    "with_lora",
 ]
 
 GIB = 1 << 30
@@ -101,11 +113,33 @@ class Lora:
 
 
 @dataclass(frozen=True)
+class TraineeRequest:
+    """One trained model's side of the arithmetic: its shape and what the user fixed for it."""
+
+    shape: ModelShape
+    moments_dtype: torch.dtype | None = None
+    """The user's `optim.moments_dtype`; None: planned."""
+    checkpointing: bool | None = None
+    """The user's `enable_gradient_checkpointing`; None: planned."""
+    max_tokens: int | None = None
+    """The user's `ppo_max_token_len_per_gpu`; None: planned (read for the policy, whose update the token
+    budget is planned for)."""
+    lora: Lora | None = None
+    """LoRA on this model: the base is frozen in the trained weights' dtype, the adapters train in fp32
+    with fp32 moments, and a policy's reference is its own base (no copy)."""
+
+
+POLICY = "actor"
+"""The trained model the engine generates with: its update sets the token budget, its reference and the
+engine's copy are the frozen models the plan prices."""
+
+
+@dataclass(frozen=True)
 class PlanRequest:
     """The run's side of the arithmetic."""
 
-    actor: ModelShape
-    critic: ModelShape | None
+    trainees: Mapping[str, TraineeRequest]
+    """Per trained model (`Trainee.name`): the policy (`actor`) first, then any other (`critic`)."""
     has_reference: bool
     max_sequence_length: int
     """Prompt plus response tokens of the longest row."""
@@ -120,20 +154,27 @@ class PlanRequest:
     under bf16 autocast first, bf16 weights last)."""
     autocast: bool = True
     """fp32 weights compute in bf16 under autocast (`model.dtype=auto` on a GPU); else in fp32."""
-    actor_moments_dtype: torch.dtype | None = None
-    """The user's `actor.optim.moments_dtype`; None: planned."""
-    critic_moments_dtype: torch.dtype | None = None
-    """The user's `critic.optim.moments_dtype`; None: planned."""
-    user_checkpointing: bool | None = None
-    user_critic_checkpointing: bool | None = None
-    user_max_tokens: int | None = None
-    lora: Mapping[str, Lora] = field(default_factory=dict)
-    """Trained models (`actor`, `critic`) with LoRA: the base is frozen in the trained weights' dtype, the
-    adapters train in fp32 with fp32 moments, and an actor's reference is its own base (no copy)."""
+    compiled_layers: bool = False
+    """Training runs the norms and dense MLPs as compiled pieces (`actor.use_torch_compile` on a GPU,
+    `relm.models.fused_layers`): autocast then caches bf16 copies of the other Linear layers only
+    (`ModelShape.autocast_cached_params`); else of every weight."""
     host_baseline_bytes: int = 0
     """What the process holds in host memory before loading (torch, CUDA's host side, the data)."""
     saves_checkpoints: bool = True
     """Checkpoints are saved: each trained model's weights are staged in host memory while written."""
+
+    def __post_init__(self) -> None:
+        if next(iter(self.trainees), None) != POLICY:
+            raise ValueError(f"a plan request lists the policy ({POLICY!r}) first, got {list(self.trainees)}")
+
+    @property
+    def policy(self) -> TraineeRequest:
+        return self.trainees[POLICY]
+
+    @property
+    def lora(self) -> dict[str, Lora]:
+        """The trained models with LoRA."""
+        return {name: t.lora for name, t in self.trainees.items() if t.lora is not None}
 
 
 @dataclass(frozen=True)
@@ -141,25 +182,35 @@ class Rung:
     """One precision the run can train at."""
 
     weights: torch.dtype
-    actor_moments: torch.dtype
-    critic_moments: torch.dtype
+    moments: Mapping[str, torch.dtype]
+    """Dtype of each trained model's AdamW moments."""
+
+
+@dataclass
+class TraineePlan:
+    """What the plan decided for one trained model."""
+
+    checkpointing: bool
+    """Gradient checkpointing during its updates."""
+    moments_dtype: torch.dtype = FP32
+    offload_optimizer: bool = False
+    """Its AdamW moments live in CPU memory and step on the GPU a chunk at a time."""
+    parked: bool = False
+    """It waits in CPU memory (with its moments) outside its own phases."""
+    lora: Lora | None = None
 
 
 @dataclass
 class MemoryPlan:
     """What the planner decided, with the estimates behind it (bytes)."""
 
-    gradient_checkpointing: bool
-    critic_gradient_checkpointing: bool
+    trainees: dict[str, TraineePlan]
+    """Per trained model, the policy (`actor`) first."""
     max_tokens_per_microbatch: int
-    rung: Rung = Rung(FP32, FP32, FP32)
+    """The token budget of the policy's micro-batches (a critic's follows it unless the user set its own)."""
+    rung: Rung
     park_reference: bool = False
     park_generator: bool = False
-    park_critic: bool = False
-    offload_optimizer: bool = False
-    """The actor's AdamW moments live in CPU memory and step on the GPU a chunk at a time."""
-    offload_critic_optimizer: bool = False
-    """The same for the critic's moments."""
     generator_copy: bool = False
     """The engine generates with its own copy of the actor (fp32 master weights)."""
     update_peak_bytes: int = 0
@@ -168,6 +219,9 @@ class MemoryPlan:
     """The actor update's bytes that do not grow with the micro-batch (weights, grads, moments, scratch)."""
     update_bytes_per_token: int = 0
     """Activation bytes per micro-batch token of the actor update."""
+    startup_peak_bytes: int = 0
+    """GPU bytes while the engine's own copy of the actor is made (0 without a copy): the run's peak when
+    it is above the update's (LoRA)."""
     budget_bytes: int = 0
     host_bytes: int = 0
     """Pinned CPU memory the plan takes: offloaded moments and parked models."""
@@ -176,13 +230,16 @@ class MemoryPlan:
     """The process's predicted peak in host memory: what it held before loading, the pinned buffers, and
     a checkpoint's staging (pageable)."""
     checkpoint_staging_bytes: int = 0
-    lora: dict[str, Lora] = field(default_factory=dict)
     given_up: list[str] = field(default_factory=list)
     """The precision the plan lowered to fit (empty when nothing was given up or the user chose it)."""
     notes: list[str] = field(default_factory=list)
     fp32_bytes: dict[str, int] = field(default_factory=dict)
     """What fp32 would have needed, for the lines that say what was given up: `actor moments`,
     `critic moments` (8 bytes a parameter) and `weights` (fp32 master weights and gradients, 8)."""
+
+    @property
+    def policy(self) -> TraineePlan:
+        return self.trainees[POLICY]
 
     def update_peak_at(self, tokens: int) -> int:
         """The actor update's predicted peak when its largest micro-batch computes `tokens` tokens (a step's
@@ -192,17 +249,20 @@ class MemoryPlan:
             + min(tokens, self.max_tokens_per_microbatch) * self.update_bytes_per_token
         )
 
+    def gpu_peak_at(self, tokens: int) -> int:
+        """The run's predicted GPU peak: the larger of the start-up's and the actor update's at `tokens`."""
+        return max(self.startup_peak_bytes, self.update_peak_at(tokens))
+
     def describe(self) -> str:
         """The lines printed before the first step."""
         parked = [
             name
-            for name, on in (
-                ("reference", self.park_reference),
-                ("generator copy", self.park_generator),
-                ("critic", self.park_critic),
-            )
+            for name, on in (("reference", self.park_reference), ("generator copy", self.park_generator))
             if on
-        ]
+        ] + [name for name, t in self.trainees.items() if t.parked]
+        checkpointing = ", ".join(
+            f"{'on' if t.checkpointing else 'off'} ({name})" for name, t in self.trainees.items()
+        )
         lines = [
             f"memory plan: actor update peak ~{self.update_peak_bytes / GIB:.1f} GiB of "
             f"{self.budget_bytes / GIB:.1f} GiB usable; ~{self.host_bytes / GIB:.1f} GiB of "
@@ -210,36 +270,33 @@ class MemoryPlan:
             f"~{self.host_peak_bytes / GIB:.1f} GiB with {self.checkpoint_staging_bytes / GIB:.1f} GiB of "
             "checkpoint staging)",
             f"  micro-batches of at most {self.max_tokens_per_microbatch} tokens; gradient checkpointing "
-            f"{'on' if self.gradient_checkpointing else 'off'} (actor), "
-            f"{'on' if self.critic_gradient_checkpointing else 'off'} (critic)",
+            f"{checkpointing}",
             f"  waiting on the CPU outside their phases: {', '.join(parked) if parked else 'nothing'}",
             f"  {self._weights_line()}",
-            f"  actor's AdamW moments: {self._moments_line('actor')}",
         ]
-        if "critic moments" in self.fp32_bytes:
-            lines.append(f"  critic's AdamW moments: {self._moments_line('critic')}")
-        for name, lora in self.lora.items():
+        lines += [f"  {name}'s AdamW moments: {self._moments_line(name)}" for name in self.trainees]
+        for name, t in self.trainees.items():
+            if t.lora is not None:
+                lines.append(
+                    f"  {name}: LoRA rank {t.lora.rank}, {t.lora.num_trainable_params / 1e6:.1f}M trainable "
+                    "parameters (fp32 with fp32 moments); the base frozen"
+                    + ("; the reference is the base with adapters off" if name == POLICY else "")
+                )
+        if self.startup_peak_bytes:
             lines.append(
-                f"  {name}: LoRA rank {lora.rank}, {lora.num_trainable_params / 1e6:.1f}M trainable parameters "
-                "(fp32 with fp32 moments); the base frozen"
-                + ("; the reference is the base with adapters off" if name == "actor" else "")
+                f"  start-up peak ~{self.startup_peak_bytes / GIB:.1f} GiB while the engine's copy is made "
+                "from the actor's weights"
             )
         return "\n".join(lines + [f"  {note}" for note in self.notes])
 
     def _weights_line(self) -> str:
-        if "actor" in self.lora:
+        if self.policy.lora is not None:
             copy = (
                 "; the engine generates with its own copy, adapters merged at each sync"
                 if self.generator_copy
                 else ""
             )
-            base = (
-                str(self.rung.weights)
-                .removeprefix("torch.")
-                .replace("bfloat16", "bf16")
-                .replace("float32", "fp32")
-            )
-            return f"trained weights: the actor's LoRA adapters in fp32 on its frozen {base} base{copy}"
+            return f"trained weights: the actor's LoRA adapters in fp32 on its frozen {_short(self.rung.weights)} base{copy}"
         if self.rung.weights == FP32:
             copy = "; the engine generates with a bf16 copy" if self.generator_copy else ""
             return f"trained weights: fp32 master weights{copy}"
@@ -250,16 +307,19 @@ class MemoryPlan:
             )
         return f"trained weights: {str(self.rung.weights).removeprefix('torch.')}"
 
-    def _moments_line(self, model: str) -> str:
-        if model in self.lora:
+    def _moments_line(self, name: str) -> str:
+        trainee = self.trainees[name]
+        if trainee.lora is not None:
             return "fp32, of the LoRA adapters only"
-        dtype = self.rung.actor_moments if model == "actor" else self.rung.critic_moments
-        offloaded = self.offload_optimizer if model == "actor" else self.offload_critic_optimizer
-        where = "in CPU memory, stepped in chunks" if offloaded else "on the GPU"
-        line = f"{str(dtype).removeprefix('torch.').replace('bfloat16', 'bf16').replace('float32', 'fp32')}, {where}"
-        if dtype != FP32:
-            line += f" (fp32 moments would need ~{self.fp32_bytes[f'{model} moments'] / GIB:.0f} GiB)"
+        where = "in CPU memory, stepped in chunks" if trainee.offload_optimizer else "on the GPU"
+        line = f"{_short(trainee.moments_dtype)}, {where}"
+        if trainee.moments_dtype != FP32:
+            line += f" (fp32 moments would need ~{self.fp32_bytes[f'{name} moments'] / GIB:.0f} GiB)"
         return line
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float32", "fp32")
 
 
 class PlanDoesNotFit(ValueError):
@@ -268,10 +328,13 @@ class PlanDoesNotFit(ValueError):
 
 @dataclass(frozen=True)
 class _Layout:
-    """Bytes one arrangement at one rung holds: per phase on the GPU, and pinned on the host."""
+    """Bytes one arrangement at one rung holds: per trained model's update phase on the GPU, and pinned on
+    the host."""
 
-    actor_phase: int
-    critic_phase: int | None
+    phases: Mapping[str, int]
+    """GPU bytes through each trained model's update, before its activations (the policy's first)."""
+    startup: int
+    """GPU bytes while the engine's copy is made (`_startup_bytes`), which no arrangement changes."""
     host: int
     parked: frozenset[str]
     offloaded: frozenset[str]
@@ -285,21 +348,30 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
     """
     budget = int(request.gpu_bytes * USABLE_SHARE)
     host_budget = int(request.host_bytes * HOST_SHARE)
-    if "actor" in request.lora:
-        request = replace(request, actor=request.actor.with_lora_inputs())
-    if "critic" in request.lora and request.critic is not None:
-        request = replace(request, critic=request.critic.with_lora_inputs())
-    actor, critic = request.actor, request.critic
-    smallest_need = _per_token(actor, True) * request.max_sequence_length + LOGIT_SCRATCH_BYTES
-    comfortable = smallest_need + _per_token(actor, True) * MIN_TOKENS_WITHOUT_CHECKPOINTING
-    critic_need = _per_token(critic, True) * request.max_sequence_length if critic else 0
+    request = replace(
+        request,
+        trainees={
+            name: replace(t, shape=t.shape.with_lora_inputs()) if t.lora is not None else t
+            for name, t in request.trainees.items()
+        },
+    )
+    policy = request.policy
+    smallest_need = _per_token(policy.shape, True) * request.max_sequence_length + LOGIT_SCRATCH_BYTES
+    comfortable = smallest_need + _per_token(policy.shape, True) * MIN_TOKENS_WITHOUT_CHECKPOINTING
+    # the other models' updates must hold one checkpointed sequence beside what their phase keeps
+    needs = {
+        name: _per_token(t.shape, True) * request.max_sequence_length
+        for name, t in request.trainees.items()
+        if name != POLICY
+    }
 
     staging = _checkpoint_staging(request) if request.saves_checkpoints else 0
 
     def fits(layout: _Layout, need: int) -> bool:
-        critic_fits = layout.critic_phase is None or layout.critic_phase + critic_need <= budget
+        others_fit = all(layout.phases[name] + needs[name] <= budget for name in needs)
         host_fits = layout.host <= host_budget and layout.host + staging <= request.host_bytes
-        return layout.actor_phase + need <= budget and critic_fits and host_fits
+        startup_fits = layout.startup <= budget
+        return layout.phases[POLICY] + need <= budget and others_fit and host_fits and startup_fits
 
     rungs = _rungs(request)
     chosen, layouts = None, []
@@ -312,57 +384,63 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
     if chosen is None:
         raise PlanDoesNotFit(
             _why_not(
-                _closest(layouts, budget, host_budget, smallest_need, critic_need),
+                _closest(layouts, budget, host_budget, smallest_need, needs),
                 budget,
                 host_budget,
                 smallest_need,
-                critic_need,
+                needs,
                 staging,
                 request,
             )
         )
 
-    free = budget - chosen.actor_phase - LOGIT_SCRATCH_BYTES
-    checkpointing, max_tokens = _budget(actor, free, request.max_sequence_length, request.user_checkpointing)
+    free = budget - chosen.phases[POLICY] - LOGIT_SCRATCH_BYTES
+    checkpointing, max_tokens = _budget(policy.shape, free, request.max_sequence_length, policy.checkpointing)
+    trainees = {}
+    for name, t in request.trainees.items():
+        if name != POLICY:
+            # a model other than the policy checkpoints unless the policy's token budget fits without
+            checkpointing_of, _ = _budget(
+                t.shape, budget - chosen.phases[name], request.max_sequence_length, t.checkpointing,
+                tokens=max_tokens,
+            )  # fmt: skip
+        else:
+            checkpointing_of = checkpointing
+        trainees[name] = TraineePlan(
+            checkpointing=checkpointing_of,
+            moments_dtype=rung.moments[name],
+            offload_optimizer=name in chosen.offloaded,
+            parked=name in chosen.parked,
+            lora=t.lora,
+        )
     plan = MemoryPlan(
-        gradient_checkpointing=checkpointing,
-        critic_gradient_checkpointing=checkpointing,
+        trainees=trainees,
         max_tokens_per_microbatch=max_tokens,
         rung=rung,
         park_reference="reference" in chosen.parked,
         park_generator="generator copy" in chosen.parked,
-        park_critic="critic" in chosen.parked,
-        offload_optimizer="actor" in chosen.offloaded,
-        offload_critic_optimizer="critic" in chosen.offloaded,
         generator_copy=_generator_bytes(request, rung) > 0,
         budget_bytes=budget,
         host_bytes=chosen.host,
         host_budget_bytes=host_budget,
         host_peak_bytes=request.host_baseline_bytes + chosen.host + staging,
         checkpoint_staging_bytes=staging,
-        lora=dict(request.lora),
+        startup_peak_bytes=chosen.startup,
         given_up=_given_up(request, rung),
         fp32_bytes={
-            "actor moments": 8 * actor.num_params,
-            "weights": 8 * (actor.num_params + _params(critic)),
+            **{f"{name} moments": 8 * t.shape.num_params for name, t in request.trainees.items()},
+            "weights": 8 * sum(t.shape.num_params for t in request.trainees.values()),
         },
     )
-    if critic is not None:
-        assert chosen.critic_phase is not None, "a layout with a critic prices its phase"
-        plan.fp32_bytes["critic moments"] = 8 * critic.num_params
-        plan.critic_gradient_checkpointing, _ = _budget(
-            critic, budget - chosen.critic_phase, request.max_sequence_length, request.user_critic_checkpointing,
-            tokens=max_tokens,
-        )  # fmt: skip
-    if request.user_max_tokens is not None:
-        if request.user_max_tokens > max_tokens:
+    if policy.max_tokens is not None:
+        if policy.max_tokens > max_tokens:
             plan.notes.append(
-                f"ppo_max_token_len_per_gpu={request.user_max_tokens} is kept; the plan estimates at most "
+                f"ppo_max_token_len_per_gpu={policy.max_tokens} is kept; the plan estimates at most "
                 f"{max_tokens} fit"
             )
-        plan.max_tokens_per_microbatch = request.user_max_tokens
-    plan.update_fixed_bytes = chosen.actor_phase + LOGIT_SCRATCH_BYTES
-    plan.update_bytes_per_token = _per_token(actor, plan.gradient_checkpointing)
+        plan.max_tokens_per_microbatch = policy.max_tokens
+    plan.update_fixed_bytes = chosen.phases[POLICY] + LOGIT_SCRATCH_BYTES
+    plan.update_bytes_per_token = _per_token(policy.shape, plan.policy.checkpointing)
     plan.update_peak_bytes = plan.update_peak_at(plan.max_tokens_per_microbatch)
     return plan
 
@@ -375,14 +453,14 @@ def _rungs(request: PlanRequest) -> list[Rung]:
     for weights, moments in ((FP32, FP32), (FP32, BF16), (BF16, BF16)):
         weights = request.weights_dtype or weights
         if weights not in (FP32, BF16):  # fp16: torch's AdamW, moments in the weights' dtype
-            rung = Rung(weights, weights, weights)
+            rung = Rung(weights, {name: weights for name in request.trainees})
         else:
-            critic = (request.critic_moments_dtype or moments) if request.critic is not None else FP32
-            actor = request.actor_moments_dtype or moments
             rung = Rung(
                 weights,
-                FP32 if "actor" in request.lora else actor,
-                FP32 if "critic" in request.lora else critic,
+                {
+                    name: FP32 if t.lora is not None else (t.moments_dtype or moments)
+                    for name, t in request.trainees.items()
+                },
             )
         if rung not in rungs:
             rungs.append(rung)
@@ -390,17 +468,18 @@ def _rungs(request: PlanRequest) -> list[Rung]:
 
 
 def _arrangements(request: PlanRequest, rung: Rung) -> list[tuple[frozenset[str], frozenset[str]]]:
-    """(parked, offloaded) by rising transfer cost, without arrangements that would repeat another."""
+    """(parked, offloaded) by rising transfer cost, without arrangements that would repeat another: park
+    the reference, the generator copy, then each model but the policy; offload the policy's moments, then
+    each other model's."""
     parkable = [
         name
         for name, present in (
             ("reference", _has_reference_copy(request)),
             ("generator copy", _generator_bytes(request, rung) > 0),
-            ("critic", request.critic is not None),
         )
         if present
-    ]
-    offloadable = ["actor", "critic"] if request.critic is not None else ["actor"]
+    ] + [name for name in request.trainees if name != POLICY]
+    offloadable = list(request.trainees)
     return [
         (frozenset(parkable[:parked]), frozenset(offloadable[:offloaded]))
         for offloaded in range(len(offloadable) + 1)
@@ -410,30 +489,42 @@ def _arrangements(request: PlanRequest, rung: Rung) -> list[tuple[frozenset[str]
 
 def _layout(request: PlanRequest, rung: Rung, parked: frozenset[str], offloaded: frozenset[str]) -> _Layout:
     """The bytes of one arrangement (see the module docstring for what each phase holds)."""
-    P = request.actor.num_params  # noqa: N806 - the docstring's name
+    P = request.policy.shape.num_params  # noqa: N806 - the docstring's name
     compute = 2 if (rung.weights == FP32 and request.autocast) or rung.weights != FP32 else 4
     frozen = {
         "reference": compute * P if _has_reference_copy(request) else 0,
         "generator copy": _generator_bytes(request, rung) * P,
     }
     resident_frozen = sum(size for name, size in frozen.items() if name not in parked)
-    actor = _trained_bytes(request, rung, "actor")
-    actor_gpu_moments = min(OPTIMIZER_CHUNK_BYTES, actor.moments) if "actor" in offloaded else actor.moments
-    critic = _trained_bytes(request, rung, "critic")
-    critic_gpu_moments = (
-        min(OPTIMIZER_CHUNK_BYTES, critic.moments) if "critic" in offloaded else critic.moments
-    )
-    idle_critic = 0 if "critic" in parked else critic.idle + (0 if "critic" in offloaded else critic.moments)
-    actor_phase = actor.updating + actor_gpu_moments + resident_frozen + idle_critic
-    critic_phase = None
-    if request.critic is not None:
-        idle_actor = actor.idle + (0 if "actor" in offloaded else actor.moments)
-        critic_phase = idle_actor + resident_frozen + critic.updating + critic_gpu_moments
+    trained = {name: _trained_bytes(request, rung, name) for name in request.trainees}
+
+    def idle(name: str) -> int:
+        """What a model holds on the GPU while another one updates."""
+        if name in parked:
+            return 0
+        return trained[name].idle + (0 if name in offloaded else trained[name].moments)
+
+    phases = {}
+    for name, own in trained.items():
+        gpu_moments = min(OPTIMIZER_CHUNK_BYTES, own.moments) if name in offloaded else own.moments
+        others = sum(idle(other) for other in trained if other != name)
+        phases[name] = own.updating + gpu_moments + resident_frozen + others
     host = sum(frozen[name] for name in parked if name in frozen)
-    host += actor.moments if "actor" in offloaded else 0
-    host += critic.moments if "critic" in offloaded or "critic" in parked else 0
-    host += critic.idle if "critic" in parked else 0
-    return _Layout(actor_phase, critic_phase, host, parked, offloaded)
+    for name, own in trained.items():
+        host += own.moments if name in offloaded or name in parked else 0
+        host += own.idle if name in parked else 0
+    return _Layout(phases, _startup_bytes(request, rung, trained[POLICY]), host, parked, offloaded)
+
+
+def _startup_bytes(request: PlanRequest, rung: Rung, policy: _Trained) -> int:
+    """GPU bytes while the engine's own copy is made: the copy starts as a deep copy of the policy in the
+    trained weights' dtype (adapters merged, for LoRA) and is cast to the generation dtype after, so
+    for a moment the policy's weights are there twice; nothing else is loaded yet (the reference, a
+    critic and the optimizers come after). No copy: nothing beyond the updates.
+
+    A LoRA policy's update holds far less than this (a frozen base, no reference, no gradients of the
+    base), so for it this is the run's peak: 2 (4 P + 4 T) on the Qwen2.5-7B shape at rank 64."""
+    return 2 * policy.idle if _generator_bytes(request, rung) > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -447,33 +538,34 @@ class _Trained:
 
 
 def _trained_bytes(request: PlanRequest, rung: Rung, name: str) -> _Trained:
-    """Full fine-tuning: (2w + autocast) P through the update, w P idle, 2 m P of moments. LoRA: the frozen
+    """Full fine-tuning: 2w P + autocast's copies through the update, w P idle, 2 m P of moments. Autocast
+    keeps a bf16 copy of each fp32 weight it casts until the step's optimizer clears its cache: 2 P, or
+    under compiled training pieces 2 A, the attention projections' A parameters (the compiled norms and
+    MLPs cast inside their graphs; measured on the H200 with checkpointing, the 7B update held no copies
+    of the MLPs: 90.5 GiB where 2 P more would have been 99 GiB and up). LoRA: the frozen
     base in the trained weights' dtype (w (P - head): the loader's dtype, fp32 master weights or bf16 at the
     last rung; autocast caches casts of trainable leaves only, so the frozen base has no bf16 copies) and fp32
     trainable parameters T (PEFT keeps adapters in fp32 under a bf16 base) with gradients, autocast's copies
     and moments: w (P - head) + (8 + autocast) T, w (P - head) + 4 T idle, 8 T."""
-    shape = request.actor if name == "actor" else request.critic
-    if shape is None:
-        return _Trained(0, 0, 0)
+    trainee = request.trainees[name]
+    shape = trainee.shape
     w = rung.weights.itemsize
     autocast = 2 if rung.weights == FP32 and request.autocast else 0
-    lora = request.lora.get(name)
-    if lora is None:
-        m = (rung.actor_moments if name == "actor" else rung.critic_moments).itemsize
+    if trainee.lora is None:
+        m = rung.moments[name].itemsize
         P = shape.num_params  # noqa: N806
-        return _Trained((2 * w + autocast) * P, w * P, 2 * m * P)
-    base, T = w * (shape.num_params - shape.head_params), lora.num_trainable_params  # noqa: N806
+        cached = (
+            shape.autocast_cached_params if request.compiled_layers and shape.autocast_cached_params else P
+        )
+        return _Trained(2 * w * P + autocast * cached, w * P, 2 * m * P)
+    base, T = w * (shape.num_params - shape.head_params), trainee.lora.num_trainable_params  # noqa: N806
     lora_autocast = 2 if request.autocast else 0
     return _Trained(base + (8 + lora_autocast) * T, base + 4 * T, 8 * T)
 
 
-def _trained_names(request: PlanRequest) -> list[str]:
-    return ["actor", "critic"] if request.critic is not None else ["actor"]
-
-
 def _has_reference_copy(request: PlanRequest) -> bool:
     """A LoRA actor's reference is its own base with the adapters off: no copy."""
-    return request.has_reference and "actor" not in request.lora
+    return request.has_reference and request.policy.lora is None
 
 
 def _checkpoint_staging(request: PlanRequest) -> int:
@@ -481,26 +573,21 @@ def _checkpoint_staging(request: PlanRequest) -> int:
     host memory (safetensors), and torch.save copies one optimizer tensor at a time (the largest is a
     moment of the embedding). LoRA models save their adapters only."""
     largest = 0
-    for name in _trained_names(request):
-        shape = request.actor if name == "actor" else request.critic
-        assert shape is not None
-        lora = request.lora.get(name)
-        weights = 4 * lora.num_trainable_params if lora else 4 * shape.num_params
-        largest = max(largest, weights + (0 if lora else 4 * shape.vocab_size * shape.hidden_size))
+    for t in request.trainees.values():
+        weights = 4 * t.lora.num_trainable_params if t.lora else 4 * t.shape.num_params
+        largest = max(largest, weights + (0 if t.lora else 4 * t.shape.vocab_size * t.shape.hidden_size))
     return largest
 
 
 def cpu_host_need(request: PlanRequest) -> int:
     """Host bytes a run on CPU needs: every model resident in fp32 (no autocast, no engine copy), the larger
-    of the two update phases with one sequence's fp32 activations (twice the bf16 figure), and a checkpoint's
+    of the update phases with one sequence's fp32 activations (twice the bf16 figure), and a checkpoint's
     staging."""
     layout = _layout(request, _rungs(request)[0], frozenset(), frozenset())
-    checkpointing = bool(request.user_checkpointing)
-    phases = [(layout.actor_phase, request.actor), (layout.critic_phase, request.critic)]
+    checkpointing = bool(request.policy.checkpointing)
     need = max(
-        held + 2 * _per_token(shape, checkpointing) * request.max_sequence_length
-        for held, shape in phases
-        if held is not None and shape is not None
+        layout.phases[name] + 2 * _per_token(t.shape, checkpointing) * request.max_sequence_length
+        for name, t in request.trainees.items()
     )
     return need + (_checkpoint_staging(request) if request.saves_checkpoints else 0)
 
@@ -509,20 +596,17 @@ def lora_offer(request: PlanRequest, rank: int = OFFERED_LORA_RANK) -> str | Non
     """The clause a "does not fit" message adds when LoRA of `rank` (all-linear) on every fully trained
     model would fit: the key to set and the figure that plan needs; None when it would not fit either."""
     added = {
-        name: Lora(rank, shape.lora_params(rank))
-        for name, shape in (("actor", request.actor), ("critic", request.critic))
-        if shape is not None and name not in request.lora and shape.linears
+        name: Lora(rank, t.shape.lora_params(rank))
+        for name, t in request.trainees.items()
+        if t.lora is None and t.shape.linears
     }
     if not added:
         return None
     try:
-        plan = plan_memory(replace(request, lora={**request.lora, **added}))
+        plan = plan_memory(with_lora(request, added))
     except PlanDoesNotFit:
         return None
-    keys = " and ".join(
-        f"{'actor_rollout_ref.model' if name == 'actor' else 'critic.model'}.lora_rank={rank}"
-        for name in added
-    )
+    keys = " and ".join(f"{LORA_KEYS.get(name, name)}.lora_rank={rank}" for name in added)
     base = " with the base in bf16" if plan.rung.weights == BF16 and request.weights_dtype is None else ""
     return (
         f"LoRA would fit: {keys} (all-linear{base}) trains {sum(x.num_trainable_params for x in added.values()) / 1e6:.0f}M "
@@ -531,8 +615,22 @@ def lora_offer(request: PlanRequest, rank: int = OFFERED_LORA_RANK) -> str | Non
     )
 
 
+LORA_KEYS = {POLICY: "actor_rollout_ref.model", "critic": "critic.model"}
+"""The config section of each trained model's `lora_rank`."""
+
+
+def with_lora(request: PlanRequest, lora: Mapping[str, Lora]) -> PlanRequest:
+    """`request` with LoRA on the trained models `lora` names."""
+    return replace(
+        request,
+        trainees={
+            name: replace(t, lora=lora[name]) if name in lora else t for name, t in request.trainees.items()
+        },
+    )
+
+
 def _closest(
-    layouts: list[_Layout], budget: int, host_budget: int, smallest_need: int, critic_need: int
+    layouts: list[_Layout], budget: int, host_budget: int, smallest_need: int, needs: Mapping[str, int]
 ) -> _Layout:
     """The arrangement a refusal speaks of: the first that fits the GPU and the pinned share (only the
     checkpoint's staging is then over), else the most frugal."""
@@ -540,8 +638,9 @@ def _closest(
         (
             x
             for x in layouts
-            if x.actor_phase + smallest_need <= budget
-            and (x.critic_phase is None or x.critic_phase + critic_need <= budget)
+            if x.startup <= budget
+            and x.phases[POLICY] + smallest_need <= budget
+            and all(x.phases[name] + need <= budget for name, need in needs.items())
             and x.host <= host_budget
         ),
         layouts[-1],
@@ -553,22 +652,28 @@ def _why_not(
     budget: int,
     host_budget: int,
     smallest_need: int,
-    critic_need: int,
+    needs: Mapping[str, int],
     staging: int,
     request: PlanRequest,
 ) -> str:
     """One clause on the most frugal arrangement of the last rung: what still does not fit."""
-    if layout.actor_phase + smallest_need > budget:
+    if layout.startup > budget:
         return (
-            f"the actor's update needs ~{(layout.actor_phase + smallest_need) / GIB:.0f} GiB for one sequence "
+            f"making the engine's copy holds the actor's weights twice, ~{layout.startup / GIB:.0f} GiB, over "
+            f"{budget / GIB:.0f} GiB usable"
+        )
+    if layout.phases[POLICY] + smallest_need > budget:
+        return (
+            f"the actor's update needs ~{(layout.phases[POLICY] + smallest_need) / GIB:.0f} GiB for one sequence "
             f"of {request.max_sequence_length} tokens with everything else on the CPU, over "
             f"{budget / GIB:.0f} GiB usable"
         )
-    if layout.critic_phase is not None and layout.critic_phase + critic_need > budget:
-        return (
-            f"the critic's update needs ~{(layout.critic_phase + critic_need) / GIB:.0f} GiB beside the "
-            f"actor's weights, over {budget / GIB:.0f} GiB usable"
-        )
+    for name, need in needs.items():
+        if layout.phases[name] + need > budget:
+            return (
+                f"the {name}'s update needs ~{(layout.phases[name] + need) / GIB:.0f} GiB beside the "
+                f"actor's weights, over {budget / GIB:.0f} GiB usable"
+            )
     waiting = sorted(layout.parked) + [f"{name}'s AdamW moments" for name in sorted(layout.offloaded)]
     if layout.host <= host_budget:
         held = f"keeping the {', '.join(waiting)} on the CPU needs" if waiting else "the plan pins"
@@ -585,7 +690,7 @@ def _why_not(
 def _given_up(request: PlanRequest, rung: Rung) -> list[str]:
     lost = []
     if request.weights_dtype is None and rung.weights != FP32:
-        if all(name in request.lora for name in _trained_names(request)):
+        if all(t.lora is not None for t in request.trainees.values()):
             lost.append("the LoRA base held in bf16 instead of fp32 (the adapters train in fp32)")
         else:
             lost.append(
@@ -593,11 +698,8 @@ def _given_up(request: PlanRequest, rung: Rung) -> list[str]:
             )
     planned = [
         name
-        for name, user, dtype in (
-            ("actor", request.actor_moments_dtype, rung.actor_moments),
-            ("critic", request.critic_moments_dtype, rung.critic_moments if request.critic else FP32),
-        )
-        if user is None and dtype != FP32 and rung.weights in (FP32, BF16)
+        for name, t in request.trainees.items()
+        if t.moments_dtype is None and rung.moments[name] != FP32 and rung.weights in (FP32, BF16)
     ]
     if planned:
         lost.append(f"{' and '.join(planned)} AdamW moments stored in bf16 instead of fp32")
@@ -608,10 +710,6 @@ def _generator_bytes(request: PlanRequest, rung: Rung) -> int:
     """Bytes a parameter of the engine's own copy: none where it generates on the trained weights."""
     dtype = request.generation_dtype
     return 0 if dtype is None or dtype == rung.weights else dtype.itemsize
-
-
-def _params(shape: ModelShape | None) -> int:
-    return shape.num_params if shape is not None else 0
 
 
 def _per_token(shape: ModelShape, checkpointing: bool) -> int:

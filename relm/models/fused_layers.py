@@ -151,9 +151,8 @@ def _find_targets(model: nn.Module) -> list[tuple[Any, str]]:
         if cls in seen or not cls.__name__.endswith(_CLASS_SUFFIXES):
             continue
         seen.add(cls)
-        if cls.__name__.endswith("MLP") and _looks_routed(module):
-            continue
-        targets.append((cls, "forward"))
+        if compiles(module):
+            targets.append((cls, "forward"))
     modeling_modules = {sys.modules.get(cls.__module__) for cls in seen} | {
         sys.modules.get(type(model).__module__)
     }
@@ -162,6 +161,17 @@ def _find_targets(model: nn.Module) -> list[tuple[Any, str]]:
             continue
         targets.extend((modeling, name) for name in _FUNCTIONS if callable(getattr(modeling, name, None)))
     return targets
+
+
+def compiles(module: nn.Module) -> bool:
+    """Whether `module`'s forward is one of the compiled pieces: an `*RMSNorm` or a dense `*MLP`.
+
+    The memory plan reads it too: a compiled piece casts its fp32 weights to bf16 inside its graph, so
+    autocast's cache (which keeps a bf16 copy of each fp32 weight cast eagerly) never holds them."""
+    name = type(module).__name__
+    if name.endswith("MLP"):
+        return not _looks_routed(module)
+    return name.endswith(_CLASS_SUFFIXES)
 
 
 def _looks_routed(module: nn.Module) -> bool:

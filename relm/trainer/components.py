@@ -303,8 +303,7 @@ def build_components(
         device,
         ref=ref,
         generator=generator if generator is not actor else None,
-        critic=critic.module if critic else None,
-        critic_optimizer=critic.optimizer if critic else None,
+        trained={name: (t.module, t.optimizer) for name, t in trainees.items()},
     )
     kl = cfg.algorithm.kl_ctrl
     engine = build_run_engine(

@@ -68,11 +68,12 @@ def plan_metrics(memory: MemoryChoices, largest_tokens: int = 0) -> dict[str, fl
 
     `largest_tokens`: tokens of the actor update's largest micro-batch this step; the GPU prediction is read
     there, since a step's batch may fill less than the micro-batch budget the plan allows (0: at the budget).
+    torch's peak counts the whole process, so the prediction is the larger of that and the start-up's.
     """
     metrics = {}
     if memory.plan is not None:
         plan = memory.plan
-        peak = plan.update_peak_at(largest_tokens) if largest_tokens else plan.update_peak_bytes
+        peak = plan.gpu_peak_at(largest_tokens or plan.max_tokens_per_microbatch)
         metrics["perf/plan_gpu_gb"] = peak / 2**30
     if memory.host_peak_bytes is not None:
         metrics["perf/plan_host_gb"] = memory.host_peak_bytes / 2**30
@@ -82,7 +83,7 @@ def plan_metrics(memory: MemoryChoices, largest_tokens: int = 0) -> dict[str, fl
 def memory_report(metrics: dict[str, float]) -> str | None:
     """The line printed after the first step: each predicted peak beside the measured one (GiB)."""
     pairs = [
-        ("GPU", "perf/max_memory_allocated_gb", "perf/plan_gpu_gb", " (the actor's update)"),
+        ("GPU", "perf/max_memory_allocated_gb", "perf/plan_gpu_gb", " (start-up or the actor's update)"),
         ("host", "perf/max_host_memory_gb", "perf/plan_host_gb", ""),
     ]
     parts = [

@@ -18,7 +18,7 @@ from relm.distributed.gathering import NO_CHANGE, Accumulation, choose_for_updat
 from relm.distributed.layout import Layout, decide_layout, describe_layouts
 from relm.errors import UserError
 from relm.memory.choices import data_parallel_choices, data_parallel_plan, whole_model_plan
-from relm.memory.plan import GIB, ModelShape, PlanRequest
+from relm.memory.plan import GIB, ModelShape, PlanRequest, TraineeRequest
 from relm.models.precision import pick_precision
 from tests.tiny_models import tiny_lm
 
@@ -31,15 +31,18 @@ FP32 = pick_precision("auto", torch.device("cpu"))
 
 def plan_request(cfg, actor: ModelShape, critic: ModelShape | None, *, gpu_bytes: int) -> PlanRequest:
     """What a single-GPU run of `cfg` asks the planner with the made-up shape and plenty of host memory."""
+    arr = cfg.actor_rollout_ref
+    policy = TraineeRequest(
+        actor,
+        checkpointing=arr.model.enable_gradient_checkpointing,
+        max_tokens=arr.actor.ppo_max_token_len_per_gpu,
+    )
     return PlanRequest(
-        actor=actor,
-        critic=critic,
-        has_reference=cfg.actor_rollout_ref.actor.use_kl_loss,
+        trainees={"actor": policy} | ({"critic": TraineeRequest(critic)} if critic is not None else {}),
+        has_reference=arr.actor.use_kl_loss,
         max_sequence_length=cfg.data.max_prompt_length + cfg.data.max_response_length,
         gpu_bytes=gpu_bytes,
         host_bytes=1024 * GIB,
-        user_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
-        user_max_tokens=cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu,
     )
 
 

@@ -113,8 +113,8 @@ def test_lora_keys_reach_the_plan_request(tmp_path: Path):
     request = choices._plan_request(cfg, str(tmp_path), torch.device("cpu"), precision, (0, 0), moments)
     # all-linear at rank 64: 161,480,704 (as PEFT counts); the critic: q and v at rank 8 over 28 layers,
     # 8 * ((3584 + 3584) + (3584 + 512)) each, plus its 3,585-parameter value head
-    assert request.lora["actor"] == Lora(64, 161_480_704)
-    assert request.lora["critic"] == Lora(8, 28 * 8 * (7168 + 4096) + 3585)
+    assert request.trainees["actor"].lora == Lora(64, 161_480_704)
+    assert request.trainees["critic"].lora == Lora(8, 28 * 8 * (7168 + 4096) + 3585)
 
 
 def test_cpu_refusal_offers_lora_where_it_would_fit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
@@ -159,7 +159,7 @@ def test_the_first_step_line_sets_each_prediction_beside_its_measurement():
         }
     )
     assert line == (
-        "memory after the first step: GPU peak 60.00 GiB measured, 64.00 GiB planned (the actor's update) (-6%); "
+        "memory after the first step: GPU peak 60.00 GiB measured, 64.00 GiB planned (start-up or the actor's update) (-6%); "
         "host peak 22.00 GiB measured, 20.00 GiB planned (+10%)"
     )
     assert memory_report({"perf/max_host_memory_gb": 1.0}) is None

@@ -26,9 +26,11 @@ from relm.memory.plan import (
     PlanDoesNotFit,
     PlanRequest,
     Rung,
+    TraineeRequest,
     cpu_host_need,
     lora_offer,
     plan_memory,
+    with_lora,
 )
 
 SHAPE = ModelShape(
@@ -37,9 +39,22 @@ SHAPE = ModelShape(
 FP32, BF16 = torch.float32, torch.bfloat16
 
 
-def request(gpu_gib: float, **kwargs) -> PlanRequest:
+def trainees(
+    actor: ModelShape | TraineeRequest, critic: ModelShape | None = None
+) -> dict[str, TraineeRequest]:
+    """The request's trained models: the actor (its shape, or with the user's settings) and a critic."""
+    listed = {"actor": actor if isinstance(actor, TraineeRequest) else TraineeRequest(actor)}
+    return listed | ({"critic": TraineeRequest(critic)} if critic is not None else {})
+
+
+def request(
+    gpu_gib: float,
+    actor: ModelShape | TraineeRequest = SHAPE,
+    critic: ModelShape | None = None,
+    **kwargs,
+) -> PlanRequest:
     base = dict(
-        actor=SHAPE, critic=None, has_reference=True, max_sequence_length=1024,
+        trainees=trainees(actor, critic), has_reference=True, max_sequence_length=1024,
         gpu_bytes=int(gpu_gib * GIB), host_bytes=64 * GIB,
     )  # fmt: skip
     return PlanRequest(**{**base, **kwargs})
@@ -53,28 +68,28 @@ def test_per_token_activation_constants():
 def test_large_gpu_keeps_everything_and_turns_checkpointing_off():
     plan = plan_memory(request(100))
     # free = 0.85 * 100 GiB - 22e9 - 2 GiB = 67,120,571,392 B -> 88,316 tokens without checkpointing, capped
-    assert not plan.gradient_checkpointing and plan.max_tokens_per_microbatch == 65536
-    assert not (plan.park_reference or plan.park_generator or plan.park_critic or plan.offload_optimizer)
-    assert plan.rung == Rung(FP32, FP32, FP32) and plan.generator_copy and not plan.given_up
+    assert not plan.policy.checkpointing and plan.max_tokens_per_microbatch == 65536
+    assert not (plan.park_reference or plan.park_generator or plan.policy.offload_optimizer)
+    assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.generator_copy and not plan.given_up
     assert plan.update_peak_bytes == 22 * 10**9 + 2 * GIB + 65536 * 760_000 and plan.host_bytes == 0
 
 
 def test_budget_rounds_down_to_whole_kilotokens():
     # free = int(0.85 * 34 GiB) - 22e9 - 2 GiB = 6,883,655,065 B -> 9,057 tokens -> 8192, >= 8192: no checkpointing
     plan = plan_memory(request(34))
-    assert not plan.gradient_checkpointing and plan.max_tokens_per_microbatch == 8192
+    assert not plan.policy.checkpointing and plan.max_tokens_per_microbatch == 8192
 
 
 def test_tight_gpu_turns_checkpointing_on():
     # free = int(0.85 * 30 GiB) - 22e9 - 2 GiB = 3,232,932,864 B: 4,253 tokens without (< 8192); 21,269 with
     plan = plan_memory(request(30))
-    assert plan.gradient_checkpointing and plan.max_tokens_per_microbatch == 20480
+    assert plan.policy.checkpointing and plan.max_tokens_per_microbatch == 20480
 
 
 def test_parks_the_reference_first():
     # int(0.85 * 27 GiB) = 24,642,374,860 < 22e9 + 3,548,315,648; without the reference (20e9) it fits
     plan = plan_memory(request(27))
-    assert plan.park_reference and not plan.park_generator and not plan.offload_optimizer
+    assert plan.park_reference and not plan.park_generator and not plan.policy.offload_optimizer
     assert plan.host_bytes == 2 * 10**9
     assert "reference" in plan.describe() and "generator copy" not in plan.describe()
 
@@ -83,8 +98,8 @@ def test_offloads_the_moments_before_running_out():
     # int(0.85 * 22 GiB) = 20,078,972,108: even with both copies parked 18e9 + 3,548,315,648 is over;
     # with the moments offloaded 10e9 + 2 GiB + 4e9 + 3,548,315,648 = 19,695,799,296 fits, nothing parked
     plan = plan_memory(request(22))
-    assert plan.offload_optimizer and not (plan.park_reference or plan.park_generator)
-    assert plan.rung == Rung(FP32, FP32, FP32) and plan.host_bytes == 8 * 10**9
+    assert plan.policy.offload_optimizer and not (plan.park_reference or plan.park_generator)
+    assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.host_bytes == 8 * 10**9
     assert "actor's AdamW moments: fp32, in CPU memory, stepped in chunks" in plan.describe()
 
 
@@ -94,7 +109,9 @@ def test_bf16_moments_when_the_host_cannot_hold_fp32_ones():
     # 20,078,972,108 - 3,548,315,648 (and over it less 2,303,131,648), parking the reference leaves 16e9, which
     # holds a comfortable micro-batch with 2e9 pinned
     plan = plan_memory(request(22, host_bytes=10 * GIB))
-    assert plan.rung == Rung(FP32, BF16, FP32) and plan.park_reference and not plan.offload_optimizer
+    assert (
+        plan.rung == Rung(FP32, {"actor": BF16}) and plan.park_reference and not plan.policy.offload_optimizer
+    )
     assert plan.given_up == ["actor AdamW moments stored in bf16 instead of fp32"]
     assert "actor's AdamW moments: bf16, on the GPU (fp32 moments would need ~7 GiB)" in plan.describe()
 
@@ -105,29 +122,31 @@ def test_bf16_weights_when_nothing_else_fits():
     # moments offloaded 4e9 + 2 GiB + 2e9 = 8,147,483,648 also; both: 6,147,483,648 + 3,548,315,648 =
     # 9,695,799,296 fits, with 2e9 + 4e9 pinned
     plan = plan_memory(request(12))
-    assert plan.rung == Rung(BF16, BF16, FP32) and plan.offload_optimizer and plan.park_reference  # no critic
+    assert plan.rung == Rung(BF16, {"actor": BF16}) and plan.policy.offload_optimizer and plan.park_reference
     assert not plan.generator_copy and plan.host_bytes == 6 * 10**9
     assert plan.given_up[0].startswith("weights trained in bf16 with stochastically rounded updates")
     assert "trained weights: bf16, AdamW updates stochastically rounded" in plan.describe()
     # free = 10,952,166,604 - 6,147,483,648 - 2 GiB = 2,657,199,308 -> 17,481 checkpointed tokens
-    assert plan.gradient_checkpointing and plan.max_tokens_per_microbatch == 17408
+    assert plan.policy.checkpointing and plan.max_tokens_per_microbatch == 17408
 
 
 def test_explicit_settings_win():
-    plan = plan_memory(request(100, user_checkpointing=True))
-    assert plan.gradient_checkpointing and plan.max_tokens_per_microbatch == 65536
-    plan = plan_memory(request(34, user_max_tokens=100_000))
+    plan = plan_memory(request(100, TraineeRequest(SHAPE, checkpointing=True)))
+    assert plan.policy.checkpointing and plan.max_tokens_per_microbatch == 65536
+    plan = plan_memory(request(34, TraineeRequest(SHAPE, max_tokens=100_000)))
     assert plan.max_tokens_per_microbatch == 100_000
     assert "ppo_max_token_len_per_gpu=100000 is kept; the plan estimates at most 8192 fit" in plan.notes[0]
     # fp32 moments fixed where the plan would store them in bf16 (the host-bound case above): the rung after
     # fp32 keeps them and takes bf16 weights: 2e9 + 2e9 + 8e9 + 2e9 = 14e9 + 3,548,315,648 fits
-    plan = plan_memory(request(22, host_bytes=10 * GIB, actor_moments_dtype=FP32))
-    assert plan.rung == Rung(BF16, FP32, FP32) and not (plan.park_reference or plan.offload_optimizer)
+    plan = plan_memory(request(22, TraineeRequest(SHAPE, moments_dtype=FP32), host_bytes=10 * GIB))
+    assert plan.rung == Rung(BF16, {"actor": FP32}) and not (
+        plan.park_reference or plan.policy.offload_optimizer
+    )
     assert len(plan.given_up) == 1 and "weights" in plan.given_up[0]
     with pytest.raises(PlanDoesNotFit):
         plan_memory(request(12, weights_dtype=FP32))  # fp32 weights fixed where only bf16 ones fit
     plan = plan_memory(request(100, weights_dtype=BF16))  # chosen, not given up: nothing to warn about
-    assert plan.rung == Rung(BF16, FP32, FP32) and not plan.given_up
+    assert plan.rung == Rung(BF16, {"actor": FP32}) and not plan.given_up
 
 
 def test_a_critic_is_parked_and_its_update_checked_beside_the_actor():
@@ -139,9 +158,11 @@ def test_a_critic_is_parked_and_its_update_checked_beside_the_actor():
     # 8e9 + 2e9 + 12e9 = 22e9 of int(0.7 * 64 GiB) = 48,103,633,715
     plan = plan_memory(request(30, critic=SHAPE, has_reference=False))
     assert (
-        plan.rung == Rung(FP32, FP32, FP32) and plan.offload_optimizer and not plan.offload_critic_optimizer
+        plan.rung == Rung(FP32, {"actor": FP32, "critic": FP32})
+        and plan.policy.offload_optimizer
+        and not plan.trainees["critic"].offload_optimizer
     )
-    assert plan.park_generator and plan.park_critic and plan.host_bytes == 22 * 10**9
+    assert plan.park_generator and plan.trainees["critic"].parked and plan.host_bytes == 22 * 10**9
     assert "critic's AdamW moments: fp32, on the GPU" in plan.describe()
 
 
@@ -192,11 +213,11 @@ def test_qwen25_7b_grpo_keeps_fp32_with_its_moments_offloaded():
     # generator copy resident: 18P + 4P is far over; moments offloaded: 10P + 2 GiB + 4P = 108,766,114,816,
     # + 13,662,945,280 = 122.4e9 fits; 8P = 60,924,932,096 B pinned
     actor, _ = published("Qwen/Qwen2.5-7B-Instruct")
-    plan = plan_memory(PlanRequest(actor=actor, critic=None, has_reference=True, **H200))
-    assert plan.rung == Rung(FP32, FP32, FP32) and plan.offload_optimizer and not plan.given_up
+    plan = plan_memory(PlanRequest(trainees(actor), has_reference=True, **H200))
+    assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.policy.offload_optimizer and not plan.given_up
     assert not (plan.park_reference or plan.park_generator) and plan.host_bytes == 8 * actor.num_params
     # free = 128,141,597,081 - 108,766,114,816 - 2 GiB = 17,227,998,617 -> 13,021 tokens
-    assert plan.gradient_checkpointing and plan.max_tokens_per_microbatch == 12288
+    assert plan.policy.checkpointing and plan.max_tokens_per_microbatch == 12288
 
 
 def test_qwen25_7b_ppo_stores_moments_in_bf16():
@@ -207,9 +228,13 @@ def test_qwen25_7b_ppo_stores_moments_in_bf16():
     # (+ 13,662,945,280 fits), critic phase 4P + 10C + 2 GiB = 103,316,176,906, pinned 4P + 4C + 2P =
     # 73,976,189,956 B
     actor, critic = published("Qwen/Qwen2.5-7B-Instruct")
-    plan = plan_memory(PlanRequest(actor=actor, critic=critic, has_reference=False, **H200))
-    assert plan.rung == Rung(FP32, BF16, BF16) and plan.offload_optimizer and plan.offload_critic_optimizer
-    assert plan.park_generator and not plan.park_critic and plan.host_bytes == 73_976_189_956
+    plan = plan_memory(PlanRequest(trainees(actor, critic), has_reference=False, **H200))
+    assert (
+        plan.rung == Rung(FP32, {"actor": BF16, "critic": BF16})
+        and plan.policy.offload_optimizer
+        and plan.trainees["critic"].offload_optimizer
+    )
+    assert plan.park_generator and not plan.trainees["critic"].parked and plan.host_bytes == 73_976_189_956
     assert plan.given_up == ["actor and critic AdamW moments stored in bf16 instead of fp32"]
     # free = 128,141,597,081 - 106,586,139,652 - 2 GiB = 19,407,973,781 -> 14,669 tokens
     assert plan.max_tokens_per_microbatch == 14336
@@ -222,8 +247,8 @@ def test_gemma2_9b_grpo_keeps_fp32_by_parking_the_reference():
     # comfortable batch; that needs the generator copy parked too, 12P = 110.9e9 pinned, over 94.7e9. So the
     # first layout that fits: reference parked, 8P + 2P = 92,417,059,840 B pinned
     actor, _ = published("google/gemma-2-9b-it")
-    plan = plan_memory(PlanRequest(actor=actor, critic=None, has_reference=True, **H200))
-    assert plan.rung == Rung(FP32, FP32, FP32) and plan.offload_optimizer and plan.park_reference
+    plan = plan_memory(PlanRequest(trainees(actor), has_reference=True, **H200))
+    assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.policy.offload_optimizer and plan.park_reference
     assert not plan.park_generator and plan.host_bytes == 92_417_059_840 and not plan.given_up
     # free = 128,141,597,081 - 113,047,955,456 - 2 GiB = 12,946,158,977 -> 6,871 tokens
     assert plan.max_tokens_per_microbatch == 6144
@@ -237,11 +262,13 @@ def test_gemma2_9b_ppo_trains_bf16_weights():
     # phase 4P + 2 GiB + 6C = 94,564,564,998 (+ 18,547,212,288 fits), critic phase 2P + 8C = 92,417,088,520,
     # pinned 4P = 36,966,823,936 B
     actor, critic = published("google/gemma-2-9b-it")
-    plan = plan_memory(PlanRequest(actor=actor, critic=critic, has_reference=False, **H200))
+    plan = plan_memory(PlanRequest(trainees(actor, critic), has_reference=False, **H200))
     assert (
-        plan.rung == Rung(BF16, BF16, BF16) and plan.offload_optimizer and not plan.offload_critic_optimizer
+        plan.rung == Rung(BF16, {"actor": BF16, "critic": BF16})
+        and plan.policy.offload_optimizer
+        and not plan.trainees["critic"].offload_optimizer
     )
-    assert not (plan.park_critic or plan.park_generator or plan.generator_copy)
+    assert not (plan.trainees["critic"].parked or plan.park_generator or plan.generator_copy)
     assert plan.host_bytes == 36_966_823_936 and len(plan.given_up) == 2
     # free = 128,141,597,081 - 94,564,564,998 - 2 GiB = 31,429,548,435 -> 16,680 tokens
     assert plan.max_tokens_per_microbatch == 16384
@@ -254,7 +281,7 @@ def test_mixtral_8x7b_does_not_fit_one_h200():
     actor, _ = published("mistralai/Mixtral-8x7B-Instruct-v0.1")
     assert actor.num_params == 46_702_792_704
     with pytest.raises(PlanDoesNotFit, match="actor's update needs ~178 GiB"):
-        plan_memory(PlanRequest(actor=actor, critic=None, has_reference=True, **H200))
+        plan_memory(PlanRequest(trainees(actor), has_reference=True, **H200))
 
 
 def test_cpu_runs_follow_the_users_settings_without_a_plan():
@@ -280,7 +307,11 @@ def test_cpu_runs_follow_the_users_settings_without_a_plan():
     assert (actor.moments_dtype, critic.moments_dtype) == (FP32, BF16)
     assert (
         build_residency(
-            None, torch.device("cpu"), ref=tiny_lm(seed=0), generator=None, critic=None, critic_optimizer=None
+            None,
+            torch.device("cpu"),
+            ref=tiny_lm(seed=0),
+            generator=None,
+            trained={"critic": (tiny_lm(seed=1), None)},
         ).models
         == {}
     )
@@ -305,19 +336,69 @@ def test_moment_dtype_keys_are_checked_before_anything_loads():
 # moments (8 T = 8e7); the reference is the base with the adapters off (no copy); the engine's bf16 copy
 # stays (2e9). Actor phase 6.18e9.
 def test_lora_counts_only_adapter_gradients_and_moments_and_no_reference():
-    plan = plan_memory(request(22, lora={"actor": Lora(8, 10**7)}))
+    plan = plan_memory(request(22, TraineeRequest(SHAPE, lora=Lora(8, 10**7))))
     # usable int(0.85 * 22 GiB) = 20,078,972,108; free 20,078,972,108 - 6.18e9 - 2 GiB = 11,751,488,460,
     # 15,462 tokens without checkpointing, rounded to 15,360 (>= 8,192: checkpointing off)
-    assert plan.rung == Rung(FP32, FP32, FP32) and not plan.gradient_checkpointing and not plan.given_up
-    assert not (plan.park_reference or plan.park_generator or plan.offload_optimizer) and plan.host_bytes == 0
+    assert plan.rung == Rung(FP32, {"actor": FP32}) and not plan.policy.checkpointing and not plan.given_up
+    assert (
+        not (plan.park_reference or plan.park_generator or plan.policy.offload_optimizer)
+        and plan.host_bytes == 0
+    )
     assert plan.max_tokens_per_microbatch == 15360
     assert plan.update_peak_bytes == 6_180_000_000 + 2 * GIB + 15360 * 760_000 == 20_001_083_648
     # the same GPU without LoRA holds 22e9 and needs gradient checkpointing (test_tight_gpu above)
-    assert plan_memory(request(22)).gradient_checkpointing
+    assert plan_memory(request(22)).policy.checkpointing
     # a LoRA checkpoint stages the adapters only: 4 T
     assert plan.checkpoint_staging_bytes == 4 * 10**7 and plan.host_peak_bytes == 4 * 10**7
     assert "actor: LoRA rank 8, 10.0M trainable parameters" in plan.describe()
     assert "LoRA adapters in fp32 on its frozen fp32 base" in plan.describe()
+
+
+def test_qwen25_7b_lora_and_full_peaks_within_10_percent_of_the_h200s():
+    # bench/gpu_lora.sh's run: Qwen2.5-7B GRPO, LoRA rank 64 on all-linear, KL loss (the reference is the
+    # base with adapters off), 512-token sequences. P = 7,615,616,512, T = 161,480,704. The update holds
+    # the fp32 base 4P = 30,462,466,048, the adapters' weights, gradients, autocast copies 10T =
+    # 1,614,807,040 and moments 8T = 1,291,845,632, the engine's bf16 copy 2P = 15,231,233,024: 48,600,351,744
+    # + 2 GiB of log-softmax scratch = 50,747,835,392 fixed. Per checkpointed token 1,323,008 (as full
+    # fine-tuning) + one layer's saved adapter inputs 2 * (6 * 3584 + 18944) = 80,896: 1,403,904. At a
+    # largest micro-batch of 3,853 tokens (what docs/benchmarks.md's 52.3 GiB corresponds to) that is
+    # 56,157,077,504 B, where the H200 measured 58.76 GiB (+12%). The copy is the difference: it starts as a deep copy of the fp32 actor
+    # (adapters included) before the cast to bf16, 2 (4P + 4T) = 62,216,777,728 B = 57.94 GiB (-1.4%).
+    actor, _ = published("Qwen/Qwen2.5-7B-Instruct")
+    lora = Lora(64, 161_480_704)
+    lora_request = PlanRequest(
+        trainees(TraineeRequest(actor, lora=lora)), has_reference=True, compiled_layers=True, **H200
+    )
+    plan = plan_memory(lora_request)
+    assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.generator_copy and plan.policy.checkpointing
+    assert plan.update_fixed_bytes == 50_747_835_392 and plan.update_bytes_per_token == 1_403_904
+    assert plan.update_peak_at(3853) == 56_157_077_504
+    assert plan.startup_peak_bytes == 8 * 7_615_616_512 + 8 * 161_480_704 == 62_216_777_728
+    assert plan.gpu_peak_at(3853) == 62_216_777_728
+    assert abs(58.76 * GIB - plan.gpu_peak_at(3853)) / (58.76 * GIB) < 0.1
+    assert "start-up peak ~57.9 GiB while the engine's copy is made" in plan.describe()
+    # full fine-tuning at the same shape (bench/gpu_lora.sh's q7_full: 90.5 GiB measured). Training compiles
+    # the norms and MLPs, so autocast caches bf16 copies of the attention projections only, A = 28 * (2 *
+    # 3584^2 + 2 * 3584 * 512 + 3584 + 2 * 512) = 822,212,608 parameters: with the moments offloaded the update
+    # holds 8P + 2A + a 2 GiB chunk + the reference and engine copies 4P + 2 GiB scratch = 97,326,790,656 B;
+    # at its largest micro-batch of about 4,060 tokens 102,698,203,136 B = 95.6 GiB (-5.4%). Counting 2P of
+    # copies, as before, it was 108.3 GiB (-16%). Its copy (8P) stays below the update.
+    full = plan_memory(PlanRequest(trainees(actor), has_reference=True, compiled_layers=True, **H200))
+    assert actor.autocast_cached_params == 822_212_608 and full.policy.offload_optimizer
+    assert full.update_fixed_bytes == 12 * 7_615_616_512 + 2 * 822_212_608 + 4 * GIB == 97_326_790_656
+    assert full.gpu_peak_at(4060) == full.update_peak_at(4060) == 102_698_203_136
+    assert abs(90.5 * GIB - full.gpu_peak_at(4060)) / (90.5 * GIB) < 0.1
+    assert full.startup_peak_bytes == 8 * 7_615_616_512
+    uncompiled = plan_memory(PlanRequest(trainees(actor), has_reference=True, **H200))
+    assert uncompiled.update_fixed_bytes == 14 * 7_615_616_512 + 4 * GIB  # 2P of autocast copies
+    # held to a 48 GB card (40.8e9 usable) the copy alone is over: the plan loads the base in bf16, which the
+    # engine generates on directly (no copy), where the fp32 base ran out of memory at 44.6 GiB making it
+    small = plan_memory(replace(lora_request, gpu_bytes=48 * 10**9))
+    assert (
+        small.rung == Rung(BF16, {"actor": FP32})
+        and not small.generator_copy
+        and not small.startup_peak_bytes
+    )
 
 
 LINEARS = tuple(
@@ -356,9 +437,9 @@ def test_does_not_fit_offers_lora_with_its_rank_and_figures():
     assert offer is not None and offer.startswith("LoRA would fit: actor_rollout_ref.model.lora_rank=64")
     assert "(all-linear with the base in bf16) trains 8M parameters" in offer
     assert "~0 GiB of pinned host memory" in offer
-    plan = plan_memory(replace(small, lora={"actor": Lora(64, 7_680_000)}))
+    plan = plan_memory(with_lora(small, {"actor": Lora(64, 7_680_000)}))
     assert plan.given_up == ["the LoRA base held in bf16 instead of fp32 (the adapters train in fp32)"]
-    assert plan.rung == Rung(BF16, FP32, FP32) and not plan.generator_copy
+    assert plan.rung == Rung(BF16, {"actor": FP32}) and not plan.generator_copy
     assert lora_offer(request(1, actor=shape)) is None  # not even LoRA fits 1 GiB
 
 
@@ -376,6 +457,39 @@ def test_cpu_runs_need_every_model_in_host_memory():
     # activations 2 * 760,000 * 1024, a checkpoint's staging 4.04e9
     cpu = request(0, autocast=False, generation_dtype=None)
     assert cpu_host_need(cpu) == 20e9 + 1_556_480_000 + 4_040_000_000
-    lora = replace(cpu, lora={"actor": Lora(8, 10**7)})
+    lora = with_lora(cpu, {"actor": Lora(8, 10**7)})
     # LoRA: fp32 base 4e9, adapters 8 T + 8 T, no reference; staging 4 T
     assert cpu_host_need(lora) == 4e9 + 16 * 10**7 + 1_556_480_000 + 4 * 10**7
+
+
+def test_autocast_caches_the_eager_casts_of_weights_not_the_compiled_pieces():
+    # What `autocast_cached_params` rests on: autocast keeps the bf16 copy of an fp32 weight it cast eagerly
+    # (a later change of the weight goes unseen until the cache is cleared), also under checkpointing,
+    # while a compiled function casts inside its graph and keeps nothing.
+    from torch.nn import functional as F  # noqa: N812
+    from torch.utils.checkpoint import checkpoint
+
+    from tests.tiny_models import tiny_lm
+
+    weight, x = torch.nn.Parameter(torch.randn(16, 16)), torch.randn(4, 16)
+
+    def keeps_a_copy(fn) -> bool:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            before = fn(x).float()
+            with torch.no_grad():
+                weight.add_(1.0)
+            after = fn(x).float()
+        return torch.equal(before, after)
+
+    assert keeps_a_copy(lambda y: F.linear(y, weight))
+    assert keeps_a_copy(lambda y: checkpoint(lambda z: F.linear(z, weight), y, use_reentrant=False))
+    assert not keeps_a_copy(torch.compile(lambda y: F.linear(y, weight), backend="aot_eager"))
+    # a tiny Qwen2: the eager Linear layers are q, k, v (with biases) and o; the MLPs and norms compile
+    model = tiny_lm()
+    layer = model.model.layers[0].self_attn
+    attention = sum(
+        p.numel()
+        for proj in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj)
+        for p in proj.parameters()
+    )
+    assert ModelShape.of(model).autocast_cached_params == model.config.num_hidden_layers * attention
