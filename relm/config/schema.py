@@ -537,8 +537,7 @@ class FilterGroupsConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    """Correcting for the gap between the rollout engine's policy and the trainer's (`algorithm.rollout_correction.*`,
-    verl 0.9.1's keys and meanings; docs/algorithms.md)."""
+    """The rollout engine's gap to the trainer's policy: old logprobs, importance weights, rejection (verl 0.9.1's keys)."""
 
     rollout_is: str | None = None
     """Importance weights exp(log pi_old - log pi_rollout) on the policy loss: `token`, `sequence` (product over the
@@ -550,7 +549,7 @@ class RolloutCorrectionConfig:
     """Divide the weights by their batch mean (per token, or per response for `sequence`), so they average 1."""
     rollout_rs: str | None = None
     """Rejection: drop tokens or whole responses whose divergence estimate is out of bounds; comma-separated,
-    all must pass: `token_k1|k2|k3`, `seq_sum_k1|k2|k3`, `seq_mean_k1|k2|k3`, `seq_max_k2|k3`, or null."""
+    all must pass: `token_k1`, `seq_sum_k1`, `seq_mean_k1` (k2, k3 alike), `seq_max_k2`, `seq_max_k3`, or null."""
     rollout_rs_threshold: float | str | None = None
     """One bound per `rollout_rs` option (comma-separated; one is shared by all): `k1` options take ratio bounds
     `"lower_upper"` (a single number u means 1/u to u), `k2`/`k3` options an upper bound."""
