@@ -35,7 +35,6 @@ NOT_READ = {
             "rollout_is_batch_normalize",
             "rollout_rs",
             "rollout_rs_threshold",
-            "loss_type",
         )
     },  # fmt: skip
 }
