@@ -1,7 +1,7 @@
 """On-policy runs (one epoch, one mini-batch a step) skip the old-logprob forward and take the update's first
 forward instead; the update's numbers must be those of the path that runs the forward.
 
-Both paths run the same step from the same seed on the tiny model, with a critic (GAE), a reference and
+Both paths run the same two steps from the same seed on the tiny model, with a critic (GAE), a reference and
 the KL loss, so the value, reference and KL paths are compared too. On CPU in fp32 the separate forward and
 the update's forward differ only by rounding: the metrics and the updated weights agree to ~1e-6.
 """
@@ -34,7 +34,8 @@ ON_POLICY = (
 def one_step(tmp_path: Path, name: str) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     cfg = load_config([*TINY_OVERRIDES, *ON_POLICY, f"trainer.default_local_dir={tmp_path / name}"])
     c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
-    metrics = ppo.ppo_step(c, c.loader.next_batch(), step=1)
+    ppo.ppo_step(c, c.loader.next_batch(), step=1)
+    metrics = ppo.ppo_step(c, c.loader.next_batch(), step=2)  # the reference is no longer the actor: KL > 0
     weights = {key: value.detach().clone() for key, value in c.actor.module.state_dict().items()}
     return metrics, weights
 
@@ -48,6 +49,7 @@ def test_the_update_of_the_skipped_forward_equals_the_one_with_it(tmp_path: Path
 
     assert "timing_s/old_log_prob" not in skipped and "timing_s/old_log_prob" in forward
     assert skipped["actor/ppo_kl"] == 0.0 and skipped["actor/pg_clipfrac"] == 0.0  # ratio exactly 1
+    assert forward["actor/kl_loss"] > 1e-4
     compared = [
         name
         for name in forward
