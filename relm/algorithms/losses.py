@@ -122,8 +122,12 @@ def compute_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Run the policy loss named by `actor.policy_loss.loss_mode`.
+
+    `rollout_is_weights` [N, R] (detached; `relm.algorithms.rollout_correction`) multiply the per-token
+    losses before aggregation, as verl 0.9.1 applies its rollout importance weights.
 
     Returns:
         (loss, {"pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"}).
@@ -146,7 +150,12 @@ def compute_policy_loss(
         clip_ratio_c=clip_ratio_c,
         loss_agg_mode=loss_agg_mode,
         agg_scale=agg_scale,
+        rollout_is_weights=rollout_is_weights,
     )
+
+
+def _weighted(losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    return losses if rollout_is_weights is None else losses * rollout_is_weights
 
 
 @register_policy_loss("vanilla")
@@ -161,6 +170,7 @@ def ppo_clip_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with dual clip (Ye et al.
     2020, arXiv:1912.09729).
@@ -176,15 +186,16 @@ def ppo_clip_loss(
         raise ValueError(f"clip_ratio_c must exceed 1 for dual-clip PPO, got {clip_ratio_c}")
     # Padded positions may hold -inf logprobs; zeroing them keeps NaN out of the backward pass.
     log_ratio = torch.where(response_mask != 0, logprobs - old_logprobs, 0.0)  # [N, R]
-    # exp of a huge log-ratio on a broken token would overflow to inf.
-    ratio = log_ratio.clamp(min=-20.0, max=20.0).exp()
+    # exp of a huge log-ratio on a broken token would overflow to inf; `ppo_kl` reads the clamped one, as verl's.
+    log_ratio = log_ratio.clamp(min=-20.0, max=20.0)
+    ratio = log_ratio.exp()
     unclipped = -advantages * ratio  # [N, R]
     clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     ppo_losses = torch.maximum(unclipped, clipped)
     dual_bound = -advantages * clip_ratio_c
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(ppo_losses, dual_bound), ppo_losses)
-    loss = agg_loss(losses, response_mask, loss_agg_mode, agg_scale)
+    loss = agg_loss(_weighted(losses, rollout_is_weights), response_mask, loss_agg_mode, agg_scale)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
@@ -206,6 +217,7 @@ def gspo_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).
 
@@ -225,13 +237,39 @@ def gspo_loss(
     ratio = token_log_ratio.clamp(max=10.0).exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    loss = agg_loss(torch.maximum(unclipped, clipped), response_mask, loss_agg_mode, agg_scale)
+    losses = _weighted(torch.maximum(unclipped, clipped), rollout_is_weights)
+    loss = agg_loss(losses, response_mask, loss_agg_mode, agg_scale)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
             "ppo_kl": masked_mean(-log_ratio, response_mask),
             "pg_clipfrac_lower": torch.zeros((), dtype=loss.dtype, device=loss.device),
         }
+    return loss, metrics
+
+
+def reinforce_loss(
+    *,
+    rollout_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    agg_scale: AggScale | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """REINFORCE with optional importance weights (Williams 1992): per token -w * A * log pi, no ratio, no clip.
+
+    verl 0.9.1's `compute_policy_loss_reinforce`, the loss of bypass mode's `loss_type=reinforce`: the weights
+    w = pi / pi_rollout (truncated, detached) carry the off-policy correction that PPO's ratio carries in
+    `ppo_clip`. Metrics: `ppo_kl` = mean of log pi_rollout - log pi over valid tokens.
+    """
+    valid = response_mask != 0
+    logprobs = torch.where(valid, logprobs, 0.0)  # a padded -inf times a zero advantage would be NaN
+    losses = _weighted(-advantages * logprobs, rollout_is_weights)
+    loss = agg_loss(losses, response_mask, loss_agg_mode, agg_scale)
+    with torch.no_grad():
+        metrics = {"ppo_kl": masked_mean(rollout_logprobs - logprobs, response_mask)}
     return loss, metrics
 
 

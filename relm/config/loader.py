@@ -378,17 +378,20 @@ def _schema_keys(cls: type, prefix: str) -> list[str]:
 def _coerce(dotted: str, value: Any, hint: Any) -> Any:
     """Check one value against its field's type, converting only where no meaning can be lost."""
     nullable = False
+    choices = [hint]
     if isinstance(hint, types.UnionType):
         nullable = type(None) in typing.get_args(hint)
-        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        # `float | str` (verl's thresholds: a number or a "lower_upper" text): the first that fits wins.
+        choices = [arg for arg in typing.get_args(hint) if arg is not type(None)]
     if value is None:
         if nullable:
             return None
-        raise _type_error(dotted, value, hint, nullable)
-    converted = _convert(value, hint)
-    if converted is _INVALID:
-        raise _type_error(dotted, value, hint, nullable)
-    return converted
+        raise _type_error(dotted, value, choices, nullable)
+    for choice in choices:
+        converted = _convert(value, choice)
+        if converted is not _INVALID:
+            return converted
+    raise _type_error(dotted, value, choices, nullable)
 
 
 _INVALID = object()
@@ -422,8 +425,8 @@ def _convert(value: Any, hint: Any) -> Any:
     raise TypeError(f"schema type {hint!r} has no converter")  # a schema change the loader must learn
 
 
-def _type_error(dotted: str, value: Any, hint: Any, nullable: bool) -> UserError:
-    expected = _describe(hint) + (" or null" if nullable else "")
+def _type_error(dotted: str, value: Any, hints: list[Any], nullable: bool) -> UserError:
+    expected = " or ".join(_describe(hint) for hint in hints) + (" or null" if nullable else "")
     return UserError(f"`{dotted}` must be {expected}, got {_show(value)}")
 
 

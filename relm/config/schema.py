@@ -540,11 +540,28 @@ class FilterGroupsConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    """Training on the rollout engine's own logprobs (`algorithm.rollout_correction.*`)."""
+    """The rollout engine's gap to the trainer's policy: old logprobs, importance weights, rejection (verl 0.9.1's keys)."""
 
+    rollout_is: str | None = None
+    """Importance weights exp(log pi_old - log pi_rollout) on the policy loss: `token`, `sequence` (product over the
+    response), or null (none; the `rollout_corr/` gap metrics are logged either way)."""
+    rollout_is_threshold: float | str = 2.0
+    """A number: weights above it are truncated to it (TIS); `"lower_upper"` (e.g. `"0.5_5.0"`): weights outside
+    the bounds are zeroed (IcePop)."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the weights by their batch mean (per token, or per response for `sequence`), so they average 1."""
+    rollout_rs: str | None = None
+    """Rejection: drop tokens or whole responses whose divergence estimate is out of bounds; comma-separated,
+    all must pass: `token_k1`, `seq_sum_k1`, `seq_mean_k1` (k2, k3 alike), `seq_max_k2`, `seq_max_k3`, or null."""
+    rollout_rs_threshold: float | str | None = None
+    """One bound per `rollout_rs` option (comma-separated; one is shared by all): `k1` options take ratio bounds
+    `"lower_upper"` (a single number u means 1/u to u), `k2`/`k3` options an upper bound."""
     bypass_mode: bool = False
     """Take the engine's logprobs as the old logprobs instead of recomputing them with the actor (one forward
-    fewer; their gap is then not measured)."""
+    fewer); the corrections then act inside the loss, against the current policy."""
+    loss_type: str = "ppo_clip"
+    """In bypass mode: `ppo_clip` (the policy loss of `policy_loss.loss_mode` against the engine's logprobs, no
+    weights) or `reinforce` (-w * A * log pi, w the importance weights, no clipping)."""
 
 
 @dataclass
@@ -568,7 +585,8 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO dynamic sampling."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
-    """Which policy's logprobs the update treats as old: the actor's (default) or the engine's."""
+    """Which policy's logprobs the update treats as old (the actor's, or the engine's in bypass mode) and the
+    importance weights and rejection that correct for the engine's gap."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from relm.config.fsdp_size import FSDP_SIZE_KEYS, check_fsdp_size
+from relm.config.rollout_correction import parse_rollout_correction
 from relm.config.schema import ActorConfig, CriticConfig, RelmConfig, RewardModelConfig, RolloutConfig
 from relm.errors import UserError
 
@@ -131,6 +132,7 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
     _check_batches(cfg)
     _check_fsdp_sizes(cfg)
     _check_features(cfg)
+    _check_rollout_correction(cfg)
     _check_lora(cfg)
     data = cfg.data
     total = data.max_prompt_length + data.max_response_length
@@ -139,6 +141,19 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
             f"`data.max_prompt_length={data.max_prompt_length}` + `data.max_response_length="
             f"{data.max_response_length}` = {total} exceeds the model's max_position_embeddings="
             f"{max_position_embeddings}; shorten one of them"
+        )
+
+
+def _check_rollout_correction(cfg: RelmConfig) -> None:
+    """verl 0.9.1's rollout-correction keys parse (relm.config.rollout_correction), and bypass mode's REINFORCE
+    loss is not asked for beside another policy loss it would replace."""
+    correction = parse_rollout_correction(cfg.algorithm.rollout_correction)
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if correction.bypass and correction.loss_type == "reinforce" and loss_mode != "vanilla":
+        raise UserError(
+            "`algorithm.rollout_correction.loss_type=reinforce` replaces the policy loss, so "
+            f"`actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}` would not act: set loss_mode=vanilla "
+            "or loss_type=ppo_clip"
         )
 
 

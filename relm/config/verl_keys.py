@@ -70,9 +70,7 @@ _SKIP = "rollout dumps and replays for debugging are not implemented"
 _TRAINER_V1 = "relm has one synchronous trainer loop (verl's v1 trainer modes do not apply)"
 _OTHER_ENGINE = "VeOmni and TorchTitan engines are not supported; relm trains with PyTorch FSDP"
 _CRITIC_ENGINE = "verl 0.9's engine copy of the critic's FSDP settings; relm reads `critic.model.fsdp_config`"
-_ROLLOUT_CORRECTION = (
-    "importance-sampling and rejection corrections are not implemented; relm acts on `bypass_mode` alone"
-)
+_ROLLOUT_CORRECTION = "a rollout-correction key of an older verl (0.6-0.7) that verl 0.9 dropped"
 
 ACCEPTED_UNUSED: dict[str, str] = {
     # Hydra's own keys, present in verl's unflattened YAML files.
@@ -320,10 +318,18 @@ ACCEPTED_UNUSED: dict[str, str] = {
 
 UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
     "algorithm.use_pf_ppo": "PF-PPO (policy filtration) is not supported yet",
-    "algorithm.rollout_correction.rollout_is": "rollout importance sampling is not implemented yet",
-    "algorithm.rollout_correction.rollout_rs": "rollout rejection sampling is not implemented yet",
-    "algorithm.rollout_correction.rollout_token_veto_threshold": "rollout rejection sampling is not implemented yet",
-    "algorithm.rollout_correction.use_pure_rollout_correction": "relm's update keeps the PPO clipped loss",
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": (
+        "verl 0.9 writes both bounds in `algorithm.rollout_correction.rollout_rs_threshold` as `lower_upper`; set that"
+    ),
+    "algorithm.rollout_correction.rollout_token_veto_threshold": (
+        "verl 0.9 dropped the token veto; a `token_k1` bound in `algorithm.rollout_correction.rollout_rs` does its job"
+    ),
+    "algorithm.rollout_correction.use_policy_gradient": (
+        "verl 0.9 names this `algorithm.rollout_correction.loss_type=reinforce` (with bypass_mode=true); set that"
+    ),
+    "algorithm.rollout_correction.use_pure_rollout_correction": (
+        "verl 0.9 names this `algorithm.rollout_correction.loss_type=reinforce` (with bypass_mode=true); set that"
+    ),
     "algorithm.rollout_correction.bypass_old_logprob_for_rollout": (
         "later verl names this `algorithm.rollout_correction.bypass_mode`; set that key"
     ),

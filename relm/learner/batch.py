@@ -42,6 +42,8 @@ class ExperienceBatch:
     """[N] score of the greedy response to the same prompt (ReMax's baseline)."""
     old_logprobs: torch.Tensor | None = None
     """[N, R] actor logprobs before this step's update."""
+    rollout_is_weights: torch.Tensor | None = None
+    """[N, R] rollout importance weights multiplying the policy loss (`algorithm.rollout_correction.rollout_is`)."""
     ref_logprobs: torch.Tensor | None = None
     """[N, R] reference-model logprobs."""
     values: torch.Tensor | None = None

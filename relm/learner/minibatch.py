@@ -138,5 +138,9 @@ class MinibatchMetrics:
         self._current = {}
 
     def result(self) -> dict[str, list[float]]:
-        """Per-mini-batch lists under `prefix/name`; the trainer averages each."""
-        return {f"{self.prefix}/{name}": values for name, values in self._per_minibatch.items()}
+        """Per-mini-batch lists under `prefix/name` (a name with its own section, `rollout_corr/kl`, as it is);
+        the trainer averages each."""
+        return {
+            name if "/" in name else f"{self.prefix}/{name}": values
+            for name, values in self._per_minibatch.items()
+        }

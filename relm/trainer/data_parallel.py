@@ -126,8 +126,18 @@ def on_rank_rows(
     """`compute` over this rank's `rows`, gathered into the whole batch's [N, ...] result on every rank."""
     if rows is None:
         return compute(batch)
-    local = compute(batch.select(rows)).cpu()
-    merged = torch.empty((len(batch), *local.shape[1:]), dtype=local.dtype)
+    return gather_rows(dist, len(batch), rows, compute(batch.select(rows)))
+
+
+def gather_rows(
+    dist: DistContext, num_rows: int, rows: torch.Tensor | None, local: torch.Tensor
+) -> torch.Tensor:
+    """Every rank's `local` [len(rows), ...] result for its `rows`, as the whole batch's [num_rows, ...] on every
+    rank (`local` itself in a single-process run)."""
+    if rows is None:
+        return local
+    local = local.cpu()
+    merged = torch.empty((num_rows, *local.shape[1:]), dtype=local.dtype)
     for part_rows, part in dist.gather_objects((rows, local)):
         merged[part_rows] = part
     return merged

@@ -20,6 +20,7 @@ from typing import Any
 
 from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
+from relm.config.rollout_correction import parse_rollout_correction
 from relm.data.records import PromptBatch
 from relm.errors import UserError
 from relm.learner.actor import update_actor
@@ -38,7 +39,7 @@ from relm.trainer.checkpoint import (
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
 from relm.trainer.cpu_threads import CpuThreads
-from relm.trainer.data_parallel import local_rows, on_rank_rows, rank_rows, reduce_update_metrics
+from relm.trainer.data_parallel import gather_rows, local_rows, on_rank_rows, rank_rows, reduce_update_metrics
 from relm.trainer.experience import batched_logprobs, batched_values
 from relm.trainer.flops import peak_flops, training_flops
 from relm.trainer.guards import DegenerateBatchReporter, SkipGuard
@@ -50,6 +51,13 @@ from relm.trainer.metrics import (
     memory_report,
     plan_metrics,
     rollout_gap_report,
+)
+from relm.trainer.old_logprobs import (
+    ON_POLICY_MESSAGE,
+    apply_rollout_correction,
+    empty_like_responses,
+    gap_metrics,
+    old_logprob_source,
 )
 from relm.trainer.plot import CURVES_FILE, plot_curves
 from relm.trainer.samples import ValidationSamples, dump_rollout
@@ -123,10 +131,13 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
         vocab_limit=len(c.tokenizer),  # the engines never sample past the tokenizer's ids
     )
     assert batch.rollout_logprobs is not None, "every engine returns the logprobs of what it sampled"
-    if c.cfg.algorithm.rollout_correction.bypass_mode:
+    source = old_logprob_source(c.cfg)  # relm.trainer.old_logprobs says which and why
+    if source == "engine":
         # verl's bypass mode: the engine's logprobs stand for the old policy's; no actor forward, so no
-        # gap to measure here (the first mini-batch's actor/ppo_kl shows it instead).
+        # gap to measure here (the update's rollout_corr/ metrics and actor/ppo_kl show it instead).
         batch.old_logprobs = batch.rollout_logprobs.clone()
+    elif source == "update":
+        batch.old_logprobs = None  # on-policy: the update's first forward stands for them (`update_models`)
     else:
         with timed(metrics, "old_log_prob"), c.residency.phase("old_log_prob"):
             batch.old_logprobs = on_rank_rows(
@@ -137,11 +148,7 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
                     actor.module, b, rows_per_forward=actor.batching.rows_per_forward, **logprobs
                 ),
             )
-        # The gap between the engine's and the trainer's logprobs of the same tokens (docs/rollout.md).
-        diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
-        if diff.numel():
-            metrics["rollout/logprob_diff_max"] = diff.max().item()
-            metrics["rollout/logprob_diff_mean"] = diff.mean().item()
+        metrics.update(gap_metrics(batch, with_offpolicy=False))
     reference = c.reference()
     if reference is not None:
         with timed(metrics, "ref"), c.residency.phase("reference"), reference as ref:
@@ -185,6 +192,9 @@ def estimate_advantages(c: RunComponents, batch: ExperienceBatch, metrics: dict[
         c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(batch))
     else:
         batch.token_rewards = batch.token_scores
+    correction = parse_rollout_correction(algo.rollout_correction)
+    if batch.old_logprobs is not None and not correction.bypass:  # verl's decoupled mode
+        apply_rollout_correction(batch, correction, metrics)
     batch.advantages, batch.returns = compute_advantages(
         algo.adv_estimator,
         token_rewards=batch.token_rewards,
@@ -209,7 +219,8 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
         How many optimizer steps were skipped for a non-finite gradient norm.
     """
     skipped = 0
-    mine = local_rows(batch, rank_rows(batch, c.dist, c.trainees, balance=c.cfg.trainer.balance_batch))
+    rows = rank_rows(batch, c.dist, c.trainees, balance=c.cfg.trainer.balance_batch)
+    mine = local_rows(batch, rows)
     shared: dict[str, Any] = dict(device=c.device, generator=c.generator, dist=c.dist)
     if c.critic is not None:
         with timed(metrics, "update_critic"), c.residency.phase("update_critic"):
@@ -217,9 +228,17 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
     if step > c.cfg.trainer.critic_warmup:
+        correction = parse_rollout_correction(c.cfg.algorithm.rollout_correction)
+        first_forward = empty_like_responses(mine) if batch.old_logprobs is None else None
         with timed(metrics, "update_actor"), c.residency.phase("update_actor"):
-            result = update_actor(c.actor, mine, temperature=c.sizes.logprob_temperature, **shared)
+            result = update_actor(
+                c.actor, mine, temperature=c.sizes.logprob_temperature,
+                bypass=correction if correction.bypass else None, first_forward_out=first_forward, **shared,
+            )  # fmt: skip
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
+        if first_forward is not None:  # on-policy: the gap to the engine, measured on the update's forward
+            batch.old_logprobs = gather_rows(c.dist, len(batch), rows, first_forward)
+            metrics.update(gap_metrics(batch, with_offpolicy=True))
         skipped += result.num_skipped_updates
         with timed(metrics, "sync"), c.residency.phase("sync"):
             c.engine.sync_weights(c.weight_sync.tensors())
@@ -326,6 +345,8 @@ def train(c: RunComponents) -> None:
         logger.info("validation only (trainer.val_only): metrics in %s", c.run_dir / "metrics.jsonl")
         return
     last_step = last_saved = start
+    if old_logprob_source(c.cfg) == "update":
+        logger.info(ON_POLICY_MESSAGE)
     cpu_threads = CpuThreads(c.device)  # fewer torch threads while other processes hold cores
     running = {"step": start}
     watchdog = HostWatchdog(

@@ -26,6 +26,17 @@ NOT_READ = {
     "RefConfig.log_prob_micro_batch_size": "deprecated global size, turned into the _per_gpu key on load",
     "RolloutConfig.log_prob_micro_batch_size": "the same for the rollout",
     "DataConfig.custom_cls": "custom dataset classes are refused by the validator when set",
+    **{
+        f"RolloutCorrectionConfig.{name}": "parsed once by relm.config.rollout_correction into the record the step reads"
+        for name in (
+            "bypass_mode",
+            "rollout_is",
+            "rollout_is_threshold",
+            "rollout_is_batch_normalize",
+            "rollout_rs",
+            "rollout_rs_threshold",
+        )
+    },  # fmt: skip
 }
 """Fields nothing outside relm/config/ reads, each with the reason; keep it short and true."""
 
