@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from relm.rewards.registry import extract_gsm8k_answer
+from relm.data.gsm8k import extract_gsm8k_answer
 
 DATA_SOURCE = "openai/gsm8k"
 SPLITS = ("train", "test")
