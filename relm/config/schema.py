@@ -251,8 +251,7 @@ class MultiTurnConfig:
     tool_config_path: str | None = None
     """verl's tool config YAML: `tools:` entries with `class_name`, `config` and `tool_schema`."""
     interaction_config_path: str | None = None
-    """verl's interaction config YAML: `interaction:` entries with `name`, `class_name` and `config` (scripted
-    users that answer each turn without a tool call; each row's `extra_info.interaction_kwargs.name` picks one)."""
+    """verl's interaction config YAML (`interaction:` list): scripted users that answer turns without a call."""
     format: str = "hermes"
     """How the model writes tool calls: `hermes` (`<tool_call>{json}</tool_call>`, as Qwen2.5 does)."""
     max_parallel_calls: int = 1
