@@ -80,7 +80,7 @@ def _rollout(tok, engine, interactions, limits=None, tools=None):
         tok,
         renderer,
         tools or {},
-        limits,
+        limits or MultiTurnLimits(),
         tok.pad_token_id,
         interactions=InteractionRunner(interactions),
     )
