@@ -12,6 +12,13 @@ one file. Nothing is downloaded. Each output row asks the question with verl's i
 `#### <answer>`, names `openai/gsm8k` as its data source (scored by relm's built-in gsm8k scorer), and
 keeps the number after the reference's `####` as the ground truth. Train on it with
 `relm train data.train_files=data/gsm8k/train.parquet data.val_files=data/gsm8k/test.parquet`.
+
+`--multiturn tool` writes the rows of verl's multi-turn GSM8K example (verl's
+`examples/data_preprocess/gsm8k_multiturn_w_tool.py`, Apache-2.0): its system prompt asking for the
+`calc_gsm8k_reward` tool, the ground truth in `extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs`,
+and `extra_info.interaction_kwargs`. `--multiturn interaction` writes those of verl's
+`gsm8k_multiturn_w_interaction.py`: the system prompt asking to reconsider when the user says the answer
+is wrong, and `interaction_kwargs` naming the `gsm8k` interaction (docs/multi_turn.md has both runs).
 """
 
 from __future__ import annotations
@@ -25,11 +32,28 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from relm.rewards.registry import extract_gsm8k_answer
+from relm.data.gsm8k import extract_gsm8k_answer
 
 DATA_SOURCE = "openai/gsm8k"
 SPLITS = ("train", "test")
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+MULTITURN_INSTRUCTION = "Let's think step by step and output the final answer after `####`."
+"""verl's multi-turn scripts quote `####` with backticks where its single-turn one uses double quotes."""
+MULTITURN_SYSTEM = {
+    "tool": (
+        "You are a math expert. You are given a question and you need to solve it step by step. "
+        "Reasoning step by step before any tool call. "
+        "You should use the `calc_gsm8k_reward` tool after step by step solving the question, "
+        "before generate final answer at least once and refine your answer if necessary. "
+        "Put your final answer in the format of `#### <answer>`."
+    ),
+    "interaction": (
+        "You are a math expert. You are given a question and you need to solve it step by step. "
+        "You should rethinking carefully if user point out your answer is wrong. "
+        "Put your final answer in the format of `#### <answer>`."
+    ),
+}
+"""The system prompts of verl's two multi-turn GSM8K preprocessors, word for word (the model reads them)."""
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -42,8 +66,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     raise ValueError(f"--input '{path}': expected a .jsonl or .parquet file")
 
 
-def convert_row(row: dict[str, Any], index: int, split: str) -> dict[str, Any]:
-    """One GSM8K row in relm's layout.
+def convert_row(row: dict[str, Any], index: int, split: str, multiturn: str | None = None) -> dict[str, Any]:
+    """One GSM8K row in relm's layout (`multiturn`: `tool` or `interaction` for verl's multi-turn rows).
 
     Raises:
         ValueError: The row lacks `question`/`answer`, or its answer has no `#### <number>`.
@@ -54,12 +78,30 @@ def convert_row(row: dict[str, Any], index: int, split: str) -> dict[str, Any]:
     ground_truth = extract_gsm8k_answer(row["answer"], method="strict")
     if ground_truth is None:
         raise ValueError(f"row {index}: answer does not end with '#### <number>': {row['answer'][-80:]!r}")
+    extra_info = {"split": split, "index": index, "answer": row["answer"], "question": row["question"]}
+    if multiturn is None:
+        prompt = [{"role": "user", "content": f"{row['question']} {INSTRUCTION}"}]
+    else:
+        question = f"{row['question']} {MULTITURN_INSTRUCTION}"
+        prompt = [
+            {"role": "system", "content": MULTITURN_SYSTEM[multiturn]},
+            {"role": "user", "content": question},
+        ]
+        interaction = {"query": question, "ground_truth": ground_truth}
+        if multiturn == "tool":
+            extra_info["need_tools_kwargs"] = True
+            extra_info["tools_kwargs"] = {
+                "calc_gsm8k_reward": {"create_kwargs": {"ground_truth": ground_truth}}
+            }
+        else:
+            interaction = {"name": "gsm8k", **interaction}
+        extra_info["interaction_kwargs"] = interaction
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": f"{row['question']} {INSTRUCTION}"}],
+        "prompt": prompt,
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
-        "extra_info": {"split": split, "index": index, "answer": row["answer"], "question": row["question"]},
+        "extra_info": extra_info,
     }
 
 
@@ -80,11 +122,11 @@ def split_files(folder: Path) -> dict[str, Path]:
     return found
 
 
-def convert_file(source: Path, output: Path, split: str) -> int:
+def convert_file(source: Path, output: Path, split: str, multiturn: str | None = None) -> int:
     """Convert one file; returns the number of rows written."""
     if not source.is_file():
         raise ValueError(f"--input '{source}' does not exist")
-    rows = [convert_row(row, index, split) for index, row in enumerate(read_rows(source))]
+    rows = [convert_row(row, index, split, multiturn) for index, row in enumerate(read_rows(source))]
     output.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), output)
     return len(rows)
@@ -97,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input", type=Path, help="one file of GSM8K rows: .jsonl or .parquet")
     parser.add_argument("--output", type=Path, help="parquet file to write (with --input)")
     parser.add_argument("--split", default="train", help="split name stored in extra_info (with --input)")
+    parser.add_argument(
+        "--multiturn",
+        choices=sorted(MULTITURN_SYSTEM),
+        help="the rows of verl's multi-turn GSM8K example: with the gsm8k tool, or with the gsm8k interaction",
+    )
     args = parser.parse_args(argv)
     if (args.input is None) == (args.local_dataset_path is None):
         parser.error("give either --local_dataset_path (and --local_save_dir) or --input and --output")
@@ -112,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
         for source, output, split in jobs:
             # Every row of a file is checked before it is written: a bad row leaves no half-written file.
-            count = convert_file(source, output, split)
+            count = convert_file(source, output, split, args.multiturn)
             print(f"wrote {count} rows to {output}")
     except (ValueError, OSError, pa.ArrowException) as exc:
         print(f"error: {exc}", file=sys.stderr)

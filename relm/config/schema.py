@@ -241,15 +241,17 @@ class MultiTurnConfig:
     """Multi-turn rollouts with tools (`rollout.multi_turn.*`, verl's names; docs/multi_turn.md)."""
 
     enable: bool = False
-    """Let the model call tools over several turns; the reward comes at the end of the conversation."""
+    """Let the model call tools (and scripted users answer it) over several turns; the reward comes at the end."""
     max_assistant_turns: int | None = None
     """Model turns per conversation (null: until `data.max_response_length` runs out)."""
     max_user_turns: int | None = None
-    """Tool turns per conversation (null: no limit)."""
+    """Tool and interaction (user-side) turns per conversation (null: no limit)."""
     max_turns: int | None = None
     """verl's older name for `max_assistant_turns`, read when that is unset."""
     tool_config_path: str | None = None
     """verl's tool config YAML: `tools:` entries with `class_name`, `config` and `tool_schema`."""
+    interaction_config_path: str | None = None
+    """verl's interaction config YAML (`interaction:` list): scripted users that answer turns without a call."""
     format: str = "hermes"
     """How the model writes tool calls: `hermes` (`<tool_call>{json}</tool_call>`, as Qwen2.5 does)."""
     max_parallel_calls: int = 1

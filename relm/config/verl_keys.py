@@ -140,7 +140,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.rollout.update_weights_bucket_megabytes": "relm hands weights to vLLM in-process, tensor by tensor (no buckets)",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": _DYN_LOGPROB,
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": _DYN_LOGPROB,
-    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": "interactions (scripted users) are not implemented",
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": _MULTI_TURN_IDS,
     "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": _MULTI_TURN_IDS,
     "actor_rollout_ref.rollout.multi_turn.completion_callback": "relm's multi-turn loop has no completion callbacks",

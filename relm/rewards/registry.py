@@ -7,12 +7,12 @@ names it serves is all a built-in task needs. Anything else goes through
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Any
 
 from relm.data.demo_task import DEMO_DATA_SOURCE, letter_share_score
+from relm.data.gsm8k import extract_gsm8k_answer as extract_gsm8k_answer  # where callers found it
+from relm.data.gsm8k import gsm8k_score
 from relm.errors import UserError
 from relm.rewards.math_dapo import math_dapo_score
 from relm.rewards.math_reward import math_score
@@ -80,54 +80,6 @@ def default_compute_score(
 
 
 register_scorer(DEMO_DATA_SOURCE)(letter_share_score)
-
-
-# A number starts and ends with a digit: a pattern that could start on `.`, `,` or `$` backtracks over
-# each run of them from every position, which is quadratic in the degenerate "......" responses
-# early RL policies produce (8k dots took 0.2 s, and 10x the dots takes 100x the time).
-_NUMBER_PATTERN = r"-?\$?\d(?:[\d.,]*\d)?"
-_GSM8K_STRICT = re.compile(r"#### *(" + _NUMBER_PATTERN + ")")
-_NUMBER = re.compile(_NUMBER_PATTERN)
-
-
-def extract_gsm8k_answer(solution_str: str, method: str = "strict") -> str | None:
-    """The final answer of a GSM8K response, normalised (no `,` or `$`); None when absent.
-
-    `strict` takes the number after the last `####` (the format GSM8K's references use);
-    `flexible` takes the last number anywhere, for models not trained on that format.
-    """
-    if method not in ("strict", "flexible"):
-        raise ValueError(f"method must be 'strict' or 'flexible', got {method!r}")
-    pattern = _GSM8K_STRICT if method == "strict" else _NUMBER
-    matches = pattern.findall(solution_str)
-    if not matches:
-        return None
-    return matches[-1].replace(",", "").replace("$", "")
-
-
-def gsm8k_score(
-    solution_str: str,
-    ground_truth: str,
-    method: str = "strict",
-    format_score: float = 0.0,
-    score: float = 1.0,
-) -> float:
-    """`score` for the right final answer, `format_score` for a wrong one, 0 for none.
-
-    Answers compare as numbers, so `18`, `18.0` and `$18` all match a reference of `18`. verl's scorer
-    compares strings and reads only the last 300 characters, so the last two score 0 there; relm keeps
-    judging the number on purpose, and whatever verl scores 1 scores 1 here (docs/algorithms.md).
-    """
-    answer = extract_gsm8k_answer(solution_str, method)
-    if answer is None:
-        return 0.0
-    reference = str(ground_truth).replace(",", "").replace("$", "").strip()
-    try:
-        # Exact rationals: floats would call 10000000000000001 and 10000000000000000 equal.
-        correct = Fraction(answer) == Fraction(reference)
-    except (ValueError, ZeroDivisionError):
-        correct = answer == reference
-    return score if correct else format_score
 
 
 register_scorer("openai/gsm8k")(gsm8k_score)

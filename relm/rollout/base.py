@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -64,6 +64,9 @@ class GenerationOutput:
     model_mask: torch.Tensor | None = None
     """[N, R] int64, 1 on the tokens the model sampled, 0 on tool results a multi-turn rollout appended
     (which `response_mask` covers too); None when every response token was sampled."""
+    extra_fields: list[dict[str, Any]] | None = None
+    """N dicts a multi-turn rollout adds to each response's `extra_info` for the reward function
+    (verl's `turn_scores`, `tool_rewards`); None otherwise."""
 
     @property
     def response_lengths(self) -> torch.Tensor:

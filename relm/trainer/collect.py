@@ -79,8 +79,15 @@ def _generate(
     (their statistics into `metrics`)."""
     if c.multi_turn is None:
         return c.engine.generate(prompts.prompt_ids, params)
-    tools_kwargs = [dict((info or {}).get("tools_kwargs") or {}) for info in prompts.extra_infos]
-    out = c.multi_turn.generate(prompts.prompt_ids, params, tools_kwargs)
+    infos = [info or {} for info in prompts.extra_infos]
+    out = c.multi_turn.generate(
+        prompts.prompt_ids,
+        params,
+        tools_kwargs=[dict(info.get("tools_kwargs") or {}) for info in infos],
+        interaction_kwargs=[dict(info.get("interaction_kwargs") or {}) for info in infos],
+        # verl's interactions read the chat so far; the prompt's messages are kept whatever data.return_raw_chat.
+        messages=prompts.raw_prompts or [c.loader.dataset[i]["raw_prompt"] for i in prompts.indices],
+    )
     if metrics is not None:
         metrics.update(out.metrics)
     return out.generation

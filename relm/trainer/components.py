@@ -70,7 +70,12 @@ from relm.rewards.registry import default_compute_score
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.multi_turn.driver import MultiTurnRollout
-from relm.rollout.multi_turn.setup import build_multi_turn, load_run_tools, tool_schemas
+from relm.rollout.multi_turn.setup import (
+    build_multi_turn,
+    load_run_interactions,
+    load_run_tools,
+    tool_schemas,
+)
 from relm.rollout.multi_turn.tools import Tool
 from relm.rollout.native.engine import NativeRolloutEngine
 from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
@@ -335,7 +340,9 @@ def build_components(
         reward_model=build_reward_model(cfg.reward_model, device=device, seed=cfg.seed)
         if cfg.reward_model.enable
         else None,
-        multi_turn=_multi_turn(cfg, tools, engine, tokenizer, generator) if tools else None,
+        multi_turn=_multi_turn(cfg, tools, engine, tokenizer, generator)
+        if cfg.actor_rollout_ref.rollout.multi_turn.enable
+        else None,
     )
 
 
@@ -350,7 +357,7 @@ def _trained_sources(cfg: RelmConfig, model_dir: str) -> dict[str, str]:
 def _run_tools(cfg: RelmConfig, dist: DistContext) -> dict[str, Tool]:
     """The multi-turn rollout's tools (none without `rollout.multi_turn.enable`)."""
     tools = load_run_tools(cfg.actor_rollout_ref.rollout.multi_turn)
-    if tools and dist.is_distributed:
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable and dist.is_distributed:
         # Each turn is a collective generate; ranks whose tools answered differently (a timeout on one)
         # would make different numbers of calls and wait on each other forever.
         raise UserError(
@@ -388,7 +395,8 @@ def _multi_turn(
     tokenizer: PreTrainedTokenizerBase,
     generator: nn.Module,
 ) -> MultiTurnRollout:
-    """Drives `engine` through conversations with `tools` (`rollout.multi_turn.enable`)."""
+    """Drives `engine` through conversations with `tools` and the config's interactions
+    (`rollout.multi_turn.enable`)."""
     return build_multi_turn(
         cfg.actor_rollout_ref.rollout.multi_turn,
         tools,
@@ -397,6 +405,7 @@ def _multi_turn(
         chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
         chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
         eos_token_ids=eos_token_ids_of(tokenizer, generator),
+        interactions=load_run_interactions(cfg.actor_rollout_ref.rollout.multi_turn),
     )
 
 

@@ -46,7 +46,12 @@ def build_experience(
         group_ids=torch.arange(len(prompts)).repeat_interleave(n),
         data_sources=rep(prompts.data_sources),
         ground_truths=rep(prompts.ground_truths),
-        extra_infos=rep(prompts.extra_infos),
+        # A multi-turn rollout's `turn_scores` and `tool_rewards` reach the reward function, as in verl.
+        extra_infos=rep(prompts.extra_infos)
+        if gen.extra_fields is None
+        else [
+            {**info, **extra} for info, extra in zip(rep(prompts.extra_infos), gen.extra_fields, strict=True)
+        ],
         finish_reasons=list(gen.finish_reasons),
         rollout_logprobs=gen.logprobs.float().cpu(),
     )

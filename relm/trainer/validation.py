@@ -133,16 +133,27 @@ def run_validation(
             if multi_turn is None:
                 gen = engine.generate(prompt_ids, batch_params)
             else:
-                tools_kwargs = [
-                    dict(dict(item["extra_info"] or {}).get("tools_kwargs") or {}) for item in items
+                infos = [dict(item["extra_info"] or {}) for item in items]
+                gen = multi_turn.generate(
+                    prompt_ids,
+                    batch_params,
+                    tools_kwargs=[dict(info.get("tools_kwargs") or {}) for info in infos],
+                    interaction_kwargs=[dict(info.get("interaction_kwargs") or {}) for info in infos],
+                    messages=[list(item.get("raw_prompt") or []) for item in items],
+                ).generation
+            extra_infos = _repeat([dict(item["extra_info"]) for item in items], num_generated)
+            if (
+                gen.extra_fields is not None
+            ):  # a multi-turn rollout's turn_scores and tool_rewards, as in verl
+                extra_infos = [
+                    {**info, **extra} for info, extra in zip(extra_infos, gen.extra_fields, strict=True)
                 ]
-                gen = multi_turn.generate(prompt_ids, batch_params, tools_kwargs).generation
             scored = reward(
                 gen.response_ids,
                 gen.response_mask,
                 _repeat([item["data_source"] for item in items], num_generated),
                 _repeat([item["ground_truth"] for item in items], num_generated),
-                _repeat([dict(item["extra_info"]) for item in items], num_generated),
+                extra_infos,
             )
             if keep_samples:
                 samples += _samples(reward, items, num_generated, scored)

@@ -5,6 +5,8 @@ conversations still open from their own ids (one `generate` call over all of the
 works); the ids it samples are appended as they are (mask 1), tool results as the chat template's
 ids (mask 0). A row ends when its turn has no tool call, ends in a token other than the template's
 turn end, reaches a turn limit, or its response would pass `max_new_tokens` (tool ids included).
+With interactions (interactions.py), a turn without a call goes to the row's scripted user instead,
+whose reply is appended as the template's user turn (mask 0) and who may end the conversation.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ from transformers import PreTrainedTokenizerBase
 
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, RolloutEngine, SamplingParams
 from relm.rollout.multi_turn.hermes import ToolCall, parse_tool_calls
+from relm.rollout.multi_turn.interactions import (
+    InteractionReply,
+    InteractionRunner,
+    InteractionSession,
+    interaction_metrics,
+)
 from relm.rollout.multi_turn.render import ToolTurnRenderer
 from relm.rollout.multi_turn.tools import Tool, ToolContext, ToolResult, run_tool
 
@@ -51,6 +59,7 @@ class _Conversation:
     user_turns: int = 0
     last_turn: list[int] = field(default_factory=list)
     """The ids sampled in the latest turn, read for tool calls."""
+    tool_rewards: list[float] = field(default_factory=list)
     finish: str | None = None
 
 
@@ -73,6 +82,7 @@ class MultiTurnRollout:
         tools: Tools by name.
         limits: Turn and result limits.
         pad_token_id: Padding of the returned tensors.
+        interactions: Scripted users (`multi_turn.interaction_config_path`), or None.
     """
 
     def __init__(
@@ -83,9 +93,11 @@ class MultiTurnRollout:
         tools: dict[str, Tool],
         limits: MultiTurnLimits,
         pad_token_id: int,
+        interactions: InteractionRunner | None = None,
     ) -> None:
         self.engine, self.tokenizer, self.renderer = engine, tokenizer, renderer
         self.tools, self.limits, self.pad_token_id = tools, limits, pad_token_id
+        self.interactions = interactions
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
@@ -97,21 +109,61 @@ class MultiTurnRollout:
         prompts: list[list[int]],
         params: SamplingParams,
         tools_kwargs: list[dict[str, Any]] | None = None,
+        interaction_kwargs: list[dict[str, Any]] | None = None,
+        messages: list[list[dict[str, Any]]] | None = None,
     ) -> MultiTurnOutput:
         """`params.n` conversations per prompt, grouped prompt by prompt as engines return them;
-        `tools_kwargs[i]`: prompt i's `extra_info.tools_kwargs` (by tool name)."""
+        `tools_kwargs[i]`: prompt i's `extra_info.tools_kwargs` (by tool name); with interactions,
+        `interaction_kwargs[i]` its `extra_info.interaction_kwargs` and `messages[i]` its chat messages."""
         rows = [_Conversation(ids=list(p)) for p in prompts for _ in range(params.n)]
         row_kwargs = [k for k in (tools_kwargs or [{}] * len(prompts)) for _ in range(params.n)]
+        sessions = self._open_sessions(len(prompts), params.n, interaction_kwargs, messages)
         stats = _Stats()
         turn = 0
         while open_rows := [i for i, r in enumerate(rows) if r.finish is None]:
             self._sample_turn(rows, open_rows, params, turn)
-            calling = self._calls_of(rows, open_rows)
+            for i in open_rows if sessions else []:
+                sessions[i].messages.append({"role": "assistant", "content": self._text(rows[i].last_turn)})
+            calling = self._calls_of(rows, open_rows, answering=bool(sessions))
             results = asyncio.run(self._run_calls(calling, row_kwargs, stats))
             for i, outcomes in results.items():
+                rows[i].tool_rewards += [r.reward for r in outcomes]
                 self._append_tool_turn(rows[i], outcomes, params.max_new_tokens)
+                if sessions:
+                    sessions[i].messages += [{"role": "tool", "content": r.text} for r in outcomes]
+            asking = [i for i in open_rows if sessions and rows[i].finish is None and i not in calling]
+            if asking and self.interactions is not None:
+                replies = self.interactions.respond({i: sessions[i] for i in asking})
+                for i, reply in replies.items():
+                    self._append_user_turn(rows[i], reply, params.max_new_tokens)
             turn += 1
-        return MultiTurnOutput(self._pack(rows, params.max_new_tokens), stats.metrics(rows))
+        metrics = stats.metrics(rows)
+        if sessions and self.interactions is not None:
+            self.interactions.close(sessions)
+            metrics |= interaction_metrics(sessions)
+        extra = [
+            {"turn_scores": sessions[i].turn_scores if sessions else [], "tool_rewards": row.tool_rewards}
+            for i, row in enumerate(rows)
+        ]
+        return MultiTurnOutput(self._pack(rows, params.max_new_tokens, extra), metrics)
+
+    def _open_sessions(
+        self,
+        num_prompts: int,
+        n: int,
+        interaction_kwargs: list[dict[str, Any]] | None,
+        messages: list[list[dict[str, Any]]] | None,
+    ) -> list[InteractionSession]:
+        if self.interactions is None:
+            return []
+        kwargs = [k for k in (interaction_kwargs or [{}] * num_prompts) for _ in range(n)]
+        prompts = [m for m in (messages or [[]] * num_prompts) for _ in range(n)]
+        return self.interactions.open(kwargs, prompts)
+
+    def _text(self, ids: list[int]) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        assert isinstance(text, str), "one sequence decodes to one string"
+        return text
 
     def _sample_turn(
         self, rows: list[_Conversation], open_rows: list[int], params: SamplingParams, turn: int
@@ -136,15 +188,17 @@ class MultiTurnRollout:
                 row.finish = FINISH_STOP  # ended by eos, not by the template's turn end: the answer is final
             row.last_turn = sampled
 
-    def _calls_of(self, rows: list[_Conversation], open_rows: list[int]) -> dict[int, list[ToolCall]]:
+    def _calls_of(
+        self, rows: list[_Conversation], open_rows: list[int], answering: bool = False
+    ) -> dict[int, list[ToolCall]]:
+        """The calls of each open row's latest turn; a row without calls ends, unless `answering`
+        (an interaction replies to it)."""
         calling: dict[int, list[ToolCall]] = {}
         for i in open_rows:
             row = rows[i]
             if row.finish is not None:
                 continue
-            text = self.tokenizer.decode(row.last_turn, skip_special_tokens=True)
-            assert isinstance(text, str), "one sequence decodes to one string"
-            calls = parse_tool_calls(text)
+            calls = parse_tool_calls(self._text(row.last_turn))
             over_turns = (
                 self.limits.max_assistant_turns is not None
                 and row.assistant_turns >= self.limits.max_assistant_turns
@@ -152,10 +206,11 @@ class MultiTurnRollout:
             over_user = (
                 self.limits.max_user_turns is not None and row.user_turns >= self.limits.max_user_turns
             )
-            if not calls or over_turns or over_user:
+            if over_turns or over_user or not (calls or answering):
                 row.finish = FINISH_STOP
                 continue
-            calling[i] = calls[: self.limits.max_parallel_calls]
+            if calls:
+                calling[i] = calls[: self.limits.max_parallel_calls]
         return calling
 
     async def _run_calls(
@@ -202,7 +257,24 @@ class MultiTurnRollout:
         row.logprobs += [0.0] * len(suffix)
         row.user_turns += 1
 
-    def _pack(self, rows: list[_Conversation], width: int) -> GenerationOutput:
+    def _append_user_turn(self, row: _Conversation, reply: InteractionReply, max_new_tokens: int) -> None:
+        """The interaction's reply as the template's user turn; appended even when it ends the episode,
+        as verl does, so the reward function and the samples see the verdict."""
+        suffix = self.renderer.suffix_ids([reply.text], role="user")
+        if len(row.response) + len(suffix) >= max_new_tokens:
+            row.finish = FINISH_STOP if reply.should_terminate else FINISH_LENGTH
+            return
+        row.ids += suffix
+        row.response += suffix
+        row.model_mask += [0] * len(suffix)
+        row.logprobs += [0.0] * len(suffix)
+        row.user_turns += 1
+        if reply.should_terminate:
+            row.finish = FINISH_STOP
+
+    def _pack(
+        self, rows: list[_Conversation], width: int, extra: list[dict[str, Any]] | None = None
+    ) -> GenerationOutput:
         num_rows = len(rows)
         ids = torch.full((num_rows, width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((num_rows, width), dtype=torch.long)
@@ -215,7 +287,12 @@ class MultiTurnRollout:
             model_mask[i, :n] = torch.tensor(row.model_mask, dtype=torch.long)
             logprobs[i, :n] = torch.tensor(row.logprobs, dtype=torch.float32)
         return GenerationOutput(
-            ids, mask, logprobs, [r.finish or FINISH_STOP for r in rows], model_mask=model_mask
+            ids,
+            mask,
+            logprobs,
+            [r.finish or FINISH_STOP for r in rows],
+            model_mask=model_mask,
+            extra_fields=extra,
         )
 
 

@@ -74,16 +74,16 @@ class ToolTurnRenderer:
         assert isinstance(text, str)
         return text
 
-    def suffix_text(self, tool_texts: list[str]) -> str:
-        """What the template writes after the assistant's end-of-turn token: the tool messages and the
-        next assistant turn's header."""
-        messages = self._base + [{"role": "tool", "content": text} for text in tool_texts]
+    def suffix_text(self, tool_texts: list[str], role: str = "tool") -> str:
+        """What the template writes after the assistant's end-of-turn token: the tool messages (or, with
+        `role="user"`, an interaction's reply) and the next assistant turn's header."""
+        messages = self._base + [{"role": role, "content": text} for text in tool_texts]
         try:
             full = self._render(messages, add_generation_prompt=True)
         except Exception as exc:  # a Jinja `raise_exception` for an unknown role
             raise UserError(
-                f"the chat template cannot render a `tool` message ({exc}); multi-turn rollouts need a "
-                "template with a tool role (actor_rollout_ref.model.custom_chat_template)"
+                f"the chat template cannot render a `{role}` message ({exc}); multi-turn rollouts need a "
+                f"template with a {role} role (actor_rollout_ref.model.custom_chat_template)"
             ) from exc
         if not full.startswith(self._prefix):
             raise UserError(
@@ -92,6 +92,6 @@ class ToolTurnRenderer:
             )
         return full[self._cut :]
 
-    def suffix_ids(self, tool_texts: list[str]) -> list[int]:
+    def suffix_ids(self, tool_texts: list[str], role: str = "tool") -> list[int]:
         """Token ids of `suffix_text`, encoded without special tokens added (the template wrote them)."""
-        return list(self.tokenizer.encode(self.suffix_text(tool_texts), add_special_tokens=False))
+        return list(self.tokenizer.encode(self.suffix_text(tool_texts, role), add_special_tokens=False))

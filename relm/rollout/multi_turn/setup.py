@@ -12,6 +12,7 @@ from relm.models.tokenizer import _template_turn_end
 from relm.rollout.base import RolloutEngine
 from relm.rollout.multi_turn.driver import TRUNCATE_SIDES, MultiTurnLimits, MultiTurnRollout
 from relm.rollout.multi_turn.hermes import FORMATS
+from relm.rollout.multi_turn.interactions import Interaction, InteractionRunner, load_interactions
 from relm.rollout.multi_turn.render import ToolTurnRenderer
 from relm.rollout.multi_turn.tools import Tool, load_tools
 
@@ -19,7 +20,8 @@ KEY = "actor_rollout_ref.rollout.multi_turn"
 
 
 def load_run_tools(cfg: MultiTurnConfig) -> dict[str, Tool]:
-    """The tools of an enabled multi-turn config, after checking its other keys; {} when disabled."""
+    """The tools of an enabled multi-turn config, after checking its other keys; {} when disabled or
+    when the conversations have interactions and no tools."""
     if not cfg.enable:
         return {}
     if cfg.format not in FORMATS:
@@ -40,9 +42,19 @@ def load_run_tools(cfg: MultiTurnConfig) -> dict[str, Tool]:
         value = getattr(cfg, name)
         if value is not None and value < 1:
             raise UserError(f"{KEY}.{name}={value}: must be at least 1 (or unset where null is allowed)")
-    if not cfg.tool_config_path:
-        raise UserError(f"{KEY}.enable=true needs {KEY}.tool_config_path (verl's tool config YAML)")
-    return load_tools(cfg.tool_config_path)
+    if not cfg.tool_config_path and not cfg.interaction_config_path:
+        raise UserError(
+            f"{KEY}.enable=true needs {KEY}.tool_config_path (verl's tool config YAML) or "
+            f"{KEY}.interaction_config_path (verl's interaction config YAML)"
+        )
+    return load_tools(cfg.tool_config_path) if cfg.tool_config_path else {}
+
+
+def load_run_interactions(cfg: MultiTurnConfig) -> dict[str, Interaction]:
+    """The interactions of an enabled multi-turn config; {} when it names none."""
+    if not cfg.enable or not cfg.interaction_config_path:
+        return {}
+    return load_interactions(cfg.interaction_config_path)
 
 
 def tool_schemas(tools: dict[str, Tool]) -> list[dict[str, Any]]:
@@ -59,8 +71,9 @@ def build_multi_turn(
     chat_template: str | None,
     chat_template_kwargs: dict[str, Any],
     eos_token_ids: list[int],
+    interactions: dict[str, Interaction] | None = None,
 ) -> MultiTurnRollout:
-    """The rollout that drives `engine` through conversations with `tools`."""
+    """The rollout that drives `engine` through conversations with `tools` and `interactions`."""
     turn_end = _template_turn_end(tokenizer)
     if turn_end is None or turn_end not in eos_token_ids:
         raise UserError(
@@ -77,4 +90,12 @@ def build_multi_turn(
         max_tool_response_length=cfg.max_tool_response_length,
         tool_response_truncate_side=cfg.tool_response_truncate_side,
     )
-    return MultiTurnRollout(engine, tokenizer, renderer, tools, limits, pad_token_id=tokenizer.pad_token_id)
+    return MultiTurnRollout(
+        engine,
+        tokenizer,
+        renderer,
+        tools,
+        limits,
+        pad_token_id=tokenizer.pad_token_id,
+        interactions=InteractionRunner(interactions) if interactions else None,
+    )

@@ -11,6 +11,7 @@ import ast
 import asyncio
 import importlib
 import inspect
+import logging
 import operator
 import sys
 from collections.abc import Awaitable
@@ -21,6 +22,15 @@ from typing import Any, Protocol
 import yaml
 
 from relm.errors import UserError
+
+logger = logging.getLogger("relm")
+
+VERL_EQUIVALENTS = {
+    "verl.tools.gsm8k_tool.Gsm8kTool": "relm.rollout.multi_turn.gsm8k.Gsm8kTool",
+    "verl.interactions.gsm8k_interaction.Gsm8kInteraction": "relm.rollout.multi_turn.gsm8k.Gsm8kInteraction",
+}
+"""verl's example classes that relm runs its own counterpart of (verl itself needs Ray to import, and
+0.8+ no longer ships them): verl's example configs work as they are."""
 
 
 @dataclass(frozen=True)
@@ -204,7 +214,7 @@ def load_tools(config_path: str) -> dict[str, Tool]:
         where = f"{key}={config_path}: tools[{index}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
             raise UserError(f"{where} needs a `class_name` (a dotted Python name)")
-        cls = _import_class(entry["class_name"], path.parent, where)
+        cls = import_class(entry["class_name"], path.parent, where)
         schema = entry.get("tool_schema")
         config = dict(entry.get("config") or {})
         try:
@@ -237,7 +247,12 @@ def _is_verl_style(tool: Any) -> bool:
         return False
 
 
-def _import_class(dotted: str, folder: Path, where: str) -> type:
+def import_class(dotted: str, folder: Path, where: str) -> type:
+    """The class a config's `class_name` names, importable from `folder` (the config's) or sys.path;
+    one of verl's example classes is swapped for relm's counterpart (VERL_EQUIVALENTS), with a log line."""
+    if dotted in VERL_EQUIVALENTS:
+        logger.warning("%s: `%s` runs as relm's built-in `%s`", where, dotted, VERL_EQUIVALENTS[dotted])
+        dotted = VERL_EQUIVALENTS[dotted]
     module_name, _, attr = dotted.rpartition(".")
     if not module_name:
         raise UserError(f"{where}: class_name `{dotted}` needs a module, e.g. my_tools.LookupTool")
