@@ -144,8 +144,11 @@ def test_a_leaking_worker_is_replaced_past_the_memory_limit(pool):
     errors = [o for o in outcomes if o.kind == "error"]
     # 40 MB a call against 400 MB: a worker lasts about 9 calls, then costs the call it is on.
     assert errors and all("over reward_model.memory_limit_mb=400" in o.reason for o in errors)
-    assert pool.num_replaced - replaced == len(errors)
-    assert sum(o.kind == "ok" for o in outcomes) >= 24 - len(errors)
+    # Every failed call cost its worker (on a loaded machine a call may also time out). A worker found over
+    # the limit between calls is replaced too, costing no row: so at least one replacement per failure.
+    failed = [o for o in outcomes if o.kind != "ok"]
+    assert pool.num_replaced - replaced >= len(failed)
+    assert all(o.kind in ("error", "timeout") for o in failed)
 
 
 def test_close_ends_every_worker(reward_file):
