@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -139,7 +140,7 @@ def vllm_lora(actor: nn.Module) -> VLLMLora | None:
         return None
     adapted = [name for name, _ in lora_layers(actor)]
     refused = unserved_modules(actor, adapted)
-    config = actor.peft_config[ADAPTER]  # type: ignore[index,union-attr]  # set by transformers' add_adapter
+    config: Any = actor.peft_config[ADAPTER]  # type: ignore[index]  # a peft LoraConfig, set by transformers' add_adapter
     tied = bool(getattr(actor.config.get_text_config(), "tie_word_embeddings", False))  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
     if not refused:
         return VLLMLora(
