@@ -41,7 +41,7 @@ from relm.rollout.base import (
     logprob_tolerance,
 )
 from relm.rollout.checkpoint_format import checkpoint_format
-from relm.rollout.vllm_lora import AdapterFolders, VLLMLora, vllm_lora_rank
+from relm.rollout.vllm_lora import AdapterFolders, VLLMLora, replace_adapter, vllm_lora_rank
 
 logger = logging.getLogger("relm")
 
@@ -435,26 +435,11 @@ class VLLMRolloutEngine:
             self._load_adapter(self.lora.adapter())
 
     def _load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Write the adapter as a PEFT folder and make it the one every request uses, under a new id."""
-        from vllm.lora.request import LoRARequest
-
+        """Make `named_tensors` the adapter every request uses, under a new id."""
         assert self._adapters is not None and self.lora is not None, "vLLM serves the adapter"
-        folder = self._adapters.write(named_tensors, self.lora.adapter_config)
-        previous = self._lora_request
-        number = self._adapters.number
-        request = LoRARequest(lora_name=f"relm-{number}", lora_int_id=number, lora_path=str(folder))
-        engine = self.llm.llm_engine
-        if previous is not None:
-            engine.remove_lora(previous.lora_int_id)
-        try:
-            engine.add_lora(request)  # loaded now, so that a refused adapter fails the sync, not a rollout
-        except ValueError as exc:
-            raise UserError(
-                f"`actor_rollout_ref.model.target_modules`: vLLM's LoRA refused the adapter "
-                f"({' '.join(str(exc).split())[:200]}); adapt only linear layers of the decoder, or use "
-                "rollout.name=native"
-            ) from exc
-        self._lora_request = request
+        self._lora_request = replace_adapter(
+            self.llm, self._adapters, named_tensors, self.lora.adapter_config, self._lora_request
+        )
         self.llm.reset_prefix_cache()
 
     def _load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -113,3 +113,32 @@ class AdapterFolders:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def replace_adapter(
+    llm: Any, folders: AdapterFolders, tensors: Iterable[tuple[str, torch.Tensor]], config: Any, previous: Any
+) -> Any:
+    """Write the adapter as a PEFT folder and add it to `llm` under a new `LoRARequest`, which it returns;
+    the `previous` request's adapter is removed (vLLM keeps one: `max_loras=1`).
+
+    Raises:
+        UserError: vLLM's LoRA refused the adapter (a layer it does not serve).
+    """
+    from vllm.lora.request import LoRARequest
+
+    folder = folders.write(tensors, config)
+    request = LoRARequest(
+        lora_name=f"relm-{folders.number}", lora_int_id=folders.number, lora_path=str(folder)
+    )
+    engine = llm.llm_engine
+    if previous is not None:
+        engine.remove_lora(previous.lora_int_id)
+    try:
+        engine.add_lora(request)  # loaded now, so that a refused adapter fails the sync, not a rollout
+    except ValueError as exc:
+        raise UserError(
+            f"`actor_rollout_ref.model.target_modules`: vLLM's LoRA refused the adapter "
+            f"({' '.join(str(exc).split())[:200]}); adapt only linear layers of the decoder, or use "
+            "rollout.name=native"
+        ) from exc
+    return request
