@@ -33,7 +33,7 @@ def train_adapters(actor: torch.nn.Module, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in actor.named_parameters():
-            if ".lora_B" in name or ".lora_embedding_B" in name:
+            if ".lora_B" in name or ".lora_embedding_" in name:  # PEFT starts these at zero
                 parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
 
 
@@ -118,7 +118,13 @@ def test_a_sync_that_does_not_reach_vllm_ends_the_run_with_one_line(
     monkeypatch.delenv("RELM_DEBUG", raising=False)
     code = main([*SMALL, "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}"])
 
-    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("relm ")]
+    # Only the run's own lines: after other tests in this process, vLLM's log handler may still point at an
+    # earlier test's closed capture stream and print "--- Logging error ---" blocks here.
+    err = [
+        line
+        for line in capsys.readouterr().err.splitlines()
+        if line.startswith(("error:", "internal error:"))
+    ]
     assert code == 1
     assert len(err) == 1 and "AdapterNotSynced" in err[0] and "old policy" in err[0], err
     # The run stopped at the first sync, after step 1's update: no step was recorded.
