@@ -179,11 +179,6 @@ def _check_lora(cfg: RelmConfig) -> None:
                 f"`{key}.lora_rank={model.lora_rank}` runs on one GPU for now; set trainer.n_gpus_per_node=1 "
                 "and trainer.nnodes=1, or train the full model (lora_rank=0)"
             )
-        if key.startswith("actor") and cfg.actor_rollout_ref.rollout.name == "vllm":
-            raise UserError(
-                f"`{key}.lora_rank={model.lora_rank}` with `actor_rollout_ref.rollout.name=vllm` is not supported "
-                "yet; use rollout.name=native (the default) or hf"
-            )
         if importlib.util.find_spec("peft") is None:
             raise UserError(f"`{key}.lora_rank={model.lora_rank}` needs peft: pip install 'relm[lora]'")
 

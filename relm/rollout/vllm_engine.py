@@ -41,6 +41,7 @@ from relm.rollout.base import (
     logprob_tolerance,
 )
 from relm.rollout.checkpoint_format import checkpoint_format
+from relm.rollout.vllm_lora import AdapterFolders, VLLMLora, replace_adapter, vllm_lora_rank
 
 logger = logging.getLogger("relm")
 
@@ -118,6 +119,8 @@ class VLLMRolloutEngine:
         vocab_limit: ids at or past this (the tokenizer's length) are never sampled: every request
             carries `allowed_token_ids` below it when the model has more embedding rows than that,
             which vLLM applies before sampling and before the processed logprobs it reports.
+        lora: a LoRA actor's weights (`relm.rollout.vllm_lora`): vLLM then serves the adapter through its
+            LoRA support and `sync_weights` takes the adapter's tensors, or holds merged weights.
     """
 
     _live: ClassVar[weakref.ref[VLLMRolloutEngine] | None] = None
@@ -133,8 +136,9 @@ class VLLMRolloutEngine:
         device: torch.device | str,
         settings: VLLMSettings,
         vocab_limit: int | None = None,
+        lora: VLLMLora | None = None,
     ) -> None:
-        self.model, self.pad_token_id, self.settings = model, pad_token_id, settings
+        self.model, self.pad_token_id, self.settings, self.lora = model, pad_token_id, settings, lora
         self.device = torch.device(device)
         self.eos_token_ids = sorted(set(eos_token_ids))
         rows = model.config.get_text_config().vocab_size  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
@@ -174,8 +178,11 @@ class VLLMRolloutEngine:
         self._weights_current = False
         self._seeds = torch.Generator().manual_seed(settings.seed)
         self._num_requests = self._num_finished = 0
+        self._adapters = AdapterFolders() if lora is not None and lora.served else None
+        self._lora_request: Any = None
+        """The adapter requests carry (a new id each sync); None without one."""
         try:
-            self.sync_weights(model.named_parameters())
+            self._load_everything()
             self.check_agreement()
         except BaseException:
             self.close()  # now, not whenever the collector gets to it (see `close`)
@@ -201,7 +208,8 @@ class VLLMRolloutEngine:
             model=model_dir,
             skip_tokenizer_init=True,
             load_format="dummy",
-            hf_overrides={"architectures": [architecture]},
+            hf_overrides={"architectures": [architecture]}
+            | ({"tie_word_embeddings": False} if self.lora is not None and self.lora.untie_lm_head else {}),
             dtype=str(s.dtype).removeprefix("torch."),
             seed=s.seed,
             max_model_len=s.max_model_len,
@@ -217,6 +225,9 @@ class VLLMRolloutEngine:
             enable_sleep_mode=self.device.type == "cuda" and s.free_cache_engine,
             logprobs_mode="processed_logprobs",
         )
+        if self.lora is not None and self.lora.served:
+            # One adapter at a time: each sync's replaces the previous one.
+            arguments.update(enable_lora=True, max_lora_rank=vllm_lora_rank(self.lora.rank), max_loras=1)
         if on_cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             arguments["kv_cache_memory_bytes"] = self._cpu_kv_cache_bytes()
         arguments.update(s.engine_kwargs)
@@ -245,6 +256,9 @@ class VLLMRolloutEngine:
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
+        adapters = self.__dict__.get("_adapters")
+        if adapters is not None:
+            adapters.remove()
         if VLLMRolloutEngine._live is not None and VLLMRolloutEngine._live() is self:
             VLLMRolloutEngine._live = None
 
@@ -266,6 +280,7 @@ class VLLMRolloutEngine:
         request_ids = self.llm.enqueue(
             [{"prompt_token_ids": list(p)} for p in prompts],
             self._sampling_params(params, len(prompts), samples_per_request),
+            lora_request=self._lora_request,
             use_tqdm=False,
         )
         outputs = self._run(request_ids)
@@ -345,7 +360,9 @@ class VLLMRolloutEngine:
 
         self._wake()
         params = VLLMSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        (output,) = self.llm.generate([{"prompt_token_ids": list(token_ids)}], params, use_tqdm=False)
+        (output,) = self.llm.generate(
+            [{"prompt_token_ids": list(token_ids)}], params, lora_request=self._lora_request, use_tqdm=False
+        )
         return torch.tensor(
             [
                 step[token].logprob
@@ -354,16 +371,8 @@ class VLLMRolloutEngine:
         )
 
     @torch.no_grad()
-    def check_agreement(self, num_tokens: int = 24) -> tuple[float, float]:
-        """Score a fixed random sequence with the engine and with the actor; raise if they disagree.
-
-        Returns:
-            (max, mean) absolute logprob difference.
-
-        Raises:
-            UserError: beyond `logprob_tolerance` of the engine's dtype: vLLM computes another model
-                than the actor for this architecture (or the weights did not arrive).
-        """
+    def probe(self, num_tokens: int = 24) -> tuple[torch.Tensor, torch.Tensor]:
+        """[num_tokens - 1] logprobs of a fixed random sequence under the engine and under the actor."""
         vocab = self.model.get_input_embeddings().weight.shape[0]  # type: ignore[operator]  # nn.Module hides the HF model's API
         tokens = torch.randint(0, vocab, (num_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
         device = next(self.model.parameters()).device
@@ -374,7 +383,20 @@ class VLLMRolloutEngine:
         finally:
             self.model.train(was_training)
         actor = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens[1:], device=device)[:, None])
-        gap = (self.score(tokens) - actor.squeeze(-1).cpu()).abs()
+        return self.score(tokens), actor.squeeze(-1).cpu()
+
+    def check_agreement(self) -> tuple[float, float]:
+        """Score a fixed random sequence with the engine and with the actor; raise if they disagree.
+
+        Returns:
+            (max, mean) absolute logprob difference.
+
+        Raises:
+            UserError: beyond `logprob_tolerance` of the engine's dtype: vLLM computes another model
+                than the actor for this architecture (or the weights did not arrive).
+        """
+        engine, actor = self.probe()
+        gap = (engine - actor).abs()
         worst, mean = gap.max().item(), gap.mean().item()
         max_allowed, mean_allowed = logprob_tolerance(self.settings.dtype)
         if not (worst <= max_allowed and mean <= mean_allowed):
@@ -389,7 +411,38 @@ class VLLMRolloutEngine:
 
     @torch.no_grad()
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load the actor's weights (HF parameter names) into vLLM, layer by layer, in memory."""
+        """Load the actor's weights (HF parameter names) into vLLM, layer by layer, in memory.
+
+        When vLLM serves a LoRA actor's adapter, `named_tensors` is the adapter (PEFT's saved names) and
+        only it is replaced; the base stays (after a sleep that dropped it, it is loaded first).
+        """
+        if self._adapters is not None:
+            if not self._weights_current:
+                self._load_weights(self._full_weights())
+            self._load_adapter(named_tensors)
+            return
+        self._load_weights(named_tensors)
+
+    def _full_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """Every weight under the plain model's names: the actor's parameters, or a LoRA actor's base
+        (merged with its adapters where vLLM does not serve them)."""
+        return self.model.named_parameters() if self.lora is None else self.lora.weights()
+
+    def _load_everything(self) -> None:
+        """The whole model: every weight, then the adapter where vLLM serves it."""
+        self._load_weights(self._full_weights())
+        if self.lora is not None and self.lora.adapter is not None:
+            self._load_adapter(self.lora.adapter())
+
+    def _load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Make `named_tensors` the adapter every request uses, under a new id."""
+        assert self._adapters is not None and self.lora is not None, "vLLM serves the adapter"
+        self._lora_request = replace_adapter(
+            self.llm, self._adapters, named_tensors, self.lora.adapter_config, self._lora_request
+        )
+        self.llm.reset_prefix_cache()
+
+    def _load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._wake_up({"weights"})
         (missing,) = self.llm.collective_rpc(
             _load_on_worker, args=(checkpoint_format(self.model, named_tensors),)
@@ -414,7 +467,7 @@ class VLLMRolloutEngine:
     def _wake(self) -> None:
         """Before generating: the actor's weights in place, then the KV cache and the scheduler back."""
         if not self._weights_current:  # slept without a sync since (e.g. critic warm-up steps)
-            self.sync_weights(self.model.named_parameters())
+            self._load_everything()
         self._wake_up({"kv_cache", "scheduling"})
 
     def _wake_up(self, tags: set[str]) -> None:
@@ -520,6 +573,9 @@ def _load_on_worker(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) ->
     # Now in checkpoint form: without what processing derives after loading (MLA's W_UV, packed copies),
     # and with tied weights untied until the reload puts them back.
     expected = tied_once & {name for name, _ in model.named_parameters()}
+    # With LoRA on, vLLM wraps its linear layers (`qkv_proj.base_layer.weight`) and loads them under the
+    # checkpoint's names, as its own `reload_weights` counts them.
+    expected = {name.replace(".base_layer.", ".") for name in expected}
     loaded = model.load_weights(weights)
     finalize_layerwise_reload(model, worker.model_config)
     if current_platform.is_cpu():

@@ -47,7 +47,7 @@ from relm.learner.varlen_attention import (
     varlen_kernel_available,
 )
 from relm.learner.vocab_chunks import compiled_pieces
-from relm.learner.weight_sync import WeightSync
+from relm.learner.weight_sync import LogprobCheck, WeightSync, vllm_lora
 from relm.memory.choices import (
     MemoryChoices,
     build_residency,
@@ -79,6 +79,7 @@ from relm.rollout.multi_turn.setup import (
 from relm.rollout.multi_turn.tools import Tool
 from relm.rollout.native.engine import NativeRolloutEngine
 from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
+from relm.rollout.vllm_lora import VLLMLora
 from relm.rollout.watchdog import WatchedEngine
 from relm.trainer.data_parallel import choose_layouts, data_parallel_memory
 
@@ -311,8 +312,10 @@ def build_components(
         trained={name: (t.module, t.optimizer) for name, t in trainees.items()},
     )
     kl = cfg.algorithm.kl_ctrl
+    # vLLM takes a LoRA actor's adapter through its LoRA support (or merged weights where it cannot).
+    lora = vllm_lora(actor) if arr.rollout.name == "vllm" else None
     engine = build_run_engine(
-        cfg, generator, model_dir, tokenizer, dist=dist, device=device, precision=precision
+        cfg, generator, model_dir, tokenizer, dist=dist, device=device, precision=precision, lora=lora
     )
     return RunComponents(
         cfg=cfg,
@@ -335,8 +338,13 @@ def build_components(
         memory=memory,
         residency=residency,
         dist=dist,
-        # vLLM keeps its own copy of the weights, out of reach: the sync sends, the engine cannot be read.
-        weight_sync=WeightSync(actor, engine_model=None if arr.rollout.name == "vllm" else generator),
+        # vLLM keeps its own copy of the weights, out of reach: a LoRA sync is checked by what it computes.
+        weight_sync=WeightSync(
+            actor,
+            engine_model=None if arr.rollout.name == "vllm" else generator,
+            vllm=lora,
+            check=LogprobCheck(engine.probe, engine.settings.dtype) if lora is not None else None,  # type: ignore[attr-defined]  # the vLLM engine's, reached through WatchedEngine
+        ),
         reward_model=build_reward_model(cfg.reward_model, device=device, seed=cfg.seed)
         if cfg.reward_model.enable
         else None,
@@ -533,6 +541,7 @@ def build_run_engine(
     dist: DistContext,
     device: torch.device,
     precision: Precision,
+    lora: VLLMLora | None = None,
 ) -> RolloutEngine:
     """The run's engine (`build_engine`), watched for stalls, and shared out over the ranks when
     data-parallel."""
@@ -557,6 +566,7 @@ def build_run_engine(
             seed=cfg.seed + dist.rank,  # ranks generate different prompts: independent streams
             precision=precision,
             max_model_len=arr.rollout.max_model_len,
+            lora=lora,
         ),
         arr.rollout.timeout_s,
     )
@@ -630,13 +640,14 @@ def build_engine(
     precision: Precision,
     max_model_len: int,
     vocab_limit: int | None = None,
+    lora: VLLMLora | None = None,
 ) -> RolloutEngine:
     """The engine `rollout.name` names, colocated with the actor; none samples an id at or past
     `vocab_limit` (the tokenizer's length).
 
     `native` and `hf` generate with `model`: the actor's own module, or its copy in the generation dtype
     (`generator_model`). `vllm` takes the actor as `model` and keeps its own copy of the weights, built
-    from `model_dir`'s config and loaded from the actor.
+    from `model_dir`'s config and loaded from the actor (for a LoRA actor, as `lora` says).
     """
     if rollout.name == "vllm":
         settings = VLLMSettings(
@@ -660,6 +671,7 @@ def build_engine(
             device=device,
             settings=settings,
             vocab_limit=vocab_limit,
+            lora=lora,
         )
     if rollout.name == "hf":
         return HFRolloutEngine(

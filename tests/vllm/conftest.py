@@ -28,7 +28,7 @@ def load_actor(name: str = MODEL) -> tuple[nn.Module, str]:
     return load_causal_lm(str(folder), dtype=torch.float32, device=torch.device("cpu"), seed=0), str(folder)
 
 
-def build_engine(actor: nn.Module, folder: str, **settings: object):
+def build_engine(actor: nn.Module, folder: str, lora: object = None, **settings: object):
     from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
 
     return VLLMRolloutEngine(
@@ -38,6 +38,7 @@ def build_engine(actor: nn.Module, folder: str, **settings: object):
         eos_token_ids=[EOS],
         device="cpu",
         settings=VLLMSettings(dtype=torch.float32, max_model_len=MAX_MODEL_LEN, **settings),
+        lora=lora,  # type: ignore[arg-type]  # a VLLMLora, kept out of this module's imports (vLLM optional)
     )
 
 
