@@ -76,7 +76,9 @@ def test_a_stalled_rollout_ends_the_run_naming_the_step(tmp_path: Path) -> None:
 EXPECTED_FAILURES = {
     "zoo:tiny/qwen2": "vLLM's CPU attention kernels refuse this model's head size 16",
     "zoo:tiny/llama": "vLLM's CPU attention kernels refuse this model's head size 16",
-    "zoo:tiny/deepseek-v2": "Head dimension 64 is not supported by MLA",
+    # vLLM 0.32's CPU MLA path takes no fp32 weights (measured 2026-12-02; earlier builds said
+    # "Head dimension 64 is not supported by MLA").
+    "zoo:tiny/deepseek-v2": "expect weight to be bfloat16, float16",
     "zoo:tiny/phimoe": "PhiMoE computes logits without lm_head.bias",
 }
 
