@@ -16,6 +16,7 @@ from relm.data.demo_task import DEMO_DATA_SOURCE, letter_share_score
 from relm.errors import UserError
 from relm.rewards.math_dapo import math_dapo_score
 from relm.rewards.math_reward import math_score
+from relm.rollout.multi_turn.lookup import LOOKUP_DATA_SOURCE, final_answer_score
 
 Scorer = Callable[[str, Any], "float | dict[str, Any]"]
 
@@ -80,6 +81,7 @@ def default_compute_score(
 
 
 register_scorer(DEMO_DATA_SOURCE)(letter_share_score)
+register_scorer(LOOKUP_DATA_SOURCE)(final_answer_score)
 
 
 # A number starts and ends with a digit: a pattern that could start on `.`, `,` or `$` backtracks over
