@@ -215,8 +215,18 @@ class MultiTurnRollout:
             model_mask[i, :n] = torch.tensor(row.model_mask, dtype=torch.long)
             logprobs[i, :n] = torch.tensor(row.logprobs, dtype=torch.float32)
         return GenerationOutput(
-            ids, mask, logprobs, [r.finish or FINISH_STOP for r in rows], model_mask=model_mask
+            ids,
+            mask,
+            logprobs,
+            [r.finish or FINISH_STOP for r in rows],
+            model_mask=model_mask,
+            num_turns=[_num_turns(r) for r in rows],
         )
+
+
+def _num_turns(row: _Conversation) -> int:
+    """verl's count (`user_turns + assistant_turns + 1`): the prompt, each model turn and each tool turn."""
+    return row.user_turns + row.assistant_turns + 1
 
 
 def truncate_text(text: str, limit: int, side: str) -> str:
@@ -254,7 +264,12 @@ class _Stats:
         model_tokens = sum(sum(r.model_mask) for r in rows)
         tool_tokens = sum(len(r.response) for r in rows) - model_tokens
         per_call = {f"multi_turn/tool/{k}/mean": sum(v) / len(v) for k, v in self.tool_metrics.items()}
+        turns = [_num_turns(r) for r in rows] or [0]
         return per_call | {
+            # verl's names (trainer/ppo/metric_utils.py), over its count of turns.
+            "num_turns/min": float(min(turns)),
+            "num_turns/max": float(max(turns)),
+            "num_turns/mean": sum(turns) / len(turns),
             "multi_turn/assistant_turns/mean": sum(r.assistant_turns for r in rows) / num,
             "multi_turn/assistant_turns/max": float(max((r.assistant_turns for r in rows), default=0)),
             "multi_turn/tool_calls/mean": self.calls / num,

@@ -28,8 +28,9 @@ LOOKUP_DATA_SOURCE = "relm/lookup"
 LOOKUP_PROMPT = "?"
 """The user's turn: the same for every row, so only the tool can tell the rows apart."""
 _ASSISTANT_HEADER = "assistant\n"
-_TOOL_HEADER = "tool\n"
-"""How a model turn and a tool turn start in a response decoded with special tokens skipped (ChatML)."""
+"""How a later model turn starts in a response decoded with special tokens skipped."""
+_TURNS_WITH_A_TOOL = 4
+"""verl's `num_turns` of the shortest conversation that reads a tool result before answering."""
 
 
 class Lookup:
@@ -59,17 +60,23 @@ class Lookup:
         return ToolResult(letter)
 
 
-def final_answer_score(solution_str: str, ground_truth: str) -> float:
-    """1.0 when the conversation's last model turn answers a tool result with exactly `ground_truth`, else 0.0.
+def final_answer_score(
+    solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> float:
+    """1.0 when the conversation called a tool and its last model turn is exactly `ground_truth`, else 0.0.
 
     `solution_str` is the whole response decoded with special tokens skipped, each turn after the first
-    behind its ChatML role line (`...\ntool\nc\nassistant\nc`). The answer must come after a tool turn:
-    a bare guess is right one time in six, and with that reward on offer GRPO settled on guessing (score
-    1/6, tool calls gone) in every run measured before it learned to copy. No partial credit: a call
-    alone, or a wrong letter after it, scores 0.
+    behind its role line (`...tool\\ncassistant\\nc`); the answer is what follows the last `assistant`
+    line. The conversation must have had a tool turn, which verl's `extra_info["num_turns"]` tells (the
+    prompt, a model turn, a tool turn, the answer: 4): a bare guess is right one time in six, and with
+    that on offer GRPO settled on guessing (score 1/6, tool calls gone) in each of the runs measured
+    before it learned to copy. The count comes from the rollout, not the text, because role lines are
+    tokens the model can write: with a text check instead, the policy learned to write a fake tool turn.
+    No partial credit: a call alone, or a wrong letter after it, scores 0.
     """
-    before, header, answer = solution_str.rpartition(_ASSISTANT_HEADER)
-    return float(bool(header) and _TOOL_HEADER in before and answer.strip() == ground_truth)
+    if (extra_info or {}).get("num_turns", 0) < _TURNS_WITH_A_TOOL:
+        return 0.0
+    return float(solution_str.rpartition(_ASSISTANT_HEADER)[2].strip() == ground_truth)
 
 
 def lookup_rows(num_rows: int, split: str, seed: int) -> list[dict[str, Any]]:
