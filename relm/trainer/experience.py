@@ -47,13 +47,13 @@ def build_experience(
         group_ids=torch.arange(len(prompts)).repeat_interleave(n),
         data_sources=rep(prompts.data_sources),
         ground_truths=rep(prompts.ground_truths),
-        extra_infos=_with_num_turns(rep(prompts.extra_infos), gen.num_turns),
+        extra_infos=with_num_turns(rep(prompts.extra_infos), gen.num_turns),
         finish_reasons=list(gen.finish_reasons),
         rollout_logprobs=gen.logprobs.float().cpu(),
     )
 
 
-def _with_num_turns(extra_infos: list[Any], num_turns: list[int] | None) -> list[Any]:
+def with_num_turns(extra_infos: list[Any], num_turns: list[int] | None) -> list[Any]:
     """Each response's `extra_info` with verl's `num_turns` added (a copy: the prompt's row is shared by
     its `n` responses), so a reward function can tell a conversation that called a tool from one that did not."""
     if num_turns is None:
