@@ -26,8 +26,16 @@ REQUIRED_RISE = 0.3
 CHANCE = 1 / 6
 """What calling the tool and writing any of the six letters scores."""
 SEED = 1
-"""Measured with one torch thread (OMP_NUM_THREADS=1), SEED_RESULTS below."""
-SEED_RESULTS = None
+"""Of seeds 1-3, measured at 60 steps with one torch thread on a busy 2-core machine (SEEDS_MEASURED)."""
+SEEDS_MEASURED = {
+    # seed: (rise of the last-5 mean over the first-5 mean at 50, 60, 70 steps; score by tens of steps to 70)
+    1: ((0.72, 0.96, 0.99), (0.0, 0.01, 0.23, 0.57, 0.69, 0.87, 0.99)),
+    2: ((0.58, 0.76, 0.62), (0.0, 0.0, 0.01, 0.26, 0.59, 0.74, 0.65)),
+    3: ((0.47, 0.38, 0.57), (0.0, 0.0, 0.0, 0.05, 0.35, 0.47, 0.51)),
+}
+"""Every seed calls the tool in every conversation by step ~45 and rises by >= 0.3 at 60 steps. Past the
+rise the policy is nearly greedy (entropy ~0.02): a letter it maps to a wrong one gives its groups one
+score and GRPO no signal, so seeds 2 and 3 swing between 0.3 and 0.9 from step to step."""
 
 
 @pytest.fixture
@@ -54,6 +62,7 @@ def test_the_policy_learns_to_call_the_tool_and_copy_its_answer(tmp_path: Path, 
             f"seed={SEED}",
             "trainer.logger=[jsonl]",
             "trainer.test_freq=-1",
+            "trainer.val_before_train=false",
         ]
     )
     assert code == 0
