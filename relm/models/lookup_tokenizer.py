@@ -1,12 +1,13 @@
-"""The lookup task's tokenizer: 19 tokens, ChatML, the whole `lookup` call one token (built in memory).
+"""The lookup task's tokenizer: 16 tokens, ChatML without newlines between turns, the whole `lookup`
+call one token (built in memory).
 
 The lookup task (`relm.rollout.multi_turn.lookup`) asks a random model to learn tool use by RL from
 scratch. With the 101-token character vocabulary a Hermes call is ~50 tokens that must all be right
 before the tool answers even once, which sampling never finds; here the call
-`<tool_call>{"name": "lookup", "arguments": {}}</tool_call>` and the role names are single tokens, and
-the rest of the vocabulary is the answer letters and the newline. A random policy then writes the
-call and ends its turn about once in 400 samples, so the first tool results come within a few steps,
-and what is left to learn is what the task is about: call, then copy the tool's letter.
+`<tool_call>{"name": "lookup", "arguments": {}}</tool_call>` and each role line are single tokens, and
+the rest of the vocabulary is the answer letters and the prompt's `?`. A random policy then calls the
+tool in about one conversation in twelve (measured at step 1), so tool results come from the first
+step, and what is left to learn is what the task is about: call, then copy the tool's letter.
 """
 
 from __future__ import annotations
