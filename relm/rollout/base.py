@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -64,10 +64,9 @@ class GenerationOutput:
     model_mask: torch.Tensor | None = None
     """[N, R] int64, 1 on the tokens the model sampled, 0 on tool results a multi-turn rollout appended
     (which `response_mask` covers too); None when every response token was sampled."""
-    num_turns: list[int] | None = None
-    """N entries with a multi-turn rollout: verl's `num_turns` of each conversation (its user/tool turns +
-    its model turns + 1 for the prompt), which reaches the reward function as `extra_info["num_turns"]`
-    as in verl; None for single-turn responses."""
+    extra_fields: list[dict[str, Any]] | None = None
+    """N dicts a multi-turn rollout adds to each response's `extra_info` for the reward function
+    (verl's `turn_scores`, `tool_rewards`); None otherwise."""
 
     @property
     def response_lengths(self) -> torch.Tensor:

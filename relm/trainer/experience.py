@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
@@ -47,18 +46,15 @@ def build_experience(
         group_ids=torch.arange(len(prompts)).repeat_interleave(n),
         data_sources=rep(prompts.data_sources),
         ground_truths=rep(prompts.ground_truths),
-        extra_infos=with_num_turns(rep(prompts.extra_infos), gen.num_turns),
+        # A multi-turn rollout's `turn_scores` and `tool_rewards` reach the reward function, as in verl.
+        extra_infos=rep(prompts.extra_infos)
+        if gen.extra_fields is None
+        else [
+            {**info, **extra} for info, extra in zip(rep(prompts.extra_infos), gen.extra_fields, strict=True)
+        ],
         finish_reasons=list(gen.finish_reasons),
         rollout_logprobs=gen.logprobs.float().cpu(),
     )
-
-
-def with_num_turns(extra_infos: list[Any], num_turns: list[int] | None) -> list[Any]:
-    """Each response's `extra_info` with verl's `num_turns` added (a copy: the prompt's row is shared by
-    its `n` responses), so a reward function can tell a conversation that called a tool from one that did not."""
-    if num_turns is None:
-        return extra_infos
-    return [{**(info or {}), "num_turns": turns} for info, turns in zip(extra_infos, num_turns, strict=True)]
 
 
 @torch.no_grad()

@@ -29,7 +29,6 @@ from relm.models.zoo import default_cache_dir
 from relm.rewards.manager import RewardManager, RewardResult
 from relm.rollout.base import RolloutEngine, SamplingParams
 from relm.rollout.multi_turn.driver import MultiTurnRollout
-from relm.trainer.experience import with_num_turns
 from relm.trainer.samples import GenerationSample
 
 CORE_VARIABLES = ("acc", "reward")
@@ -143,9 +142,7 @@ def run_validation(
                 gen.response_mask,
                 _repeat([item["data_source"] for item in items], num_generated),
                 _repeat([item["ground_truth"] for item in items], num_generated),
-                with_num_turns(
-                    _repeat([dict(item["extra_info"]) for item in items], num_generated), gen.num_turns
-                ),
+                _repeat([dict(item["extra_info"]) for item in items], num_generated),
             )
             if keep_samples:
                 samples += _samples(reward, items, num_generated, scored)

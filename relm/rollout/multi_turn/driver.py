@@ -221,7 +221,8 @@ class MultiTurnRollout:
             logprobs,
             [r.finish or FINISH_STOP for r in rows],
             model_mask=model_mask,
-            num_turns=[_num_turns(r) for r in rows],
+            # verl's `num_turns` reaches the reward function in `extra_info` (verl's NaiveRewardManager).
+            extra_fields=[{"num_turns": _num_turns(r)} for r in rows],
         )
 
 
