@@ -35,6 +35,7 @@ from transformers import (
 
 from relm.models.char_tokenizer import build_char_tokenizer
 from relm.models.family_tokenizers import load_family_tokenizer
+from relm.models.lookup_tokenizer import build_lookup_tokenizer
 
 
 @dataclass(frozen=True)
@@ -759,6 +760,11 @@ MORE_ZOO: dict[str, ZooEntry] = {
 ZOO: dict[str, ZooEntry] = {
     "tiny/qwen2": ZooEntry("Qwen2, 2 layers, hidden 64, 4 heads / 2 kv heads, char vocab", _tiny_qwen2),
     "tiny/qwen2-hd64": ZooEntry("Qwen2, 2 layers, hidden 128, head_dim 64 (vLLM CPU)", _tiny_qwen2_hd64),
+    "tiny/qwen2-lookup": ZooEntry(
+        "tiny/qwen2 with the lookup task's 17-token vocabulary (docs/multi_turn.md)",
+        _tiny_qwen2,
+        build_tokenizer=build_lookup_tokenizer,
+    ),
     "tiny/llama": ZooEntry("Llama, 2 layers, hidden 64, 4 heads / 2 kv heads, char vocab", _tiny_llama),
     "Qwen/Qwen2.5-0.5B": ZooEntry(
         "Qwen2.5-0.5B shape (494M parameters, Qwen2.5-Instruct tokenizer)",

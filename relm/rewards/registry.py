@@ -1,12 +1,15 @@
 """Rule scorers chosen by a row's `data_source`, as verl's `default_compute_score` does.
 
-A scorer is `f(solution_str, ground_truth) -> float | dict`; registering one under the data_source
-names it serves is all a built-in task needs. Anything else goes through
+A scorer is `f(solution_str, ground_truth) -> float | dict`, or takes `extra_info` too (the lookup task
+reads verl's `extra_info["num_turns"]`); registering one under the data_source names it serves is all a
+built-in task needs. Anything else goes through
 `custom_reward_function.path`, which replaces this dispatch entirely.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +19,7 @@ from relm.data.gsm8k import gsm8k_score
 from relm.errors import UserError
 from relm.rewards.math_dapo import math_dapo_score
 from relm.rewards.math_reward import math_score
+from relm.rollout.multi_turn.lookup import LOOKUP_DATA_SOURCE, final_answer_score
 
 Scorer = Callable[[str, Any], "float | dict[str, Any]"]
 
@@ -76,10 +80,18 @@ def default_compute_score(
             f"{', '.join(registered_data_sources())}); pass custom_reward_function.path=FILE.py "
             "defining compute_score(data_source, solution_str, ground_truth, extra_info)"
         )
+    if _takes_extra_info(scorer):
+        return scorer(solution_str, ground_truth, extra_info)  # type: ignore[call-arg]  # checked just above
     return scorer(solution_str, ground_truth)
 
 
+@functools.cache
+def _takes_extra_info(scorer: Scorer) -> bool:
+    return "extra_info" in inspect.signature(scorer).parameters
+
+
 register_scorer(DEMO_DATA_SOURCE)(letter_share_score)
+register_scorer(LOOKUP_DATA_SOURCE)(final_answer_score)
 
 
 register_scorer("openai/gsm8k")(gsm8k_score)

@@ -76,6 +76,7 @@ from relm.rollout.multi_turn.setup import (
     load_run_tools,
     tool_schemas,
 )
+from relm.rollout.multi_turn.lookup import LOOKUP_DATA_SOURCE
 from relm.rollout.multi_turn.tools import Tool
 from relm.rollout.native.engine import NativeRolloutEngine
 from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
@@ -381,15 +382,17 @@ def _reward_manager(
     loader: PromptLoader,
     compute_score: ComputeScore | None,
 ) -> RewardManager:
-    """The run's rule/custom reward, scored in reward workers. The demo task's scorer is relm's own
-    constant-time code: it scores in-process unless `reward_model.num_workers` says otherwise."""
+    """The run's rule/custom reward, scored in reward workers. The demo's and the lookup task's scorers
+    are relm's own constant-time code: they score in-process unless `reward_model.num_workers` says
+    otherwise."""
     if compute_score is None:
         compute_score = resolve_compute_score(
             cfg.custom_reward_function.path, cfg.custom_reward_function.name,
             batched=cfg.reward_model.reward_manager == "batch",
         )  # fmt: skip
     dataset = loader.dataset
-    demo_only = {dataset[i]["data_source"] for i in range(len(dataset))} == {DEMO_DATA_SOURCE}
+    sources = {dataset[i]["data_source"] for i in range(len(dataset))}
+    demo_only = sources <= {DEMO_DATA_SOURCE, LOOKUP_DATA_SOURCE}
     return build_reward_manager(
         tokenizer, compute_score, cfg.reward_model, cfg.custom_reward_function,
         in_process_by_default=demo_only and compute_score is default_compute_score,

@@ -126,6 +126,7 @@ class MultiTurnRollout:
                 sessions[i].messages.append({"role": "assistant", "content": self._text(rows[i].last_turn)})
             calling = self._calls_of(rows, open_rows, answering=bool(sessions))
             results = asyncio.run(self._run_calls(calling, row_kwargs, stats))
+            stats.end_turn()
             for i, outcomes in results.items():
                 rows[i].tool_rewards += [r.reward for r in outcomes]
                 self._append_tool_turn(rows[i], outcomes, params.max_new_tokens)
@@ -141,8 +142,14 @@ class MultiTurnRollout:
         if sessions and self.interactions is not None:
             self.interactions.close(sessions)
             metrics |= interaction_metrics(sessions)
+        # verl's `turn_scores`, `tool_rewards` and `num_turns` (its NaiveRewardManager) reach the reward
+        # function in `extra_info`.
         extra = [
-            {"turn_scores": sessions[i].turn_scores if sessions else [], "tool_rewards": row.tool_rewards}
+            {
+                "turn_scores": sessions[i].turn_scores if sessions else [],
+                "tool_rewards": row.tool_rewards,
+                "num_turns": _num_turns(row),
+            }
             for i, row in enumerate(rows)
         ]
         return MultiTurnOutput(self._pack(rows, params.max_new_tokens, extra), metrics)
@@ -230,7 +237,7 @@ class MultiTurnRollout:
                 result = await run_tool(
                     self.tools[call.name], call.arguments, ToolContext(row=i, kwargs=kwargs)
                 )
-            stats.record(result, time.monotonic() - started)
+            stats.record(result, time.monotonic() - started, row=i)
             return result
 
         keys = [(i, call) for i, calls in calling.items() for call in calls]
@@ -296,6 +303,11 @@ class MultiTurnRollout:
         )
 
 
+def _num_turns(row: _Conversation) -> int:
+    """verl's count (`user_turns + assistant_turns + 1`): the prompt, each model turn and each tool turn."""
+    return row.user_turns + row.assistant_turns + 1
+
+
 def truncate_text(text: str, limit: int, side: str) -> str:
     """`text` cut to `limit` characters (verl's `max_tool_response_length`), keeping the `side` not cut."""
     if len(text) <= limit:
@@ -316,8 +328,13 @@ class _Stats:
         self.calls = self.errors = self.timeouts = 0
         self.seconds = self.reward = 0.0
         self.tool_metrics: dict[str, list[float]] = {}
+        self.row_seconds: dict[int, float] = {}
+        """Per conversation, the wall time its tool calls took, turn by turn (verl's `tool_calls` timer)."""
+        self._turn_seconds: dict[int, float] = {}
 
-    def record(self, result: ToolResult, seconds: float) -> None:
+    def record(self, result: ToolResult, seconds: float, row: int) -> None:
+        # A row's calls of one turn run concurrently: the turn waits for the slowest.
+        self._turn_seconds[row] = max(self._turn_seconds.get(row, 0.0), seconds)
         self.calls += 1
         self.errors += result.error is not None
         self.timeouts += result.error == "timeout"
@@ -326,12 +343,27 @@ class _Stats:
         for key, value in result.metrics.items():
             self.tool_metrics.setdefault(key, []).append(float(value))
 
+    def end_turn(self) -> None:
+        for row, seconds in self._turn_seconds.items():
+            self.row_seconds[row] = self.row_seconds.get(row, 0.0) + seconds
+        self._turn_seconds.clear()
+
     def metrics(self, rows: list[_Conversation]) -> dict[str, float]:
         num = max(len(rows), 1)
         model_tokens = sum(sum(r.model_mask) for r in rows)
         tool_tokens = sum(len(r.response) for r in rows) - model_tokens
         per_call = {f"multi_turn/tool/{k}/mean": sum(v) / len(v) for k, v in self.tool_metrics.items()}
+        turns = [_num_turns(r) for r in rows] or [0]
+        seconds = [self.row_seconds.get(i, 0.0) for i in range(len(rows))] or [0.0]
         return per_call | {
+            # verl's names: num_turns/* (trainer/ppo/metric_utils.py) and the agent loop's tool timer,
+            # seconds per conversation (experimental/agent_loop/agent_loop.py).
+            "num_turns/min": float(min(turns)),
+            "num_turns/max": float(max(turns)),
+            "num_turns/mean": sum(turns) / len(turns),
+            "agent_loop/tool_calls/min": min(seconds),
+            "agent_loop/tool_calls/max": max(seconds),
+            "agent_loop/tool_calls/mean": sum(seconds) / len(seconds),
             "multi_turn/assistant_turns/mean": sum(r.assistant_turns for r in rows) / num,
             "multi_turn/assistant_turns/max": float(max((r.assistant_turns for r in rows), default=0)),
             "multi_turn/tool_calls/mean": self.calls / num,
