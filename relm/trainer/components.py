@@ -70,13 +70,13 @@ from relm.rewards.registry import default_compute_score
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.multi_turn.driver import MultiTurnRollout
+from relm.rollout.multi_turn.lookup import LOOKUP_DATA_SOURCE
 from relm.rollout.multi_turn.setup import (
     build_multi_turn,
     load_run_interactions,
     load_run_tools,
     tool_schemas,
 )
-from relm.rollout.multi_turn.lookup import LOOKUP_DATA_SOURCE
 from relm.rollout.multi_turn.tools import Tool
 from relm.rollout.native.engine import NativeRolloutEngine
 from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
