@@ -761,7 +761,7 @@ ZOO: dict[str, ZooEntry] = {
     "tiny/qwen2": ZooEntry("Qwen2, 2 layers, hidden 64, 4 heads / 2 kv heads, char vocab", _tiny_qwen2),
     "tiny/qwen2-hd64": ZooEntry("Qwen2, 2 layers, hidden 128, head_dim 64 (vLLM CPU)", _tiny_qwen2_hd64),
     "tiny/qwen2-lookup": ZooEntry(
-        "tiny/qwen2 with the lookup task's 17-token vocabulary (docs/multi_turn.md)",
+        "tiny/qwen2 with the lookup task's 16-token vocabulary (docs/multi_turn.md)",
         _tiny_qwen2,
         build_tokenizer=build_lookup_tokenizer,
     ),

@@ -5,7 +5,7 @@ Each row's answer is a letter drawn at random for that row and handed only to th
 is 1 when the conversation's last model turn answers the tool's result with exactly that letter and 0
 otherwise, so a policy that calls the tool and writes any letter scores 1/6, and one that copies the
 result scores 1. The
-model is `zoo:tiny/qwen2-lookup`: `zoo:tiny/qwen2`'s shape with `relm.models.lookup_tokenizer`'s 17
+model is `zoo:tiny/qwen2-lookup`: `zoo:tiny/qwen2`'s shape with `relm.models.lookup_tokenizer`'s 16
 tokens, in which the whole call is one token.
 """
 
