@@ -17,7 +17,7 @@ keeping the base frozen, and each lives here:
 from __future__ import annotations
 
 import contextlib
-import copy
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from relm.errors import UserError
+from relm.models.precision import copy_in_dtype
 
 ADAPTER = "default"
 """PEFT's adapter name; relm trains one adapter per model."""
@@ -149,20 +150,23 @@ def _merged(layer: Any) -> torch.Tensor:
     return layer.get_base_layer().weight.float() + layer.get_delta_weight(ADAPTER).float()
 
 
-def without_adapters(model: nn.Module) -> Any:
-    """A copy of `model` with every adapter merged into its layer and the adapter layers removed.
+def without_adapters(model: nn.Module, dtype: torch.dtype | None = None) -> Any:
+    """A frozen copy of `model` in `dtype` (None: the model's own), every adapter merged into its layer
+    and the adapter layers removed.
 
-    The engine's own copy (bf16 on a GPU) is built from this: a plain transformers model the native
-    engine's fused projections and kernels handle as any other, with parameter names `merged_weights`
-    refreshes.
+    The engine's own copy (bf16 on a GPU) is this: a plain transformers model the native engine's fused
+    projections and kernels handle as any other, with parameter names `merged_weights` refreshes. It is
+    made tensor by tensor in `dtype` (`copy_in_dtype`), each adapted weight merged in fp32 one layer at a
+    time and cast, so building it never holds a second full-precision copy of the model.
     """
-    plain: Any = copy.deepcopy(model)
+    merged = {
+        id(layer.get_base_layer().weight): functools.partial(_merged, layer)
+        for _, layer in lora_layers(model)
+    }
+    plain: Any = copy_in_dtype(model, dtype, replaced=merged)
     for name, layer in list(lora_layers(plain)):
-        base = layer.get_base_layer()
-        with torch.no_grad():
-            base.weight.copy_(_merged(layer).to(base.weight.dtype))
         parent_name, _, child = name.rpartition(".")
-        setattr(plain.get_submodule(parent_name) if parent_name else plain, child, base)
+        setattr(plain.get_submodule(parent_name) if parent_name else plain, child, layer.get_base_layer())
     # transformers remembers that adapters were added; the copy has none left.
     if hasattr(plain, "_hf_peft_config_loaded"):
         plain._hf_peft_config_loaded = False
