@@ -159,20 +159,39 @@ def without_adapters(model: nn.Module, dtype: torch.dtype | None = None) -> Any:
     made tensor by tensor in `dtype` (`copy_in_dtype`), each adapted weight merged in fp32 one layer at a
     time and cast, so building it never holds a second full-precision copy of the model.
     """
+    # A weight tied to another module's (an adapted output head tied to the input embedding) is not
+    # merged in place, or the copy's embedding would take the adapter too: the copy's head gets its own.
+    tied = _tied_weight_ids(model)
     merged = {
-        id(layer.get_base_layer().weight): functools.partial(_merged, layer)
+        id(weight): functools.partial(_merged, layer)
         for _, layer in lora_layers(model)
+        if id(weight := layer.get_base_layer().weight) not in tied
     }
     plain: Any = copy_in_dtype(model, dtype, replaced=merged)
-    for name, layer in list(lora_layers(plain)):
+    for (_, layer), (name, copied) in zip(list(lora_layers(model)), list(lora_layers(plain)), strict=True):
+        base = copied.get_base_layer()
+        if id(layer.get_base_layer().weight) in tied:
+            with torch.no_grad():
+                own = _merged(layer).to(dtype or base.weight.dtype)
+            base.weight = nn.Parameter(own, requires_grad=False)
+            plain.config.tie_word_embeddings = False  # saved as two tensors, and nothing re-ties them
         parent_name, _, child = name.rpartition(".")
-        setattr(plain.get_submodule(parent_name) if parent_name else plain, child, layer.get_base_layer())
+        setattr(plain.get_submodule(parent_name) if parent_name else plain, child, base)
     # transformers remembers that adapters were added; the copy has none left.
     if hasattr(plain, "_hf_peft_config_loaded"):
         plain._hf_peft_config_loaded = False
     if hasattr(plain, "peft_config"):
         del plain.peft_config
     return plain
+
+
+def _tied_weight_ids(model: nn.Module) -> set[int]:
+    """Ids of the parameters that more than one module holds (a tied embedding and output head)."""
+    seen: set[int] = set()
+    tied: set[int] = set()
+    for _, param in model.named_parameters(remove_duplicate=False):
+        (tied if id(param) in seen else seen).add(id(param))
+    return tied
 
 
 def probe_name(model: nn.Module) -> str | None:

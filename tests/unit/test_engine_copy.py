@@ -25,8 +25,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from relm.learner.lora import LoraSettings, add_lora, has_lora, lora_layers, without_adapters
+from relm.learner.lora import LoraSettings, add_lora, has_lora, lora_layers, merged_weights, without_adapters
 from relm.models.precision import copy_in_dtype
+from relm.rollout.hf_engine import HFRolloutEngine
 from tests.tiny_models import TINY_QWEN2, tiny_lm
 
 IDS = torch.tensor([[5, 9, 13, 2, 7], [1, 3, 3, 8, 60]])
@@ -37,15 +38,20 @@ def logits(model: torch.nn.Module) -> torch.Tensor:
         return model(input_ids=IDS).logits
 
 
-def trained_lora_lm() -> torch.nn.Module:
-    """A tiny LM with rank-8 adapters moved off zero, as after some optimizer steps."""
-    model = tiny_lm()
-    add_lora(model, LoraSettings(rank=8, alpha=16))
-    generator = torch.Generator().manual_seed(1)
+def train_adapter(model: torch.nn.Module, seed: int = 1) -> None:
+    """Stand in for optimizer steps: move every adapter matrix (B starts at zero)."""
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, layer in lora_layers(model):
             for matrix in (layer.lora_A["default"].weight, layer.lora_B["default"].weight):
                 matrix.add_(0.05 * torch.randn(matrix.shape, generator=generator))
+
+
+def trained_lora_lm() -> torch.nn.Module:
+    """A tiny LM with rank-8 adapters moved off zero, as after some optimizer steps."""
+    model = tiny_lm()
+    add_lora(model, LoraSettings(rank=8, alpha=16))
+    train_adapter(model)
     return model
 
 
@@ -83,6 +89,28 @@ def test_a_lora_engine_copy_computes_what_pefts_merged_model_computes(dtype: tor
     torch.testing.assert_close(logits(made), logits(merged), rtol=0, atol=0)
     if dtype == torch.float32:  # and that is the adapted model itself
         torch.testing.assert_close(logits(made), logits(model), rtol=1e-5, atol=1e-5)
+
+
+def test_an_adapted_tied_output_head_is_untied_in_the_copy():
+    """The demo's model ties its output head to the input embedding; an adapter on the head (the demo's
+    LoRA targets) must not reach the copy's embedding, before or after a sync."""
+    pytest.importorskip("peft")
+    torch.manual_seed(0)
+    config = Qwen2Config(**TINY_QWEN2, initializer_range=0.2, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    embedding = model.get_input_embeddings().weight.clone()
+    add_lora(model, LoraSettings(rank=8, alpha=16, target_modules=["q_proj", "down_proj", "lm_head"]))
+    train_adapter(model)
+
+    made = without_adapters(model)
+
+    torch.testing.assert_close(made.get_input_embeddings().weight, embedding, rtol=0, atol=0)
+    assert made.get_output_embeddings().weight is not made.get_input_embeddings().weight
+    torch.testing.assert_close(logits(made), logits(model), rtol=1e-5, atol=1e-5)
+    train_adapter(model, seed=2)  # a later update, sent as the engine's sync sends it
+    HFRolloutEngine(made, pad_token_id=0, eos_token_ids=[1], device="cpu").sync_weights(merged_weights(model))
+    torch.testing.assert_close(made.get_input_embeddings().weight, embedding, rtol=0, atol=0)
+    torch.testing.assert_close(logits(made), logits(model), rtol=1e-5, atol=1e-5)
 
 
 def resident_kib(field: str) -> int:
