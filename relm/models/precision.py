@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,7 @@ def copy_in_dtype(
     module: nn.Module,
     dtype: torch.dtype | None,
     *,
-    replaced: dict[int, Callable[[], torch.Tensor]] | None = None,
+    replaced: Mapping[int, Callable[[], torch.Tensor]] | None = None,
 ) -> Any:
     """A frozen deep copy of `module` whose floating parameters and buffers are made in `dtype`, one
     tensor at a time.
