@@ -17,7 +17,7 @@ keeping the base frozen, and each lives here:
 from __future__ import annotations
 
 import contextlib
-import copy
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from relm.errors import UserError
+from relm.models.precision import copy_in_dtype
 
 ADAPTER = "default"
 """PEFT's adapter name; relm trains one adapter per model."""
@@ -149,18 +150,31 @@ def _merged(layer: Any) -> torch.Tensor:
     return layer.get_base_layer().weight.float() + layer.get_delta_weight(ADAPTER).float()
 
 
-def without_adapters(model: nn.Module) -> Any:
-    """A copy of `model` with every adapter merged into its layer and the adapter layers removed.
+def without_adapters(model: nn.Module, dtype: torch.dtype | None = None) -> Any:
+    """A frozen copy of `model` in `dtype` (None: the model's own), every adapter merged into its layer
+    and the adapter layers removed.
 
-    The engine's own copy (bf16 on a GPU) is built from this: a plain transformers model the native
-    engine's fused projections and kernels handle as any other, with parameter names `merged_weights`
-    refreshes.
+    The engine's own copy (bf16 on a GPU) is this: a plain transformers model the native engine's fused
+    projections and kernels handle as any other, with parameter names `merged_weights` refreshes. It is
+    made tensor by tensor in `dtype` (`copy_in_dtype`), each adapted weight merged in fp32 one layer at a
+    time and cast, so building it never holds a second full-precision copy of the model.
     """
-    plain: Any = copy.deepcopy(model)
-    for name, layer in list(lora_layers(plain)):
-        base = layer.get_base_layer()
-        with torch.no_grad():
-            base.weight.copy_(_merged(layer).to(base.weight.dtype))
+    # A weight tied to another module's (an adapted output head tied to the input embedding) is not
+    # merged in place, or the copy's embedding would take the adapter too: the copy's head gets its own.
+    tied = _tied_weight_ids(model)
+    merged = {
+        id(weight): functools.partial(_merged, layer)
+        for _, layer in lora_layers(model)
+        if id(weight := layer.get_base_layer().weight) not in tied
+    }
+    plain: Any = copy_in_dtype(model, dtype, replaced=merged)
+    for (_, layer), (name, copied) in zip(list(lora_layers(model)), list(lora_layers(plain)), strict=True):
+        base = copied.get_base_layer()
+        if id(layer.get_base_layer().weight) in tied:
+            with torch.no_grad():
+                own = _merged(layer).to(dtype or base.weight.dtype)
+            base.weight = nn.Parameter(own, requires_grad=False)
+            plain.config.tie_word_embeddings = False  # saved as two tensors, and nothing re-ties them
         parent_name, _, child = name.rpartition(".")
         setattr(plain.get_submodule(parent_name) if parent_name else plain, child, base)
     # transformers remembers that adapters were added; the copy has none left.
@@ -169,6 +183,15 @@ def without_adapters(model: nn.Module) -> Any:
     if hasattr(plain, "peft_config"):
         del plain.peft_config
     return plain
+
+
+def _tied_weight_ids(model: nn.Module) -> set[int]:
+    """Ids of the parameters that more than one module holds (a tied embedding and output head)."""
+    seen: set[int] = set()
+    tied: set[int] = set()
+    for _, param in model.named_parameters(remove_duplicate=False):
+        (tied if id(param) in seen else seen).add(id(param))
+    return tied
 
 
 def probe_name(model: nn.Module) -> str | None:

@@ -17,8 +17,8 @@ C critic parameters) and the run's lengths. Bytes a parameter:
   plus the output head's bf16 logits and their gradient, and 2 GiB of log-softmax scratch.
 
 Each update is its own phase, and the plan checks both, and one moment before them: while the engine's
-bf16 copy is made, as a copy of the fp32 actor cast afterwards, the GPU holds the actor's weights twice
-(below a full fine-tune's update, above a LoRA actor's; `_startup_bytes`). During the actor's update the GPU holds the
+bf16 copy is made, tensor by tensor, beside the actor's weights (`_startup_bytes`; below every update
+measured so far). During the actor's update the GPU holds the
 actor's (2w + 2 or 2w) P, its moments (or one 2 GiB chunk of them when they wait in CPU memory and
 step chunk by chunk), the frozen copies, and the idle critic's weights and moments. During the
 critic's update the actor holds only its weights (its gradients are freed, its autocast copies
@@ -517,14 +517,20 @@ def _layout(request: PlanRequest, rung: Rung, parked: frozenset[str], offloaded:
 
 
 def _startup_bytes(request: PlanRequest, rung: Rung, policy: _Trained) -> int:
-    """GPU bytes while the engine's own copy is made: the copy starts as a deep copy of the policy in the
-    trained weights' dtype (adapters merged, for LoRA) and is cast to the generation dtype after, so
-    for a moment the policy's weights are there twice; nothing else is loaded yet (the reference, a
-    critic and the optimizers come after). No copy: nothing beyond the updates.
+    """GPU bytes while the engine's own copy is made: the policy's weights beside the copy, which is built
+    tensor by tensor in the generation dtype (`relm.models.precision.copy_in_dtype`; a LoRA layer is merged
+    in fp32 one at a time, `relm.learner.lora.without_adapters`), so beyond the copy only one fp32 tensor is
+    in flight, at most the vocabulary matrix. Nothing else is loaded yet (the reference, a critic and the
+    optimizers come after). No copy: nothing beyond the updates.
 
-    A LoRA policy's update holds far less than this (a frozen base, no reference, no gradients of the
-    base), so for it this is the run's peak: 2 (4 P + 4 T) on the Qwen2.5-7B shape at rank 64."""
-    return 2 * policy.idle if _generator_bytes(request, rung) > 0 else 0
+    Until 2026-12-02 the copy was a deep copy of the fp32 policy cast afterwards, 2 (4 P + 4 T) on the
+    Qwen2.5-7B shape at rank 64: 57.94 GiB, the LoRA run's measured peak of 58.76 GiB. Now it is
+    4 P + 4 T + 2 P + 4 V H, below that run's update."""
+    generator = _generator_bytes(request, rung)
+    if generator == 0:
+        return 0
+    shape = request.policy.shape
+    return policy.idle + generator * shape.num_params + 4 * shape.vocab_size * shape.hidden_size
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ reads values) is loaded, sharded and given its optimizer by the same code (`load
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -59,7 +58,7 @@ from relm.memory.choices import (
 from relm.memory.offload import OffloadedOptimizerStates, Residency
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype, resolve_model_dir
-from relm.models.precision import Precision
+from relm.models.precision import Precision, copy_in_dtype
 from relm.models.tokenizer import end_of_turn_ids, load_tokenizer
 from relm.models.value_model import load_value_model
 from relm.models.zoo import default_cache_dir
@@ -425,7 +424,7 @@ def reference_model(
 ) -> nn.Module:
     """A frozen copy of the starting policy (identical weights without a second read from disk), in
     the compute dtype; sharded by `layout` in a data-parallel run. Taken before the actor is sharded."""
-    ref = copy.deepcopy(actor).to(precision.compute).requires_grad_(False).eval()
+    ref = copy_in_dtype(actor, precision.compute).eval()  # cast tensor by tensor: no second fp32 copy
     if layout is None:
         return ref
     offload = (
@@ -627,8 +626,10 @@ def generator_model(
     )
     # A LoRA actor's copy is a plain model with its adapters merged: the engine's kernels and fused
     # projections see an ordinary transformers model, and each sync refreshes only the adapted weights.
-    plain = without_adapters(actor) if has_lora(actor) else copy.deepcopy(actor)
-    return plain.to(gen_dtype).requires_grad_(False).eval()
+    # Made tensor by tensor in `gen_dtype` (`copy_in_dtype`): a deepcopy cast afterwards would hold a second
+    # fp32 model on the GPU first (a 7B LoRA run under a 48 GB budget ran out of memory there).
+    plain = without_adapters(actor, gen_dtype) if has_lora(actor) else copy_in_dtype(actor, gen_dtype)
+    return plain.eval()
 
 
 def build_engine(
