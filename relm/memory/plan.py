@@ -48,9 +48,10 @@ micro-batch of at least two full sequences fits without it. A setting the user m
 (`model.dtype`, `optim.moments_dtype`, `enable_gradient_checkpointing`, `ppo_max_token_len_per_gpu`)
 is kept; the plan only reports what it estimates for it.
 
-Measured on the H200 against this arithmetic (bench/gpu_lora.sh, Qwen2.5-7B GRPO, 512-token rows,
-checkpointing): full fine-tuning 90.5 GiB against 95.6 planned at the step's largest micro-batch, LoRA
-rank 64 58.76 GiB against 57.94 (the start-up copy); tests/unit/test_memory_plan.py works both out.
+Measured on the H200 against this arithmetic (2026-12-02, `relm bench step` Qwen2.5-7B GRPO 16 x 4,
+512-token rows, checkpointing; docs/benchmarks.md): full fine-tuning 90.45 GiB against 95.69 planned at the
+step's largest micro-batch, LoRA rank 64 48.08 GiB against 52.62; tests/unit/test_memory_plan.py works both
+out.
 
 The per-token activation constants are calibrated on an H200 (Qwen2.5-1.5B shape, 16,384 packed
 tokens, fp32 master weights under bf16 autocast: 86 GB peak without checkpointing) and rounded up;
