@@ -16,10 +16,10 @@ from typing import Any
 from relm.data.demo_task import DEMO_DATA_SOURCE, letter_share_score
 from relm.data.gsm8k import extract_gsm8k_answer as extract_gsm8k_answer  # where callers found it
 from relm.data.gsm8k import gsm8k_score
+from relm.data.lookup_task import LOOKUP_DATA_SOURCE, final_answer_score
 from relm.errors import UserError
 from relm.rewards.math_dapo import math_dapo_score
 from relm.rewards.math_reward import math_score
-from relm.rollout.multi_turn.lookup import LOOKUP_DATA_SOURCE, final_answer_score
 
 Scorer = Callable[[str, Any], "float | dict[str, Any]"]
 

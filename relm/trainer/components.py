@@ -31,6 +31,7 @@ from relm.config.schema import (
 from relm.data.dataset import PromptDataset
 from relm.data.demo_task import DEMO_DATA_SOURCE, write_demo_parquet
 from relm.data.loader import PromptLoader
+from relm.data.lookup_task import LOOKUP_DATA_SOURCE
 from relm.distributed.context import DistContext
 from relm.distributed.fsdp import shard_model
 from relm.distributed.layout import Layout
@@ -69,7 +70,6 @@ from relm.rewards.registry import default_compute_score
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.multi_turn.driver import MultiTurnRollout
-from relm.rollout.multi_turn.lookup import LOOKUP_DATA_SOURCE
 from relm.rollout.multi_turn.setup import (
     build_multi_turn,
     load_run_interactions,

@@ -143,7 +143,8 @@ def test_turns_calls_errors_time_and_token_split_are_counted_and_reach_the_rewar
     )
     out = rollout.generate([prompt] * 3, SamplingParams(n=1, max_new_tokens=32), kwargs)
     m = out.metrics
-    assert out.generation.extra_fields == [{"num_turns": t} for t in (6, 2, 4)]  # model + tool turns + 1
+    # model + tool turns + 1
+    assert [extra["num_turns"] for extra in out.generation.extra_fields] == [6, 2, 4]
     assert (m["num_turns/min"], m["num_turns/max"], m["num_turns/mean"]) == (2.0, 6.0, 4.0)
     assert m["multi_turn/assistant_turns/max"] == 3.0 and m["multi_turn/tool_calls/mean"] == 1.0
     assert m["multi_turn/tool_errors"] == 1.0 and m["multi_turn/tool_timeouts"] == 1.0

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -262,3 +264,12 @@ def test_in_process_rows_match_the_pool(pool):
     rows = _rows("raises", 12)
     in_process = [outcome for _, outcome in score_rows(function, rows, batched=False)]
     assert in_process == pool.score(rows)
+
+
+def test_a_reward_worker_imports_no_torch():
+    # A worker's resident memory is held to reward_model.memory_limit_mb (300 MB in the leak tests). With
+    # torch imported a fresh worker starts near 270 MB and is replaced before its first call, over and
+    # over: the lookup task's scorer once pulled the rollout code, and torch, into the registry.
+    code = "import sys, relm.rewards.pool, relm.rewards.registry; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
