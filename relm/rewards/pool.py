@@ -117,6 +117,8 @@ class _Worker:
     """Row indices sent and not yet answered, in the order the worker scores them."""
     deadline: float = math.inf
     """When the row the worker is on (all of them, for a batched call) runs out of time."""
+    answered: int = 0
+    """Rows it has scored: none yet means what it holds is the loaded file's, not a leak."""
 
 
 class RewardPool:
@@ -215,6 +217,7 @@ class RewardPool:
                     index, outcome = message
                     outcomes[index] = outcome
                     worker.pending.remove(index)
+                    worker.answered += 1
                     if not self.source.batched:
                         worker.deadline = time.monotonic() + self.timeout_s
         except (EOFError, OSError):
@@ -253,6 +256,14 @@ class RewardPool:
                 )
             elif self.memory_limit_mb is not None and worker.ready:
                 used_mb = _resident_mb(worker.process.pid)
+                if used_mb is not None and used_mb > self.memory_limit_mb and not worker.answered:
+                    # A fresh worker over the limit: every replacement would be too, and would be
+                    # replaced again before it scores a row.
+                    raise UserError(
+                        f"reward_model.memory_limit_mb={self.memory_limit_mb:g}: a reward worker holds "
+                        f"{used_mb:.0f} MB before scoring its first response (loading "
+                        f"{self.source.describe()}); raise the limit above that"
+                    )
                 if used_mb is not None and used_mb > self.memory_limit_mb:
                     worker.process.kill()
                     worker.process.join()

@@ -273,3 +273,20 @@ def test_a_reward_worker_imports_no_torch():
     code = "import sys, relm.rewards.pool, relm.rewards.registry; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_limit_below_a_fresh_workers_memory_is_a_user_error(tmp_path):
+    # Each replacement would be over the limit too: before, the pool replaced workers forever.
+    path = tmp_path / "heavy.py"
+    path.write_text(
+        "BLOCK = bytearray(200 * 2**20)\nBLOCK[::4096] = b'x' * len(BLOCK[::4096])\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+    pool = RewardPool(RewardSource(path=str(path)), num_workers=1, timeout_s=TIMEOUT_S, memory_limit_mb=100)
+    try:
+        with pytest.raises(
+            UserError, match=r"^reward_model.memory_limit_mb=100: a reward worker holds \d+ MB before"
+        ):
+            pool.score(_rows("fine", 2))
+    finally:
+        pool.close()
