@@ -97,9 +97,10 @@ def test_a_scripted_user_ends_the_episode_with_its_score_and_its_turns_are_not_t
     )
 
     gen = out.generation
+    # verl's num_turns: the prompt, each model turn and each user reply (the last one included)
     assert gen.extra_fields == [
-        {"turn_scores": [0.0, 0.0, 1.0], "tool_rewards": []},
-        {"turn_scores": [1.0], "tool_rewards": []},
+        {"turn_scores": [0.0, 0.0, 1.0], "tool_rewards": [], "num_turns": 7},
+        {"turn_scores": [1.0], "tool_rewards": [], "num_turns": 3},
     ]
     assert gen.finish_reasons == [FINISH_STOP, FINISH_STOP]
     # Row 0, turn by turn: the ids trained on are the sampled turns plus the user's template ids, and
@@ -131,7 +132,7 @@ def test_max_user_turns_ends_the_conversation_before_the_next_reply(qwen):
         prompts, PARAMS, interaction_kwargs=[{"secret": 5}], messages=messages
     )
     assert len(engine.calls) == 2
-    assert out.generation.extra_fields == [{"turn_scores": [0.0], "tool_rewards": []}]
+    assert out.generation.extra_fields == [{"turn_scores": [0.0], "tool_rewards": [], "num_turns": 4}]
     text = qwen.decode(out.generation.response_ids[0][out.generation.response_mask[0].bool()])
     assert text.endswith("2<|im_end|>"), "the second turn is the last: no reply after it"
 
@@ -146,7 +147,7 @@ def test_a_turn_with_a_tool_call_goes_to_the_tool_and_the_next_one_to_the_user(q
     out = _rollout(qwen, engine, {"gsm8k": interaction}, tools={"calculator": Calculator()}).generate(
         prompts, PARAMS, interaction_kwargs=[{"name": "gsm8k", "ground_truth": "42"}], messages=messages
     )
-    assert out.generation.extra_fields == [{"turn_scores": [1.0], "tool_rewards": [0.0]}]
+    assert out.generation.extra_fields == [{"turn_scores": [1.0], "tool_rewards": [0.0], "num_turns": 5}]
     text = qwen.decode(out.generation.response_ids[0][out.generation.response_mask[0].bool()])
     assert "<tool_response>\n42\n</tool_response>" in text
     assert text.endswith(f"user\n{Gsm8kInteraction.CORRECT}<|im_end|>\n<|im_start|>assistant\n")
