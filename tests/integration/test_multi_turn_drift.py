@@ -297,3 +297,50 @@ def test_a_run_with_tools_through_the_entry_point(train, tmp_path):
     assert "val-core/calc/reward/mean@1" in metrics[-1]
     validated = [json.loads(line) for line in (tmp_path / "val" / "2.jsonl").read_text().splitlines()]
     assert any("<tool_response>" in s["output"] for s in validated)
+
+
+@pytest.mark.parametrize(
+    ("name", "vocab_size", "culprit"),
+    [
+        ("phi3", 32_064, "drops or mangles a `tool` message"),
+        ("mistral-nemo", 131_072, "only with a tool call id"),
+    ],
+)
+def test_a_template_that_hides_tool_results_stops_at_start_up(train, tmp_path, name, vocab_size, culprit):
+    """Phi-3's template writes nothing for a tool message and Mistral-Nemo's needs call ids: `relm train`
+    with tools stops before its first rollout, exit 2, one line naming custom_chat_template."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    if not (REALWORLD / name).is_dir():
+        pytest.skip(f"../shared/realworld/tokenizers/{name} is not here")
+    tok = AutoTokenizer.from_pretrained(str(REALWORLD / name))
+    tiny = {**SHAPE, "hidden_size": 16, "intermediate_size": 32}
+    Qwen2ForCausalLM(
+        Qwen2Config(vocab_size=vocab_size, **tiny, eos_token_id=tok.eos_token_id)
+    ).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(yaml.safe_dump({"tools": [{"class_name": "relm.rollout.multi_turn.tools.Calculator"}]}))
+    rows = [
+        {
+            "data_source": "calc",
+            "prompt": QUESTION,
+            "reward_model": {"ground_truth": "84"},
+            "extra_info": {"index": 0},
+        }
+    ] * 4
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    result = train(
+        f"actor_rollout_ref.model.path={tmp_path / 'model'}",
+        f"data.train_files={tmp_path / 'train.parquet'}",
+        "data.max_prompt_length=512",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+    )
+    assert result.exit_code == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        len(lines) == 1 and culprit in lines[0] and "actor_rollout_ref.model.custom_chat_template" in lines[0]
+    )
