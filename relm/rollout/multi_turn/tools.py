@@ -226,7 +226,9 @@ def config_entries(config_path: str, key: str, section: str, what: str) -> list[
     try:
         entries = (yaml.safe_load(path.read_text()) or {}).get(section)
     except (yaml.YAMLError, AttributeError) as exc:
-        raise UserError(f"{key}={config_path}: not a YAML mapping with a `{section}:` list ({exc})") from exc
+        raise UserError(
+            f"{key}={config_path}: not a YAML mapping holding a `{section}:` list ({exc})"
+        ) from exc
     if not isinstance(entries, list) or not entries:
         raise UserError(f"{key}={config_path}: needs a non-empty `{section}:` list")
     loaded = []
