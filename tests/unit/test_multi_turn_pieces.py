@@ -1,13 +1,16 @@
-"""Multi-turn pieces without a model: tool turns as ids with the real Qwen2.5 template, Hermes parsing,
+"""Multi-turn pieces without a model: tool turns as ids with the real tokenizers that have a tool role
+(Qwen2.5, Llama-3.2) and the refusal of those that do not show one (Phi-3, Mistral-Nemo), Hermes parsing,
 the calculator, tool loading from verl's YAML, and the config keys."""
 
 from __future__ import annotations
 
 import asyncio
 import textwrap
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+import transformers.utils.chat_template_utils as chat_template_utils
 from transformers import AutoTokenizer
 
 from relm.config.loader import load_config
@@ -19,42 +22,86 @@ from relm.rollout.multi_turn.render import ToolTurnRenderer
 from relm.rollout.multi_turn.setup import load_run_tools
 from relm.rollout.multi_turn.tools import Calculator, ToolContext, load_tools, run_tool
 
-QWEN = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "tokenizers" / "qwen2.5"
+REALWORLD = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "tokenizers"
 SCHEMA = Calculator.DEFAULT_SCHEMA
+SUFFIXES = {
+    "qwen2.5": "\n<|im_start|>user\n<tool_response>\n84\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    # Jinja's `iterable` test holds for a string, so the template JSON-quotes a string result.
+    "llama3.2": '<|start_header_id|>ipython<|end_header_id|>\n\n"84"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n',
+}  # fmt: skip
+"""What each template writes after the model's turn for the result `84`: the tool turn, the next header."""
 
 
-@pytest.fixture(scope="module")
-def qwen():
-    if not QWEN.is_dir():
-        pytest.skip("../shared/realworld/tokenizers/qwen2.5 is not here")
-    return AutoTokenizer.from_pretrained(str(QWEN))
+def real_tokenizer(name: str):
+    if not (REALWORLD / name).is_dir():
+        pytest.skip(f"../shared/realworld/tokenizers/{name} is not here")
+    return AutoTokenizer.from_pretrained(str(REALWORLD / name))
 
 
-def test_prompt_plus_sampled_plus_tool_ids_are_the_templates_ids(qwen):
+class _Clock:
+    """Stands in for transformers' `datetime` in its chat templates' `strftime_now`."""
+
+    moment = datetime(2024, 7, 26, 23, 59)
+
+    @classmethod
+    def now(cls) -> datetime:
+        return cls.moment
+
+
+@pytest.mark.parametrize("name", sorted(SUFFIXES))
+def test_prompt_plus_sampled_plus_tool_ids_are_the_templates_ids(name, monkeypatch):
     """The conversation built turn by turn as ids equals the template's ids of the whole conversation."""
-    turn_end = _template_turn_end(qwen)
-    renderer = ToolTurnRenderer(qwen, turn_end, chat_template_kwargs={"tools": [SCHEMA]})
+    tok = real_tokenizer(name)
+    turn_end = _template_turn_end(tok)
+    # Llama-3.2's template writes today's date into the prompt's system turn. A renderer built before
+    # midnight still renders suffixes after it, equal to those of one built after it.
+    monkeypatch.setattr(chat_template_utils, "datetime", _Clock)
+    monkeypatch.setattr(_Clock, "moment", datetime(2024, 7, 26, 23, 59))
+    renderer = ToolTurnRenderer(tok, turn_end, chat_template_kwargs={"tools": [SCHEMA]})
+    monkeypatch.setattr(_Clock, "moment", datetime(2024, 7, 27, 0, 1))
+    assert renderer.suffix_ids(["84"]) == ToolTurnRenderer(
+        tok, turn_end, chat_template_kwargs={"tools": [SCHEMA]}
+    ).suffix_ids(["84"])
     user = [{"role": "user", "content": "What is 12 * (3 + 4)? Use the calculator."}]
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * (3 + 4)"}}\n</tool_call>'
     results = [["84"], ["84", "error: ZeroDivisionError: division by zero"]]
     answers = [call, "Let me check again.\n" + call + "\n" + call, "The answer is 84."]
-    ids = qwen.apply_chat_template(
+    ids = tok.apply_chat_template(
         user, tools=[SCHEMA], add_generation_prompt=True, tokenize=True, return_dict=False
     )
     messages = list(user)
     for turn, text in enumerate(answers):
-        ids += qwen.encode(text, add_special_tokens=False) + [turn_end]  # what the model samples
+        ids += tok.encode(text, add_special_tokens=False) + [turn_end]  # what the model samples
         messages.append({"role": "assistant", "content": text})
         if turn < len(results):
             ids += renderer.suffix_ids(results[turn])
             messages += [{"role": "tool", "content": r} for r in results[turn]]
-    whole = qwen.apply_chat_template(messages, tools=[SCHEMA], tokenize=True, return_dict=False)
-    # The template closes the last assistant turn with <|im_end|>\n; the model's ids stop at <|im_end|>.
-    assert ids == whole[: len(ids)] and whole[len(ids) :] == qwen.encode("\n", add_special_tokens=False)
-    assert (
-        renderer.suffix_text(["84"])
-        == "\n<|im_start|>user\n<tool_response>\n84\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    whole = tok.apply_chat_template(messages, tools=[SCHEMA], tokenize=True, return_dict=False)
+    # The model's ids stop at the turn end; Qwen2.5's template writes a newline after it, Llama's nothing.
+    assert ids == whole[: len(ids)] and tok.decode(whole[len(ids) :]).strip() == ""
+    assert renderer.suffix_text(["84"]) == SUFFIXES[name]
+
+
+def test_templates_that_hide_a_tool_result_stop_the_run():
+    """Phi-3's template has no tool role and writes nothing for a tool message; Mistral-Nemo's renders
+    one only with a call id that Hermes calls do not carry. Each is one line naming the fix."""
+    phi3 = real_tokenizer("phi3")
+    renderer = ToolTurnRenderer(phi3, _template_turn_end(phi3), chat_template_kwargs={"tools": [SCHEMA]})
+    assert renderer.suffix_ids(["again?"], role="user")  # its user role shows the reply
+    with pytest.raises(UserError, match="drops or mangles a `tool` message") as dropped:
+        renderer.suffix_ids(["84"])
+    mistral = real_tokenizer("mistral-nemo")
+    renderer = ToolTurnRenderer(
+        mistral, _template_turn_end(mistral), chat_template_kwargs={"tools": [SCHEMA]}
     )
+    with pytest.raises(UserError, match="only with a tool call id") as needs_ids:
+        renderer.check_role("tool")
+    # Its template moves the tool list to the latest user message: a reply would re-render the prompt.
+    with pytest.raises(UserError, match="renders earlier turns differently once a `user` message") as moved:
+        renderer.check_role("user")
+    for error in (dropped, needs_ids, moved):
+        assert "actor_rollout_ref.model.custom_chat_template" in str(error.value)
+        assert "\n" not in str(error.value)
 
 
 def test_hermes_calls_are_parsed_and_bad_ones_say_why():

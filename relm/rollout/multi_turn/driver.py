@@ -254,30 +254,32 @@ class MultiTurnRollout:
             )
             for r in outcomes
         ]
-        suffix = self.renderer.suffix_ids(texts)
-        if len(row.response) + len(suffix) >= max_new_tokens:
+        if not self._append_unsampled(row, self.renderer.suffix_ids(texts), max_new_tokens):
             row.finish = FINISH_LENGTH  # no room for the results and a reply: the conversation ends here
-            return
-        row.ids += suffix
-        row.response += suffix
-        row.model_mask += [0] * len(suffix)
-        row.logprobs += [0.0] * len(suffix)
-        row.user_turns += 1
 
     def _append_user_turn(self, row: _Conversation, reply: InteractionReply, max_new_tokens: int) -> None:
         """The interaction's reply as the template's user turn; appended even when it ends the episode,
         as verl does, so the reward function and the samples see the verdict."""
-        suffix = self.renderer.suffix_ids([reply.text], role="user")
+        appended = self._append_unsampled(
+            row, self.renderer.suffix_ids([reply.text], role="user"), max_new_tokens
+        )
+        if reply.should_terminate:
+            row.finish = FINISH_STOP
+        elif not appended:
+            row.finish = FINISH_LENGTH
+
+    @staticmethod
+    def _append_unsampled(row: _Conversation, suffix: list[int], max_new_tokens: int) -> bool:
+        """Append a tool or user turn's ids (mask 0, logprob 0) and count the turn; False, appending nothing,
+        when they would leave no room under `max_new_tokens` for the model's reply."""
         if len(row.response) + len(suffix) >= max_new_tokens:
-            row.finish = FINISH_STOP if reply.should_terminate else FINISH_LENGTH
-            return
+            return False
         row.ids += suffix
         row.response += suffix
         row.model_mask += [0] * len(suffix)
         row.logprobs += [0.0] * len(suffix)
         row.user_turns += 1
-        if reply.should_terminate:
-            row.finish = FINISH_STOP
+        return True
 
     def _pack(
         self, rows: list[_Conversation], width: int, extra: list[dict[str, Any]] | None = None

@@ -20,13 +20,10 @@ import inspect
 import re
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-
 from relm.errors import UserError
-from relm.rollout.multi_turn.tools import import_class
+from relm.rollout.multi_turn.tools import config_entries
 
 KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
 
@@ -118,31 +115,14 @@ def load_interactions(config_path: str) -> dict[str, Interaction]:
     Raises:
         UserError: The file is missing or malformed, a class does not import or build, or two share a name.
     """
-    path = Path(config_path)
-    if not path.is_file():
-        raise UserError(
-            f"{KEY}={config_path}: no such file; give verl's interaction config YAML (`interaction:` list)"
-        )
-    try:
-        entries = (yaml.safe_load(path.read_text()) or {}).get("interaction")
-    except (yaml.YAMLError, AttributeError) as exc:
-        raise UserError(
-            f"{KEY}={config_path}: not a YAML mapping with an `interaction:` list ({exc})"
-        ) from exc
-    if not isinstance(entries, list) or not entries:
-        raise UserError(f"{KEY}={config_path}: needs a non-empty `interaction:` list")
     interactions: dict[str, Interaction] = {}
-    for index, entry in enumerate(entries):
-        where = f"{KEY}={config_path}: interaction[{index}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
-            raise UserError(f"{where} needs a `class_name` (a dotted Python name)")
-        class_name = entry["class_name"]
-        name = entry.get("name") or _default_name(class_name)
+    for loaded in config_entries(config_path, KEY, "interaction", "interaction"):
+        where, class_name = loaded.where, loaded.entry["class_name"]
+        name = loaded.entry.get("name") or _default_name(class_name)
         if name in interactions:
             raise UserError(f"{where}: a second interaction named `{name}`; give each its own `name`")
-        cls = import_class(class_name, path.parent, where)
         try:
-            interactions[name] = cls(config={**dict(entry.get("config") or {}), "name": name})
+            interactions[name] = loaded.cls(config={**dict(loaded.entry.get("config") or {}), "name": name})
         except Exception as exc:
             raise UserError(f"{where}: {class_name}(config=...) raised {exc!r}") from exc
     return interactions

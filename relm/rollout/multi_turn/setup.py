@@ -83,6 +83,11 @@ def build_multi_turn(
     renderer = ToolTurnRenderer(
         tokenizer, turn_end, chat_template, {**chat_template_kwargs, "tools": tool_schemas(tools)}
     )
+    # At start-up, not at the first tool call: a template that drops tool results (Phi-3's) or needs
+    # call ids (Mistral's) stops the run before its first rollout.
+    for role, used in (("tool", tools), ("user", interactions)):
+        if used:
+            renderer.check_role(role)
     limits = MultiTurnLimits(
         max_assistant_turns=cfg.max_assistant_turns if cfg.max_assistant_turns is not None else cfg.max_turns,
         max_user_turns=cfg.max_user_turns,

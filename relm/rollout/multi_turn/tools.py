@@ -192,6 +192,54 @@ async def run_tool(tool: Tool, arguments: dict[str, Any], context: ToolContext) 
     return result
 
 
+@dataclass(frozen=True)
+class ConfigEntry:
+    """One entry of verl's tool or interaction config, its class imported."""
+
+    where: str
+    """`key=path: section[index]`, which every error about the entry starts with."""
+    entry: dict[str, Any]
+    """The entry as written (`class_name`, `config`, `tool_schema` or `name`)."""
+    cls: type
+    """The class `class_name` names."""
+
+
+def config_entries(config_path: str, key: str, section: str, what: str) -> list[ConfigEntry]:
+    """The entries of verl's tool config (`tools:`) or interaction config (`interaction:`): a YAML
+    mapping whose `section` is a non-empty list of mappings, each with a dotted `class_name` importable
+    from the file's folder or sys.path.
+
+    Args:
+        config_path: The YAML file.
+        key: The config key that names it, for the error lines.
+        section: The list's key (`tools`, `interaction`).
+        what: What the file configures, for the error lines (`tool`, `interaction`).
+
+    Raises:
+        UserError: The file is missing or malformed, or an entry's class does not import.
+    """
+    path = Path(config_path)
+    if not path.is_file():
+        raise UserError(
+            f"{key}={config_path}: no such file; give verl's {what} config YAML (`{section}:` list)"
+        )
+    try:
+        entries = (yaml.safe_load(path.read_text()) or {}).get(section)
+    except (yaml.YAMLError, AttributeError) as exc:
+        raise UserError(
+            f"{key}={config_path}: not a YAML mapping holding a `{section}:` list ({exc})"
+        ) from exc
+    if not isinstance(entries, list) or not entries:
+        raise UserError(f"{key}={config_path}: needs a non-empty `{section}:` list")
+    loaded = []
+    for index, entry in enumerate(entries):
+        where = f"{key}={config_path}: {section}[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
+            raise UserError(f"{where} needs a `class_name` (a dotted Python name)")
+        loaded.append(ConfigEntry(where, entry, import_class(entry["class_name"], path.parent, where)))
+    return loaded
+
+
 def load_tools(config_path: str) -> dict[str, Tool]:
     """The tools of a verl tool config: `tools:` entries with `class_name` (a dotted name importable from
     the config file's folder or sys.path), `config` and an OpenAI-style `tool_schema`.
@@ -200,21 +248,9 @@ def load_tools(config_path: str) -> dict[str, Tool]:
         UserError: The file is missing or malformed, a class does not import, or two tools share a name.
     """
     key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
-    path = Path(config_path)
-    if not path.is_file():
-        raise UserError(f"{key}={config_path}: no such file; give verl's tool config YAML (`tools:` list)")
-    try:
-        entries = (yaml.safe_load(path.read_text()) or {}).get("tools")
-    except (yaml.YAMLError, AttributeError) as exc:
-        raise UserError(f"{key}={config_path}: not a YAML mapping with a `tools:` list ({exc})") from exc
-    if not isinstance(entries, list) or not entries:
-        raise UserError(f"{key}={config_path}: needs a non-empty `tools:` list")
     tools: dict[str, Tool] = {}
-    for index, entry in enumerate(entries):
-        where = f"{key}={config_path}: tools[{index}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
-            raise UserError(f"{where} needs a `class_name` (a dotted Python name)")
-        cls = import_class(entry["class_name"], path.parent, where)
+    for loaded in config_entries(config_path, key, "tools", "tool"):
+        where, entry, cls = loaded.where, loaded.entry, loaded.cls
         schema = entry.get("tool_schema")
         config = dict(entry.get("config") or {})
         try:
