@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -66,11 +67,24 @@ class DataParallelEngine:
     def dp_rank(self) -> int:
         return self.dist.rank // self.tp_size
 
+    def share(self, num_prompts: int) -> tuple[int, int]:
+        """`[start, end)` of the prompts this rank generates for."""
+        return share_bounds(num_prompts, self.num_dp_groups, self.dp_rank)
+
+    def rank_params(self, params: SamplingParams) -> SamplingParams:
+        """`params` with this rank's seed, so ranks draw independent samples."""
+        if params.seed is None:
+            return params
+        return replace(params, seed=params.seed + self.dp_rank * SEED_STRIDE)
+
+    def gather(self, local: Any) -> list[Any]:
+        """Every generation group's `local` (picklable, tensors on CPU), in rank order, on every rank."""
+        return self.dist.gather_objects(local)[:: self.tp_size]
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """All `len(prompts) * params.n` responses, in prompt order, on every rank."""
-        start, end = share_bounds(len(prompts), self.num_dp_groups, self.dp_rank)
-        if params.seed is not None:
-            params = replace(params, seed=params.seed + self.dp_rank * SEED_STRIDE)
+        start, end = self.share(len(prompts))
+        params = self.rank_params(params)
         if end > start:
             out = self.engine.generate(prompts[start:end], params)
             local = (out.response_ids.cpu(), out.response_mask.cpu(), out.logprobs.float().cpu())
@@ -83,7 +97,7 @@ class DataParallelEngine:
                 torch.zeros(0, width, dtype=torch.float32),
             )
             reasons = []
-        parts = self.dist.gather_objects((*local, reasons))[:: self.tp_size]
+        parts = self.gather((*local, reasons))
         return GenerationOutput(
             response_ids=torch.cat([p[0] for p in parts]),
             response_mask=torch.cat([p[1] for p in parts]),

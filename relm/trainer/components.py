@@ -35,6 +35,7 @@ from relm.data.lookup_task import LOOKUP_DATA_SOURCE
 from relm.distributed.context import DistContext
 from relm.distributed.fsdp import shard_model
 from relm.distributed.layout import Layout
+from relm.distributed.multi_turn import DataParallelMultiTurn
 from relm.distributed.rollout import DataParallelEngine
 from relm.errors import UserError
 from relm.learner.lora import adapters_disabled, add_lora, has_lora, lora_settings, without_adapters
@@ -69,7 +70,7 @@ from relm.rewards.model_reward import ModelScorer, build_reward_model
 from relm.rewards.registry import default_compute_score
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.multi_turn.driver import MultiTurnRollout
+from relm.rollout.multi_turn.records import ConversationRollout
 from relm.rollout.multi_turn.setup import (
     build_multi_turn,
     load_run_interactions,
@@ -141,8 +142,9 @@ class RunComponents:
     ones), and the check that a separate engine copy took it."""
     reward_model: ModelScorer | None = None
     """The frozen reward model or LLM judge (`reward_model.enable`), whose score is the reward."""
-    multi_turn: MultiTurnRollout | None = None
-    """Drives `engine` through conversations with tools when `rollout.multi_turn.enable` (else None)."""
+    multi_turn: ConversationRollout | None = None
+    """Drives `engine` through conversations with tools when `rollout.multi_turn.enable` (else None);
+    data-parallel, each rank runs whole conversations for its share of the prompts."""
 
     def reference(self) -> contextlib.AbstractContextManager[nn.Module] | None:
         """The reference policy for a forward (`with c.reference() as ref:`), or None when nothing reads one."""
@@ -271,7 +273,7 @@ def build_components(
     torch.manual_seed(cfg.seed)
 
     tokenizer = _load_run_tokenizer(cfg, model_dir)
-    tools = _run_tools(cfg, dist)
+    tools = load_run_tools(cfg.actor_rollout_ref.rollout.multi_turn)
     loader = _prompt_loader(cfg, tokenizer, tool_schemas(tools))
     sizes = compute_sizes(cfg, loader.batches_per_epoch)
     # Started before the models load, so the reward workers' imports overlap with it.
@@ -362,19 +364,6 @@ def _trained_sources(cfg: RelmConfig, model_dir: str) -> dict[str, str]:
     return sources
 
 
-def _run_tools(cfg: RelmConfig, dist: DistContext) -> dict[str, Tool]:
-    """The multi-turn rollout's tools (none without `rollout.multi_turn.enable`)."""
-    tools = load_run_tools(cfg.actor_rollout_ref.rollout.multi_turn)
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable and dist.is_distributed:
-        # Each turn is a collective generate; ranks whose tools answered differently (a timeout on one)
-        # would make different numbers of calls and wait on each other forever.
-        raise UserError(
-            "actor_rollout_ref.rollout.multi_turn.enable=true runs in one process for now; set "
-            "trainer.n_gpus_per_node=1 and trainer.nnodes=1"
-        )
-    return tools
-
-
 def _reward_manager(
     cfg: RelmConfig,
     tokenizer: PreTrainedTokenizerBase,
@@ -404,19 +393,24 @@ def _multi_turn(
     engine: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
     generator: nn.Module,
-) -> MultiTurnRollout:
+) -> ConversationRollout:
     """Drives `engine` through conversations with `tools` and the config's interactions
-    (`rollout.multi_turn.enable`)."""
-    return build_multi_turn(
+    (`rollout.multi_turn.enable`). Data-parallel, the conversations are shared out, not the turns:
+    each rank drives its own engine through whole conversations and one gather ends the rollout
+    (relm/distributed/multi_turn.py); a turn-by-turn collective would hang ranks whose
+    conversations end at different turns."""
+    local = engine.engine if isinstance(engine, DataParallelEngine) else engine
+    rollout = build_multi_turn(
         cfg.actor_rollout_ref.rollout.multi_turn,
         tools,
-        engine,
+        local,
         tokenizer,
         chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
         chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
         eos_token_ids=eos_token_ids_of(tokenizer, generator),
         interactions=load_run_interactions(cfg.actor_rollout_ref.rollout.multi_turn),
     )
+    return DataParallelMultiTurn(rollout, engine) if isinstance(engine, DataParallelEngine) else rollout
 
 
 def reference_model(

@@ -28,7 +28,7 @@ from relm.data.demo_task import write_demo_parquet
 from relm.models.zoo import default_cache_dir
 from relm.rewards.manager import RewardManager, RewardResult
 from relm.rollout.base import RolloutEngine, SamplingParams
-from relm.rollout.multi_turn.driver import MultiTurnRollout
+from relm.rollout.multi_turn.records import ConversationRollout
 from relm.trainer.samples import GenerationSample
 
 CORE_VARIABLES = ("acc", "reward")
@@ -91,7 +91,7 @@ def run_validation(
     params: SamplingParams,
     batch_size: int | None = None,
     keep_samples: bool = False,
-    multi_turn: MultiTurnRollout | None = None,
+    multi_turn: ConversationRollout | None = None,
 ) -> ValidationResult:
     """Generate `params.n` responses for every prompt of `dataset`, score them, and reduce to metrics.
 
@@ -104,7 +104,8 @@ def run_validation(
         keep_samples: Also return every generated response as text (greedy validation generates one
             response per prompt and counts it N times: that one is kept once).
         multi_turn: With `rollout.multi_turn.enable`, the conversations with tools run through it (each
-            row's `extra_info.tools_kwargs` reaching its tools), as in training.
+            row's `extra_info.tools_kwargs` reaching its tools), as in training; data-parallel, each rank
+            runs its share of them and every rank gets them all.
 
     Returns:
         Metrics under verl's names (`val-core/<data_source>/reward/mean@N`, the `val-aux/...` spread

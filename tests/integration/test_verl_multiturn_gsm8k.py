@@ -1,6 +1,6 @@
 """verl's multi-turn GSM8K examples (examples/verl_multiturn_gsm8k/) run one step with their paths and
-sizes changed: the tool run (verl's `Gsm8kTool`, mapped to relm's) and the interaction run (verl's
-`Gsm8kInteraction`, mapped to relm's).
+sizes changed: the tool run (verl's `Gsm8kTool`, mapped to relm's) in the script's own 8 processes, and
+the interaction run (verl's `Gsm8kInteraction`, mapped to relm's) in 2.
 
 Real GSM8K rows (../shared/realworld) go through `examples/gsm8k_preprocess.py --multiturn ...`; the
 model is a tiny Qwen2 with the real Qwen2.5 tokenizer, first fitted for a few seconds to one
@@ -34,19 +34,25 @@ QWEN, GSM8K = REALWORLD / "tokenizers" / "qwen2.5", REALWORLD / "data" / "gsm8k"
 CALL = '<tool_call>\n{"name": "calc_gsm8k_reward", "arguments": {"answer": "72"}}\n</tool_call>'
 SIZES = [
     "data.train_batch_size=1",
-    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.rollout.n=8",
     "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
     "data.max_prompt_length=512",
     "data.max_response_length=128",
-    "trainer.n_gpus_per_node=1",
     "trainer.total_training_steps=1",
     "trainer.val_before_train=False",
     "trainer.test_freq=-1",
 ]
-"""What changes beside the paths: one prompt, two conversations, one step on one CPU process."""
+"""What changes beside the paths: one prompt, eight conversations, one step. The process count stays the
+script's (`trainer.n_gpus_per_node=8`: 8 gloo CPU processes; the sizes are ones that split over 8 ranks,
+8 responses and a micro-batch of 1 each, and the one prompt's conversations all run on rank 0, the other
+seven ranks' shares being empty). Measured on 2 busy cores: the tool run took 153 s with 8 processes,
+about 10 GB of memory at its peak; 45 s in one process."""
+INTERACTION_PROCESSES = "trainer.n_gpus_per_node=2"
+"""The interaction run in 2 processes instead of its script's 8: interactions across ranks at a third of
+the time (54 s measured)."""
 
 
 def _preprocess(mode: str, out: Path) -> Path:
@@ -138,14 +144,14 @@ def setup(tmp_path_factory):
     return work, data, model_dir
 
 
-def _run(script: str, setup, mode: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _run(script: str, setup, mode: str, *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:
     work, data, model_dir = setup
     run_dir = work / f"run-{mode}"
     env = {**os.environ, "PYTHON": sys.executable, "MODEL_PATH": str(model_dir), "DATA_DIR": str(data[mode])}
     env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     extra = [f"trainer.default_local_dir={run_dir}", f"trainer.rollout_data_dir={run_dir}/rollout"]
     proc = subprocess.run(
-        ["bash", str(EXAMPLE / script), *SIZES, *extra],
+        ["bash", str(EXAMPLE / script), *SIZES, *extra, *overrides],
         cwd=work,
         env=env,
         capture_output=True,
@@ -173,6 +179,7 @@ def test_verls_gsm8k_tool_example_runs_one_step(setup):
         "`verl.tools.gsm8k_tool.Gsm8kTool` runs as relm's built-in `relm.rollout.multi_turn.gsm8k.Gsm8kTool`"
         in proc.stderr
     )
+    assert "starting 8 processes" in proc.stderr  # the script's own trainer.n_gpus_per_node=8
     metrics, samples = _step(run_dir)
     assert metrics["multi_turn/tool_calls/mean"] > 0, "the fitted model calls the tool"
     assert any("Current parsed answer='72' reward=1.0" in s["output"] for s in samples)
@@ -180,11 +187,14 @@ def test_verls_gsm8k_tool_example_runs_one_step(setup):
 
 
 def test_verls_gsm8k_interaction_example_runs_one_step(setup):
-    proc, run_dir = _run("run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction.sh", setup, "interaction")
+    proc, run_dir = _run(
+        "run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction.sh", setup, "interaction", INTERACTION_PROCESSES
+    )
     assert (
         "Gsm8kInteraction` runs as relm's built-in `relm.rollout.multi_turn.gsm8k.Gsm8kInteraction`"
         in proc.stderr
     )
+    assert "starting 2 processes" in proc.stderr
     metrics, samples = _step(run_dir)
     assert metrics["multi_turn/interaction_turns/mean"] > 0
     assert any(Gsm8kInteraction.INCORRECT in s["output"] for s in samples)

@@ -21,11 +21,12 @@ from transformers import PreTrainedTokenizerBase
 
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, RolloutEngine, SamplingParams
 from relm.rollout.multi_turn.hermes import ToolCall, parse_tool_calls
-from relm.rollout.multi_turn.interactions import (
-    InteractionReply,
-    InteractionRunner,
-    InteractionSession,
-    interaction_metrics,
+from relm.rollout.multi_turn.interactions import InteractionReply, InteractionRunner, InteractionSession
+from relm.rollout.multi_turn.records import (
+    ConversationRecord,
+    MultiTurnOutput,
+    ToolCallTally,
+    multi_turn_metrics,
 )
 from relm.rollout.multi_turn.render import ToolTurnRenderer
 from relm.rollout.multi_turn.tools import Tool, ToolContext, ToolResult, run_tool
@@ -61,15 +62,6 @@ class _Conversation:
     """The ids sampled in the latest turn, read for tool calls."""
     tool_rewards: list[float] = field(default_factory=list)
     finish: str | None = None
-
-
-@dataclass
-class MultiTurnOutput:
-    """The rollout and its tool statistics."""
-
-    generation: GenerationOutput
-    """`response_mask` 1 on every response token; `model_mask` 1 on the sampled ones."""
-    metrics: dict[str, float]
 
 
 class MultiTurnRollout:
@@ -118,7 +110,7 @@ class MultiTurnRollout:
         rows = [_Conversation(ids=list(p)) for p in prompts for _ in range(params.n)]
         row_kwargs = [k for k in (tools_kwargs or [{}] * len(prompts)) for _ in range(params.n)]
         sessions = self._open_sessions(len(prompts), params.n, interaction_kwargs, messages)
-        stats = _Stats()
+        stats = ToolCallTally()
         turn = 0
         while open_rows := [i for i, r in enumerate(rows) if r.finish is None]:
             self._sample_turn(rows, open_rows, params, turn)
@@ -138,21 +130,21 @@ class MultiTurnRollout:
                 for i, reply in replies.items():
                     self._append_user_turn(rows[i], reply, params.max_new_tokens)
             turn += 1
-        metrics = stats.metrics(rows)
         if sessions and self.interactions is not None:
             self.interactions.close(sessions)
-            metrics |= interaction_metrics(sessions)
+        records = [_record(i, row, stats, sessions[i] if sessions else None) for i, row in enumerate(rows)]
         # verl's `turn_scores`, `tool_rewards` and `num_turns` (its NaiveRewardManager) reach the reward
         # function in `extra_info`.
         extra = [
             {
                 "turn_scores": sessions[i].turn_scores if sessions else [],
                 "tool_rewards": row.tool_rewards,
-                "num_turns": _num_turns(row),
+                "num_turns": records[i].num_turns,
             }
             for i, row in enumerate(rows)
         ]
-        return MultiTurnOutput(self._pack(rows, params.max_new_tokens, extra), metrics)
+        generation = self._pack(rows, params.max_new_tokens, extra)
+        return MultiTurnOutput(generation, multi_turn_metrics(records), records)
 
     def _open_sessions(
         self,
@@ -221,7 +213,7 @@ class MultiTurnRollout:
         return calling
 
     async def _run_calls(
-        self, calling: dict[int, list[ToolCall]], row_kwargs: list[dict[str, Any]], stats: _Stats
+        self, calling: dict[int, list[ToolCall]], row_kwargs: list[dict[str, Any]], stats: ToolCallTally
     ) -> dict[int, list[ToolResult]]:
         async def one(i: int, call: ToolCall) -> ToolResult:
             started = time.monotonic()
@@ -237,7 +229,7 @@ class MultiTurnRollout:
                 result = await run_tool(
                     self.tools[call.name], call.arguments, ToolContext(row=i, kwargs=kwargs)
                 )
-            stats.record(result, time.monotonic() - started, row=i)
+            stats.record(i, result, time.monotonic() - started)
             return result
 
         keys = [(i, call) for i, calls in calling.items() for call in calls]
@@ -305,9 +297,20 @@ class MultiTurnRollout:
         )
 
 
-def _num_turns(row: _Conversation) -> int:
-    """verl's count (`user_turns + assistant_turns + 1`): the prompt, each model turn and each tool turn."""
-    return row.user_turns + row.assistant_turns + 1
+def _record(
+    i: int, row: _Conversation, stats: ToolCallTally, session: InteractionSession | None
+) -> ConversationRecord:
+    """Conversation `i`'s record, from which the step's metrics are computed (records.py)."""
+    model_tokens = sum(row.model_mask)
+    return stats.record_of(
+        i,
+        assistant_turns=row.assistant_turns,
+        user_turns=row.user_turns,
+        model_tokens=model_tokens,
+        tool_tokens=len(row.response) - model_tokens,
+        interaction_replies=None if session is None else session.replies,
+        interaction_score=session.turn_scores[-1] if session is not None and session.turn_scores else 0.0,
+    )
 
 
 def truncate_text(text: str, limit: int, side: str) -> str:
@@ -321,58 +324,3 @@ def truncate_text(text: str, limit: int, side: str) -> str:
         return text[:limit] + marker
     half = limit // 2
     return text[:half] + marker + text[len(text) - (limit - half) :]
-
-
-class _Stats:
-    """Tool call counts and time over one rollout."""
-
-    def __init__(self) -> None:
-        self.calls = self.errors = self.timeouts = 0
-        self.seconds = self.reward = 0.0
-        self.tool_metrics: dict[str, list[float]] = {}
-        self.row_seconds: dict[int, float] = {}
-        """Per conversation, the wall time its tool calls took, turn by turn (verl's `tool_calls` timer)."""
-        self._turn_seconds: dict[int, float] = {}
-
-    def record(self, result: ToolResult, seconds: float, row: int) -> None:
-        # A row's calls of one turn run concurrently: the turn waits for the slowest.
-        self._turn_seconds[row] = max(self._turn_seconds.get(row, 0.0), seconds)
-        self.calls += 1
-        self.errors += result.error is not None
-        self.timeouts += result.error == "timeout"
-        self.seconds += seconds
-        self.reward += result.reward
-        for key, value in result.metrics.items():
-            self.tool_metrics.setdefault(key, []).append(float(value))
-
-    def end_turn(self) -> None:
-        for row, seconds in self._turn_seconds.items():
-            self.row_seconds[row] = self.row_seconds.get(row, 0.0) + seconds
-        self._turn_seconds.clear()
-
-    def metrics(self, rows: list[_Conversation]) -> dict[str, float]:
-        num = max(len(rows), 1)
-        model_tokens = sum(sum(r.model_mask) for r in rows)
-        tool_tokens = sum(len(r.response) for r in rows) - model_tokens
-        per_call = {f"multi_turn/tool/{k}/mean": sum(v) / len(v) for k, v in self.tool_metrics.items()}
-        turns = [_num_turns(r) for r in rows] or [0]
-        seconds = [self.row_seconds.get(i, 0.0) for i in range(len(rows))] or [0.0]
-        return per_call | {
-            # verl's names: num_turns/* (trainer/ppo/metric_utils.py) and the agent loop's tool timer,
-            # seconds per conversation (experimental/agent_loop/agent_loop.py).
-            "num_turns/min": float(min(turns)),
-            "num_turns/max": float(max(turns)),
-            "num_turns/mean": sum(turns) / len(turns),
-            "agent_loop/tool_calls/min": min(seconds),
-            "agent_loop/tool_calls/max": max(seconds),
-            "agent_loop/tool_calls/mean": sum(seconds) / len(seconds),
-            "multi_turn/assistant_turns/mean": sum(r.assistant_turns for r in rows) / num,
-            "multi_turn/assistant_turns/max": float(max((r.assistant_turns for r in rows), default=0)),
-            "multi_turn/tool_calls/mean": self.calls / num,
-            "multi_turn/tool_errors": float(self.errors),
-            "multi_turn/tool_timeouts": float(self.timeouts),
-            "multi_turn/tool_time_s": self.seconds,
-            "multi_turn/tool_reward/mean": self.reward / num,
-            "multi_turn/model_tokens/mean": model_tokens / num,
-            "multi_turn/tool_tokens/mean": tool_tokens / num,
-        }

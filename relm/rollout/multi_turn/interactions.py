@@ -216,16 +216,3 @@ def _user_error(session: InteractionSession, method: str, exc: Exception) -> Use
     return UserError(
         f"interaction `{session.interaction.name}` ({name}.{method}) raised {reason}; fix the class or its row's interaction_kwargs"
     )
-
-
-def interaction_metrics(sessions: list[InteractionSession]) -> dict[str, float]:
-    """`multi_turn/interaction_turns/mean` and `multi_turn/interaction_score/mean` (each conversation's
-    last turn score, 0 where none was given)."""
-    num = max(len(sessions), 1)
-    return {
-        "multi_turn/interaction_turns/mean": sum(s.replies for s in sessions) / num,
-        "multi_turn/interaction_score/mean": sum(
-            s.turn_scores[-1] if s.turn_scores else 0.0 for s in sessions
-        )
-        / num,
-    }
