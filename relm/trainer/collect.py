@@ -15,6 +15,7 @@ from relm.rewards.manager import RewardResult, place_on_last_token
 from relm.rewards.model_reward import score_with_reward_model
 from relm.rewards.shaping import overlong_penalty
 from relm.rollout.base import GenerationOutput, SamplingParams
+from relm.rollout.multi_turn.records import row_kwargs
 from relm.trainer.components import RunComponents
 from relm.trainer.experience import build_experience
 
@@ -79,12 +80,10 @@ def _generate(
     (their statistics into `metrics`)."""
     if c.multi_turn is None:
         return c.engine.generate(prompts.prompt_ids, params)
-    infos = [info or {} for info in prompts.extra_infos]
     out = c.multi_turn.generate(
         prompts.prompt_ids,
         params,
-        tools_kwargs=[dict(info.get("tools_kwargs") or {}) for info in infos],
-        interaction_kwargs=[dict(info.get("interaction_kwargs") or {}) for info in infos],
+        **row_kwargs(prompts.extra_infos),
         # verl's interactions read the chat so far; the prompt's messages are kept whatever data.return_raw_chat.
         messages=prompts.raw_prompts or [c.loader.dataset[i]["raw_prompt"] for i in prompts.indices],
     )

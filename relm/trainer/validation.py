@@ -28,7 +28,7 @@ from relm.data.demo_task import write_demo_parquet
 from relm.models.zoo import default_cache_dir
 from relm.rewards.manager import RewardManager, RewardResult
 from relm.rollout.base import RolloutEngine, SamplingParams
-from relm.rollout.multi_turn.records import ConversationRollout
+from relm.rollout.multi_turn.records import ConversationRollout, row_kwargs
 from relm.trainer.samples import GenerationSample
 
 CORE_VARIABLES = ("acc", "reward")
@@ -134,12 +134,10 @@ def run_validation(
             if multi_turn is None:
                 gen = engine.generate(prompt_ids, batch_params)
             else:
-                infos = [dict(item["extra_info"] or {}) for item in items]
                 gen = multi_turn.generate(
                     prompt_ids,
                     batch_params,
-                    tools_kwargs=[dict(info.get("tools_kwargs") or {}) for info in infos],
-                    interaction_kwargs=[dict(info.get("interaction_kwargs") or {}) for info in infos],
+                    **row_kwargs([item["extra_info"] for item in items]),
                     messages=[list(item.get("raw_prompt") or []) for item in items],
                 ).generation
             extra_infos = _repeat([dict(item["extra_info"]) for item in items], num_generated)

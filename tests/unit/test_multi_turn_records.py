@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relm.rollout.multi_turn.records import ConversationRecord, ToolCallTally, multi_turn_metrics
+from relm.rollout.multi_turn.records import ConversationRecord, ToolCallTally, multi_turn_metrics, row_kwargs
 from relm.rollout.multi_turn.tools import ToolResult
 
 
@@ -71,3 +71,19 @@ def test_the_tally_counts_a_turn_by_its_slowest_call():
     assert record.tool_reward == 0.5 and record.tool_metrics == (("n", 1.0),)
     empty = tally.record_of(1, assistant_turns=1, user_turns=0, model_tokens=1, tool_tokens=0)
     assert (empty.tool_calls, empty.tool_wait_seconds, empty.interaction_replies) == (0, 0.0, None)
+
+
+def test_row_kwargs_read_verls_extra_info_places_and_default_to_empty():
+    infos = [
+        {"tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}, "index": 0},
+        {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "5"}},
+        None,
+        {"tools_kwargs": None},
+    ]
+    kwargs = row_kwargs(infos)
+    assert kwargs == {
+        "tools_kwargs": [{"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}, {}, {}, {}],
+        "interaction_kwargs": [{}, {"name": "gsm8k", "ground_truth": "5"}, {}, {}],
+    }
+    kwargs["tools_kwargs"][0]["extra"] = {}  # copies: a tool that edits its kwargs leaves the row as it was
+    assert "extra" not in infos[0]["tools_kwargs"]

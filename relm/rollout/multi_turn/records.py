@@ -8,7 +8,7 @@ records with the conversations and gets exactly the metrics one process computes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -77,6 +77,16 @@ class ConversationRollout(Protocol):
         interaction_kwargs: list[dict[str, Any]] | None = None,
         messages: list[list[dict[str, Any]]] | None = None,
     ) -> MultiTurnOutput: ...
+
+
+def row_kwargs(extra_infos: Sequence[Mapping[str, Any] | None]) -> dict[str, list[dict[str, Any]]]:
+    """`generate`'s per-prompt `tools_kwargs` and `interaction_kwargs`, from each row's `extra_info` (verl's
+    places for them; a row without them gets {})."""
+    infos = [info or {} for info in extra_infos]
+    return {
+        "tools_kwargs": [dict(info.get("tools_kwargs") or {}) for info in infos],
+        "interaction_kwargs": [dict(info.get("interaction_kwargs") or {}) for info in infos],
+    }
 
 
 @dataclass
