@@ -10,137 +10,51 @@ of those tokens match the engine's.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-from relm.data.records import PromptBatch
-from relm.models.tokenizer import _template_turn_end
-from relm.rollout.base import SamplingParams, logprob_tolerance
+from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.multi_turn.driver import MultiTurnLimits, MultiTurnRollout
-from relm.rollout.multi_turn.hermes import parse_tool_calls
-from relm.rollout.multi_turn.render import ToolTurnRenderer
-from relm.rollout.multi_turn.tools import Calculator
 from relm.rollout.native.engine import NativeRolloutEngine
-from relm.trainer.experience import batched_logprobs, build_experience
-
-QWEN = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "tokenizers" / "qwen2.5"
-CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call>'
+from tests.tool_caller import QWEN, check_tool_turns, fit_tool_caller, trainer_logprob_gap
 
 
 @pytest.fixture(scope="module")
 def setup():
     if not QWEN.is_dir():
         pytest.skip("../shared/realworld/tokenizers/qwen2.5 is not here")
-    tok = AutoTokenizer.from_pretrained(str(QWEN))
-    calc = Calculator()
-    turn_end = _template_turn_end(tok)
-    renderer = ToolTurnRenderer(tok, turn_end, chat_template_kwargs={"tools": [calc.schema]})
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "What is 12 * 7?"}],
-        tools=[calc.schema],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
-    turn1 = tok.encode(CALL, add_special_tokens=False) + [turn_end]
-    tool = renderer.suffix_ids(["84"])
-    turn2 = tok.encode("The answer is 84.", add_special_tokens=False) + [turn_end]
-    ids = torch.tensor([prompt + turn1 + tool + turn2])
-    labels = ids.clone()
-    labels[0, : len(prompt)] = -100
-    labels[0, len(prompt) + len(turn1) : len(prompt) + len(turn1) + len(tool)] = -100
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=151_936, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    model = Qwen2ForCausalLM(config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(60):
-        loss = model(input_ids=ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    return tok, model, renderer, calc, prompt, turn_end
+    return fit_tool_caller(QWEN)
 
 
 @pytest.mark.parametrize("engine_name", ["native", "hf"])
 def test_ids_trained_on_are_ids_sampled_plus_tool_ids(setup, engine_name):
-    tok, model, renderer, calc, prompt, turn_end = setup
+    tok, prompt = setup.tokenizer, setup.prompt
     engine_cls = NativeRolloutEngine if engine_name == "native" else HFRolloutEngine
+    # As in a run, no id past the tokenizer's is sampled, and the trainer's logprobs leave them out too.
     engine = engine_cls(
-        model, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id], device="cpu", seed=3
+        setup.model,
+        pad_token_id=tok.pad_token_id,
+        eos_token_ids=[tok.eos_token_id],
+        device="cpu",
+        seed=3,
+        vocab_limit=len(tok),
     )
     rollout = MultiTurnRollout(
-        engine, tok, renderer, {"calculator": calc}, MultiTurnLimits(max_assistant_turns=3), tok.pad_token_id
+        engine,
+        tok,
+        setup.renderer,
+        {"calculator": setup.calculator},
+        MultiTurnLimits(max_assistant_turns=3),
+        tok.pad_token_id,
     )
     params = SamplingParams(n=6, max_new_tokens=96, temperature=1.0, seed=11)
     out = rollout.generate([prompt], params)
-    gen = out.generation
     assert out.metrics["multi_turn/tool_calls/mean"] > 0
-    rows_with_tools = whole_checked = 0
-    for row in range(6):
-        length = int(gen.response_mask[row].sum())
-        ids = gen.response_ids[row, :length].tolist()
-        model_mask = gen.model_mask[row, :length].tolist()
-        assert gen.model_mask[row, length:].sum() == 0
-        # Split the response into runs of sampled (1) and tool (0) tokens.
-        runs, start = [], 0
-        for t in range(1, length + 1):
-            if t == length or model_mask[t] != model_mask[start]:
-                runs.append((model_mask[start], ids[start:t]))
-                start = t
-        assert runs[0][0] == 1
-        messages = [{"role": "user", "content": "What is 12 * 7?"}]
-        tool_ok = False
-        for k, (sampled, segment) in enumerate(runs):
-            if sampled:
-                text = tok.decode(segment, skip_special_tokens=True)
-                messages.append({"role": "assistant", "content": text})
-                if k + 1 < len(runs):  # a tool turn follows: the turn ended at <|im_end|> with a call
-                    assert segment[-1] == turn_end
-                    calls = parse_tool_calls(text)
-                    assert calls
-            else:
-                rows_with_tools += 1
-                results = ["84" if c.name == "calculator" and c.error is None else None for c in calls[:1]]
-                if results[0] is not None and calls[0].arguments.get("expression") == "12 * 7":
-                    assert segment == renderer.suffix_ids(results)  # the tool's ids are the template's
-                    tool_ok = True
-                assert gen.logprobs[row, :length][torch.tensor(model_mask) == 0].abs().sum() == 0
-        # Where every sampled turn re-encodes to itself, the whole equals the template's rendering.
-        sampled_runs = [segment for sampled, segment in runs if sampled]
-        said = [m["content"] for m in messages if m["role"] == "assistant"]
-        stable = all(
-            tok.encode(text, add_special_tokens=False) + [turn_end] == segment
-            for text, segment in zip(said, sampled_runs, strict=True)
-        )
-        if stable and len(runs) == 3 and tool_ok:
-            full = messages[:2] + [{"role": "tool", "content": "84"}] + messages[2:]
-            whole = tok.apply_chat_template(full, tools=[calc.schema], tokenize=True, return_dict=False)
-            assert prompt + ids == whole[: len(prompt) + length]
-            whole_checked += 1
-    assert rows_with_tools > 0 and whole_checked > 0
-
+    tool_turns, whole_checked = check_tool_turns(setup, out.generation)
+    assert tool_turns > 0 and whole_checked > 0
     # Trainer logprobs of the model's tokens match the engine's; tool tokens are attended, not trained.
-    prompts = PromptBatch([prompt], ["t"], [None], [{}], [0])
-    batch = build_experience(prompts, gen, n=6, pad_token_id=tok.pad_token_id)
-    assert torch.equal(batch.response_mask, gen.model_mask) and torch.equal(
-        batch.response_tokens, gen.response_mask
-    )
-    trainer = batched_logprobs(
-        model, batch, rows_per_forward=6, temperature=1.0, device=torch.device("cpu"), vocab_limit=len(tok)
-    )
-    on_model = batch.response_mask.bool()
-    diff = (trainer - gen.logprobs)[on_model].abs()
-    max_tol, mean_tol = logprob_tolerance(torch.float32)
-    assert diff.max() < max_tol and diff.mean() < mean_tol
+    trainer_logprob_gap(setup, [prompt], out.generation, n=6, dtype=torch.float32)
 
 
 TOOL_FILE = '''
@@ -175,7 +89,7 @@ def test_a_run_with_tools_through_the_entry_point(setup, train, tmp_path):
     import pyarrow.parquet as pq
     import yaml
 
-    tok, model, _, calc, _, _ = setup
+    tok, model, calc = setup.tokenizer, setup.model, setup.calculator
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
