@@ -168,7 +168,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def test_a_run_with_tools_on_vllm_through_the_entry_point(
     caller: ToolCaller, model_dir: Path, tmp_path: Path
 ) -> None:
-    """One GRPO step of `relm train` with rollout.name=vllm and verl's multi-turn keys and tool config."""
+    """One GRPO step of `relm train` with rollout.name=vllm and verl's multi-turn keys and tool config, and a
+    validation after it (greedy conversations)."""
     (tmp_path / "reward.py").write_text(REWARD_FILE)
     tools = tmp_path / "tools.yaml"
     schema = caller.calculator.schema
@@ -205,7 +206,9 @@ def test_a_run_with_tools_on_vllm_through_the_entry_point(
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
             "trainer.total_training_steps=1",
             "trainer.val_before_train=false",
-            "trainer.test_freq=-1",
+            f"data.val_files={data}",
+            "trainer.test_freq=1",
+            f"trainer.validation_data_dir={tmp_path / 'val'}",
             "trainer.logger=[jsonl]",
             f"trainer.default_local_dir={tmp_path / 'run'}",
             f"trainer.rollout_data_dir={tmp_path / 'rollout'}",
@@ -221,3 +224,7 @@ def test_a_run_with_tools_on_vllm_through_the_entry_point(
     assert metrics["critic/score/mean"] > 0
     dumped = [json.loads(line) for line in (tmp_path / "rollout" / "1.jsonl").read_text().splitlines()]
     assert any("<tool_response>\n84\n</tool_response>" in sample["output"] for sample in dumped)
+    # Greedy, the fitted model says its conversation: the call, the result, the answer.
+    validated = [json.loads(line) for line in (tmp_path / "val" / "1.jsonl").read_text().splitlines()]
+    assert all("<tool_response>\n84\n</tool_response>" in sample["output"] for sample in validated)
+    assert metrics["val-core/calc/reward/mean@1"] == 1.0
