@@ -59,22 +59,27 @@ def model_dir(caller: ToolCaller, tmp_path_factory: pytest.TempPathFactory) -> P
     return folder
 
 
-@pytest.fixture(scope="module")
-def engine(caller: ToolCaller, model_dir: Path) -> Iterator[object]:
+def build_engine(caller: ToolCaller, model_dir: Path, dtype: torch.dtype) -> object:
     from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
 
     tok = caller.tokenizer
-    engine = VLLMRolloutEngine(
+    return VLLMRolloutEngine(
         caller.model,
         str(model_dir),
         pad_token_id=tok.pad_token_id,
         eos_token_ids=end_of_turn_ids(tok, caller.model.generation_config),
         device="cpu",
-        settings=VLLMSettings(dtype=torch.float32, max_model_len=MAX_MODEL_LEN, max_num_seqs=16),
+        settings=VLLMSettings(dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=16),
         vocab_limit=len(tok),
     )
+
+
+@pytest.fixture(scope="module")
+def engine(caller: ToolCaller, model_dir: Path) -> Iterator[object]:
+    """fp32, as a run on CPU generates."""
+    engine = build_engine(caller, model_dir, torch.float32)
     yield engine
-    engine.close()
+    engine.close()  # type: ignore[attr-defined]
 
 
 def rollout_of(caller: ToolCaller, engine: object, **kwargs: object) -> MultiTurnRollout:
@@ -90,19 +95,26 @@ def rollout_of(caller: ToolCaller, engine: object, **kwargs: object) -> MultiTur
     )
 
 
-def test_ids_trained_on_are_ids_sampled_plus_tool_ids_on_vllm(caller: ToolCaller, engine: object) -> None:
+def check_drift(caller: ToolCaller, engine: object, dtype: torch.dtype) -> tuple[float, float]:
+    """A rollout of 8 conversations, checked turn by turn; returns the trainer's logprob gap (max, mean)."""
     params = SamplingParams(n=8, max_new_tokens=96, temperature=1.0, seed=11)
     out = rollout_of(caller, engine).generate([caller.prompt], params)
-    gen = out.generation
-
     assert out.metrics["multi_turn/tool_calls/mean"] > 0
-    tool_turns, whole_checked = check_tool_turns(caller, gen)
+    tool_turns, whole_checked = check_tool_turns(caller, out.generation)
     assert tool_turns > 0 and whole_checked > 0
-    worst, mean = trainer_logprob_gap(caller, [caller.prompt], gen, n=8, dtype=torch.float32)
-    print(f"vLLM multi-turn logprob gap (trainer - engine, model tokens): max {worst:.3g}, mean {mean:.3g}")
+    worst, mean = trainer_logprob_gap(caller, [caller.prompt], out.generation, n=8, dtype=dtype)
+    print(
+        f"vLLM {dtype} multi-turn logprob gap (trainer fp32 - engine, model tokens): max {worst:.3g}, mean {mean:.3g}"
+    )
     # Each turn's seed comes from the call's: the same seed samples the same conversations.
     again = rollout_of(caller, engine).generate([caller.prompt], params).generation
-    assert torch.equal(again.response_ids, gen.response_ids) and torch.equal(again.model_mask, gen.model_mask)
+    assert torch.equal(again.response_ids, out.generation.response_ids)
+    assert torch.equal(again.model_mask, out.generation.model_mask)
+    return worst, mean
+
+
+def test_ids_trained_on_are_ids_sampled_plus_tool_ids_on_vllm(caller: ToolCaller, engine: object) -> None:
+    check_drift(caller, engine, torch.float32)
 
 
 def test_a_scripted_user_answers_on_vllm(caller: ToolCaller, engine: object) -> None:
@@ -154,7 +166,18 @@ def test_a_scripted_user_answers_on_vllm(caller: ToolCaller, engine: object) -> 
         assert gen.logprobs[row][gen.model_mask[row] == 0].abs().sum() == 0
     assert ended_right > 0 and answered_then_sampled > 0
     assert out.metrics["multi_turn/interaction_turns/mean"] > 0
-    trainer_logprob_gap(caller, [caller.prompt] * 2, gen, n=params.n, dtype=torch.float32)
+    worst, mean = trainer_logprob_gap(caller, [caller.prompt] * 2, gen, n=params.n, dtype=torch.float32)
+    print(f"vLLM interaction logprob gap: max {worst:.3g}, mean {mean:.3g}; {ended_right} rows ended right")
+
+
+def test_bf16_vllm_stays_within_the_bf16_tolerance(caller: ToolCaller, model_dir: Path) -> None:
+    """vLLM in bf16 (its dtype on a GPU) against the fp32 trainer. Building this engine closes the module's
+    (one vLLM engine per process), so the tests that use that one come first."""
+    engine = build_engine(caller, model_dir, torch.bfloat16)
+    try:
+        check_drift(caller, engine, torch.bfloat16)
+    finally:
+        engine.close()  # type: ignore[attr-defined]
 
 
 REWARD_FILE = """
@@ -221,6 +244,7 @@ def test_a_run_with_tools_on_vllm_through_the_entry_point(
     assert metrics["multi_turn/tool_tokens/mean"] > 0 and metrics["multi_turn/model_tokens/mean"] > 0
     # fp32 on both sides (the CPU's rollout dtype): the engine's logprobs are the trainer's to rounding.
     assert metrics["rollout/logprob_diff_max"] < 1e-3
+    print(f"relm train on vLLM: rollout/logprob_diff_max {metrics['rollout/logprob_diff_max']:.3g}")
     assert metrics["critic/score/mean"] > 0
     dumped = [json.loads(line) for line in (tmp_path / "rollout" / "1.jsonl").read_text().splitlines()]
     assert any("<tool_response>\n84\n</tool_response>" in sample["output"] for sample in dumped)
