@@ -104,7 +104,8 @@ def check_drift(caller: ToolCaller, engine: object, dtype: torch.dtype) -> tuple
     assert tool_turns > 0 and whole_checked > 0
     worst, mean = trainer_logprob_gap(caller, [caller.prompt], out.generation, n=8, dtype=dtype)
     print(
-        f"vLLM {dtype} multi-turn logprob gap (trainer fp32 - engine, model tokens): max {worst:.3g}, mean {mean:.3g}"
+        f"vLLM {dtype}: {tool_turns} tool turns, {whole_checked} of 8 conversations equal to the template's "
+        f"rendering; logprob gap (fp32 trainer - engine, model tokens) max {worst:.3g}, mean {mean:.3g}"
     )
     # Each turn's seed comes from the call's: the same seed samples the same conversations.
     again = rollout_of(caller, engine).generate([caller.prompt], params).generation
@@ -167,7 +168,9 @@ def test_a_scripted_user_answers_on_vllm(caller: ToolCaller, engine: object) -> 
     assert ended_right > 0 and answered_then_sampled > 0
     assert out.metrics["multi_turn/interaction_turns/mean"] > 0
     worst, mean = trainer_logprob_gap(caller, [caller.prompt] * 2, gen, n=params.n, dtype=torch.float32)
-    print(f"vLLM interaction logprob gap: max {worst:.3g}, mean {mean:.3g}; {ended_right} rows ended right")
+    print(
+        f"vLLM interaction logprob gap: max {worst:.3g}, mean {mean:.3g}; {ended_right} rows ended right, {answered_then_sampled} went on after a reply"
+    )
 
 
 def test_bf16_vllm_stays_within_the_bf16_tolerance(caller: ToolCaller, model_dir: Path) -> None:
