@@ -3,9 +3,9 @@ the entry point.
 
 The model is tests/tool_caller.py's: a tiny Qwen2 with the real Qwen2.5 tokenizer, fitted for a few seconds
 to call the calculator in Hermes format and answer with its result, here with head size 64 (vLLM's CPU
-attention refuses 16). One engine serves the module's rollouts (an engine takes seconds to start); the run
-through `relm train` builds its own (which closes the module's: vLLM runs one engine per process), so it
-comes last.
+attention refuses 16). One fp32 engine serves the module's rollouts (an engine takes seconds to start); the
+bf16 test and the run through `relm train` build their own (which closes the module's: vLLM runs one engine
+per process), so they come last.
 """
 
 from __future__ import annotations
@@ -145,7 +145,15 @@ def test_a_scripted_user_answers_on_vllm(caller: ToolCaller, engine: object) -> 
             if sampled:
                 said = tok.decode(segment, skip_special_tokens=True)
                 continue
-            if parse_tool_calls(said):  # a tool turn
+            calls = parse_tool_calls(said)
+            if calls:  # a tool turn: the calculator's result where the call was the fitted one
+                call = calls[0]
+                if (
+                    call.name == "calculator"
+                    and call.error is None
+                    and call.arguments.get("expression") == "12 * 7"
+                ):
+                    assert segment == renderer.suffix_ids(["84"])
                 assert "<tool_response>" in tok.decode(segment)
                 continue
             # A user turn: the game's reply to the turn before, as the template's user turn (ids, mask 0).
@@ -169,7 +177,8 @@ def test_a_scripted_user_answers_on_vllm(caller: ToolCaller, engine: object) -> 
     assert out.metrics["multi_turn/interaction_turns/mean"] > 0
     worst, mean = trainer_logprob_gap(caller, [caller.prompt] * 2, gen, n=params.n, dtype=torch.float32)
     print(
-        f"vLLM interaction logprob gap: max {worst:.3g}, mean {mean:.3g}; {ended_right} rows ended right, {answered_then_sampled} went on after a reply"
+        f"vLLM interaction logprob gap: max {worst:.3g}, mean {mean:.3g}; {ended_right} rows ended right, "
+        f"{answered_then_sampled} replies were followed by a sampled turn"
     )
 
 
