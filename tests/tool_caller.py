@@ -16,21 +16,34 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from relm.data.records import PromptBatch
-from relm.models.tokenizer import _template_turn_end
+from relm.models.tokenizer import _template_turn_end, preflight_tokenizer
 from relm.rollout.base import GenerationOutput, logprob_tolerance
 from relm.rollout.multi_turn.hermes import parse_tool_calls
 from relm.rollout.multi_turn.render import ToolTurnRenderer
 from relm.rollout.multi_turn.tools import Calculator
 from relm.trainer.experience import batched_logprobs, build_experience
 
-QWEN = Path(__file__).resolve().parents[2] / "shared" / "realworld" / "tokenizers" / "qwen2.5"
+REALWORLD = Path(__file__).resolve().parents[2] / "shared" / "realworld" / "tokenizers"
+QWEN = REALWORLD / "qwen2.5"
 QUESTION = "What is 12 * 7?"
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call>'
 RESULT = "84"
 ANSWER = "The answer is 84."
+DATE = {"date_string": "26 Jul 2024"}
+"""Llama-3.2's template writes today's date into the prompt: a fixed one keeps the whole-conversation
+rendering equal to the prompt's across midnight (relm's renderer stops its own clock). Other templates
+ignore the variable."""
+MODELS = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
 
 @dataclass(frozen=True)
@@ -62,25 +75,29 @@ def fit_tool_caller(
     num_attention_heads: int = 4,
     num_key_value_heads: int = 2,
     vocab_size: int = 151_936,
+    family: str = "qwen2",
     steps: int = 40,
 ) -> ToolCaller:
-    """A 2-layer Qwen2 with the tokenizer's vocabulary, fitted (Adam, lr 1e-2, `steps` full-batch steps) to
-    the conversation QUESTION -> CALL -> RESULT -> ANSWER, trained on the model's turns only.
+    """A 2-layer Qwen2 (or Llama: `family`) with the tokenizer's vocabulary, fitted (Adam, lr 1e-2, `steps`
+    full-batch steps) to the conversation QUESTION -> CALL -> RESULT -> ANSWER, trained on the model's turns only.
 
     vLLM's CPU attention needs head size 64 or more: `hidden_size=128, num_attention_heads=2` gives it.
     `vocab_size` (embedding rows) defaults to Qwen2.5's, more than its tokenizer's length, as real models have.
     """
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok = preflight_tokenizer(
+        AutoTokenizer.from_pretrained(str(tokenizer_dir)), name=Path(tokenizer_dir).name
+    )
     calc = Calculator()
     turn_end = _template_turn_end(tok)
     assert turn_end is not None, "the template closes assistant turns with a special token"
-    renderer = ToolTurnRenderer(tok, turn_end, chat_template_kwargs={"tools": [calc.schema]})
+    renderer = ToolTurnRenderer(tok, turn_end, chat_template_kwargs={"tools": [calc.schema], **DATE})
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": QUESTION}],
         tools=[calc.schema],
         add_generation_prompt=True,
         tokenize=True,
         return_dict=False,
+        **DATE,
     )
     turn1 = tok.encode(CALL, add_special_tokens=False) + [turn_end]
     tool = renderer.suffix_ids([RESULT])
@@ -91,13 +108,14 @@ def fit_tool_caller(
     trained[len(prompt) + len(turn1) + len(tool) :] = True
     positions = trained[1:].nonzero().squeeze(-1)  # the positions whose next token is the model's
     torch.manual_seed(0)
-    config = Qwen2Config(
+    config_class, model_class = MODELS[family]
+    config = config_class(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
         num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
         max_position_embeddings=1024, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
     )  # fmt: skip
-    model = Qwen2ForCausalLM(config)
+    model = model_class(config)
     embeddings = model.get_input_embeddings().weight
     nn.init.normal_(embeddings, std=EMBEDDING_STD)
     embeddings.requires_grad_(False)
@@ -159,17 +177,18 @@ def check_tool_turns(caller: ToolCaller, gen: GenerationOutput) -> tuple[int, in
                     assert segment == renderer.suffix_ids(results)  # the tool's ids are the template's
                     tool_ok = True
                 assert gen.logprobs[row, :length][torch.tensor(model_mask) == 0].abs().sum() == 0
-        # Where every sampled turn re-encodes to itself, the whole equals the template's rendering.
+        # Where every sampled turn re-encodes to itself (and Llama's template, which trims a message, has
+        # nothing to trim), the whole equals the template's rendering.
         sampled_runs = [segment for sampled, segment in runs if sampled]
         said = [m["content"] for m in messages if m["role"] == "assistant"]
         stable = all(
-            tok.encode(text, add_special_tokens=False) + [turn_end] == segment
+            text == text.strip() and tok.encode(text, add_special_tokens=False) + [turn_end] == segment
             for text, segment in zip(said, sampled_runs, strict=True)
         )
         if stable and len(runs) == 3 and tool_ok:
             full = messages[:2] + [{"role": "tool", "content": RESULT}] + messages[2:]
             whole = tok.apply_chat_template(
-                full, tools=[caller.calculator.schema], tokenize=True, return_dict=False
+                full, tools=[caller.calculator.schema], tokenize=True, return_dict=False, **DATE
             )
             assert caller.prompt + ids == whole[: len(caller.prompt) + length]
             whole_checked += 1
