@@ -6,107 +6,43 @@ Hermes format, read its result, answer), so that sampling at temperature 1 reall
 Then each rollout is checked turn by turn: the ids trained on are the prompt, the ids the engine sampled
 and the tool turns' template ids, which equal the template's ids of the whole conversation; the response
 mask is 1 exactly on sampled tokens; and the trainer's logprobs of those tokens match the engine's.
-Qwen2.5 runs through the native and hf engines, Llama-3.2 through the native one.
+Qwen2.5 runs through the native and hf engines, Llama-3.2 through the native one (vLLM:
+tests/vllm/test_vllm_multi_turn.py; the fitting and the checks are tests/tool_caller.py's).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from transformers import (
-    AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-from relm.data.records import PromptBatch
-from relm.models.tokenizer import _template_turn_end, end_of_turn_ids, preflight_tokenizer
-from relm.rollout.base import SamplingParams, logprob_tolerance
+from relm.models.tokenizer import end_of_turn_ids
+from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.multi_turn.driver import MultiTurnLimits, MultiTurnRollout
-from relm.rollout.multi_turn.hermes import parse_tool_calls
-from relm.rollout.multi_turn.render import ToolTurnRenderer
-from relm.rollout.multi_turn.tools import Calculator
 from relm.rollout.native.engine import NativeRolloutEngine
-from relm.trainer.experience import batched_logprobs, build_experience
+from tests.tool_caller import REALWORLD, ToolCaller, check_tool_turns, fit_tool_caller, trainer_logprob_gap
 
-REALWORLD = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "tokenizers"
-CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call>'
 QUESTION = [{"role": "user", "content": "What is 12 * 7?"}]
-# Llama-3.2's template writes today's date into the prompt: a fixed one keeps the whole-conversation
-# rendering below equal to the prompt's across midnight (relm's renderer stops its own clock; see
-# tests/unit/test_multi_turn_pieces.py). Other templates ignore the variable.
-DATE = {"date_string": "26 Jul 2024"}
 SHAPE = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     max_position_embeddings=1024, tie_word_embeddings=True,
 )  # fmt: skip
 MODELS = {
-    # (model, Adam's learning rate, steps): Llama's fit stalls near loss 3 at 1e-2 and reaches 0.2 at 3e-3.
-    "qwen2.5": (lambda tok: Qwen2ForCausalLM(Qwen2Config(vocab_size=151_936, **SHAPE, **_special_ids(tok))), 1e-2, 60),
-    "llama3.2": (lambda tok: LlamaForCausalLM(LlamaConfig(vocab_size=128_256, **SHAPE, **_special_ids(tok))), 3e-3, 80),
-}  # fmt: skip
-
-
-def _special_ids(tok: PreTrainedTokenizerBase) -> dict[str, Any]:
-    return {
-        "pad_token_id": tok.pad_token_id,
-        "eos_token_id": tok.eos_token_id,
-        "bos_token_id": tok.bos_token_id,
-    }
-
-
-@dataclass
-class Fitted:
-    """A tiny model with a real tokenizer's vocabulary, fitted to call the calculator."""
-
-    tok: PreTrainedTokenizerBase
-    model: PreTrainedModel
-    renderer: ToolTurnRenderer
-    calc: Calculator
-    prompt: list[int]
-    turn_end: int
+    "qwen2.5": dict(vocab_size=151_936, family="qwen2"),
+    # At the fit's default 40 steps Llama's turns fell apart after the call's first tokens; 80 called right.
+    "llama3.2": dict(vocab_size=128_256, family="llama", steps=80),
+}
+"""The tiny model of each tokenizer: its embedding rows (the real model's), architecture and fit."""
 
 
 @functools.cache
-def fitted(name: str) -> Fitted:
+def fitted(name: str) -> ToolCaller:
     if not (REALWORLD / name).is_dir():
         pytest.skip(f"../shared/realworld/tokenizers/{name} is not here")
-    tok = preflight_tokenizer(AutoTokenizer.from_pretrained(str(REALWORLD / name)), name=name)
-    calc = Calculator()
-    turn_end = _template_turn_end(tok)
-    assert turn_end is not None
-    renderer = ToolTurnRenderer(tok, turn_end, chat_template_kwargs={"tools": [calc.schema], **DATE})
-    prompt = tok.apply_chat_template(
-        QUESTION, tools=[calc.schema], add_generation_prompt=True, tokenize=True, return_dict=False, **DATE
-    )
-    turn1 = tok.encode(CALL, add_special_tokens=False) + [turn_end]
-    tool = renderer.suffix_ids(["84"])
-    turn2 = tok.encode("The answer is 84.", add_special_tokens=False) + [turn_end]
-    ids = torch.tensor([prompt + turn1 + tool + turn2])
-    labels = ids.clone()
-    labels[0, : len(prompt)] = -100
-    labels[0, len(prompt) + len(turn1) : len(prompt) + len(turn1) + len(tool)] = -100
-    torch.manual_seed(0)
-    build, lr, steps = MODELS[name]
-    model = build(tok)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    for _ in range(steps):
-        loss = model(input_ids=ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    return Fitted(tok, model, renderer, calc, prompt, turn_end)
+    return fit_tool_caller(REALWORLD / name, **MODELS[name])  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -114,78 +50,32 @@ def fitted(name: str) -> Fitted:
 )
 def test_ids_trained_on_are_ids_sampled_plus_tool_ids(name, engine_name):
     f = fitted(name)
-    tok, model, renderer, calc, prompt, turn_end = f.tok, f.model, f.renderer, f.calc, f.prompt, f.turn_end
+    tok = f.tokenizer
     engine_cls = NativeRolloutEngine if engine_name == "native" else HFRolloutEngine
+    # As in a run, no id past the tokenizer's is sampled, and the trainer's logprobs leave them out too.
     engine = engine_cls(
-        model, pad_token_id=tok.pad_token_id, eos_token_ids=end_of_turn_ids(tok), device="cpu", seed=3
+        f.model,
+        pad_token_id=tok.pad_token_id,
+        eos_token_ids=end_of_turn_ids(tok),
+        device="cpu",
+        seed=3,
+        vocab_limit=len(tok),
     )
     rollout = MultiTurnRollout(
-        engine, tok, renderer, {"calculator": calc}, MultiTurnLimits(max_assistant_turns=3), tok.pad_token_id
+        engine,
+        tok,
+        f.renderer,
+        {"calculator": f.calculator},
+        MultiTurnLimits(max_assistant_turns=3),
+        tok.pad_token_id,
     )
     params = SamplingParams(n=6, max_new_tokens=96, temperature=1.0, seed=11)
-    out = rollout.generate([prompt], params)
-    gen = out.generation
+    out = rollout.generate([f.prompt], params)
     assert out.metrics["multi_turn/tool_calls/mean"] > 0
-    rows_with_tools = whole_checked = 0
-    for row in range(6):
-        length = int(gen.response_mask[row].sum())
-        ids = gen.response_ids[row, :length].tolist()
-        model_mask = gen.model_mask[row, :length].tolist()
-        assert gen.model_mask[row, length:].sum() == 0
-        # Split the response into runs of sampled (1) and tool (0) tokens.
-        runs, start = [], 0
-        for t in range(1, length + 1):
-            if t == length or model_mask[t] != model_mask[start]:
-                runs.append((model_mask[start], ids[start:t]))
-                start = t
-        assert runs[0][0] == 1
-        messages = list(QUESTION)
-        tool_ok = False
-        for k, (sampled, segment) in enumerate(runs):
-            if sampled:
-                text = tok.decode(segment, skip_special_tokens=True)
-                messages.append({"role": "assistant", "content": text})
-                if k + 1 < len(runs):  # a tool turn follows: the turn ended at the template's turn end
-                    assert segment[-1] == turn_end
-                    calls = parse_tool_calls(text)
-                    assert calls
-            else:
-                rows_with_tools += 1
-                results = ["84" if c.name == "calculator" and c.error is None else None for c in calls[:1]]
-                if results[0] is not None and calls[0].arguments.get("expression") == "12 * 7":
-                    assert segment == renderer.suffix_ids(results)  # the tool's ids are the template's
-                    tool_ok = True
-                assert gen.logprobs[row, :length][torch.tensor(model_mask) == 0].abs().sum() == 0
-        # Where every sampled turn re-encodes to itself (and Llama's template, which trims a message,
-        # has nothing to trim), the whole equals the template's rendering.
-        sampled_runs = [segment for sampled, segment in runs if sampled]
-        said = [m["content"] for m in messages if m["role"] == "assistant"]
-        stable = all(
-            text == text.strip() and tok.encode(text, add_special_tokens=False) + [turn_end] == segment
-            for text, segment in zip(said, sampled_runs, strict=True)
-        )
-        if stable and len(runs) == 3 and tool_ok:
-            full = messages[:2] + [{"role": "tool", "content": "84"}] + messages[2:]
-            whole = tok.apply_chat_template(
-                full, tools=[calc.schema], tokenize=True, return_dict=False, **DATE
-            )
-            assert prompt + ids == whole[: len(prompt) + length]
-            whole_checked += 1
-    assert rows_with_tools > 0 and whole_checked > 0
-
+    tool_turns, whole_checked = check_tool_turns(f, out.generation)
+    assert tool_turns > 0 and whole_checked > 0
     # Trainer logprobs of the model's tokens match the engine's; tool tokens are attended, not trained.
-    prompts = PromptBatch([prompt], ["t"], [None], [{}], [0])
-    batch = build_experience(prompts, gen, n=6, pad_token_id=tok.pad_token_id)
-    assert torch.equal(batch.response_mask, gen.model_mask) and torch.equal(
-        batch.response_tokens, gen.response_mask
-    )
-    trainer = batched_logprobs(
-        model, batch, rows_per_forward=6, temperature=1.0, device=torch.device("cpu"), vocab_limit=len(tok)
-    )
-    on_model = batch.response_mask.bool()
-    diff = (trainer - gen.logprobs)[on_model].abs()
-    max_tol, mean_tol = logprob_tolerance(torch.float32)
-    assert diff.max() < max_tol and diff.mean() < mean_tol
+    trainer_logprob_gap(f, [f.prompt], out.generation, n=6, dtype=torch.float32)
 
 
 TOOL_FILE = '''
@@ -221,7 +111,7 @@ def test_a_run_with_tools_through_the_entry_point(train, tmp_path):
     import yaml
 
     f = fitted("qwen2.5")
-    tok, model, calc = f.tok, f.model, f.calc
+    tok, model, calc = f.tokenizer, f.model, f.calculator
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
