@@ -6,7 +6,9 @@ for a few seconds to one conversation (call the calculator in Hermes format, rea
 that sampling at temperature 1 really produces tool calls. The checks: the ids trained on are the prompt,
 the ids the engine sampled and the tool turns' template ids, which equal the template's ids of the whole
 conversation; the response mask is 1 exactly on sampled tokens; the trainer's logprobs of those tokens
-match the engine's within `logprob_tolerance` of the engine's dtype.
+match the engine's within `logprob_tolerance` of the engine's dtype. `calc_task` writes the calculator task
+that both run through `relm train`. `fit_conversations` is the one fit loop, also used by
+tests/integration/test_verl_multiturn_gsm8k.py for its own conversations.
 """
 
 from __future__ import annotations
