@@ -6,7 +6,9 @@ for a few seconds to one conversation (call the calculator in Hermes format, rea
 that sampling at temperature 1 really produces tool calls. The checks: the ids trained on are the prompt,
 the ids the engine sampled and the tool turns' template ids, which equal the template's ids of the whole
 conversation; the response mask is 1 exactly on sampled tokens; the trainer's logprobs of those tokens
-match the engine's within `logprob_tolerance` of the engine's dtype.
+match the engine's within `logprob_tolerance` of the engine's dtype. `calc_task` writes the calculator task
+that both run through `relm train`. `fit_conversations` is the one fit loop, also used by
+tests/integration/test_verl_multiturn_gsm8k.py for its own conversations.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
+import yaml
 from torch import nn
 from transformers import (
     AutoTokenizer,
@@ -68,6 +73,72 @@ frozen rows give logits too flat to fit; trained ones made Adam at lr 1e-2 oscil
 (loss 1.7-2.0 after 120 steps, measured)."""
 
 
+def tiny_model(
+    tok: PreTrainedTokenizerBase,
+    *,
+    family: str = "qwen2",
+    vocab_size: int = 151_936,
+    hidden_size: int = 64,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+) -> nn.Module:
+    """A 2-layer Qwen2 (or Llama: `family`) with tied embeddings and the tokenizer's special ids, initialised
+    from seed 0, so that each test that builds one gets the same one."""
+    torch.manual_seed(0)
+    config_class, model_class = MODELS[family]
+    config = config_class(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
+        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=1024, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+    )  # fmt: skip
+    return model_class(config)
+
+
+def fit_conversations(
+    model: nn.Module,
+    conversations: list[tuple[list[int], list[int]]],
+    *,
+    steps: int,
+    embedding_std: float | None = EMBEDDING_STD,
+    stop_below: float | None = None,
+) -> float:
+    """Fit `model` (Adam, lr 1e-2, at most `steps` full-batch steps) to `conversations`, each (ids, trained):
+    `trained[k]` is 1 where ids[k] is the model's to learn (its turns), 0 where it is only read (the prompt,
+    tool and user turns). The loss is the sum over conversations of the mean cross-entropy of their trained
+    tokens; the fit stops early once it is below `stop_below`.
+
+    With `embedding_std`, the embeddings (tied: the LM head too) are drawn this wide and kept frozen during
+    the fit (EMBEDDING_STD says why); with None they train. The model is left in eval mode with every weight
+    trainable. Returns the last loss computed.
+    """
+    embeddings = model.get_input_embeddings().weight
+    if embedding_std is not None:
+        nn.init.normal_(embeddings, std=embedding_std)
+        embeddings.requires_grad_(False)
+    # The LM head only where the loss is (a few dozen of some hundreds of positions): the head over the
+    # whole vocabulary at every position would be most of a step's time.
+    batch = [
+        (torch.tensor([ids]), torch.tensor(trained[1:], dtype=torch.bool).nonzero().squeeze(-1))
+        for ids, trained in conversations
+    ]  # the positions whose next token is trained
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    loss = torch.zeros(())
+    for _ in range(steps):
+        loss = torch.zeros(())
+        for ids, positions in batch:
+            hidden = model.model(input_ids=ids).last_hidden_state[0, positions]
+            loss = loss + nn.functional.cross_entropy(model.lm_head(hidden), ids[0, positions + 1])
+        if stop_below is not None and loss.item() < stop_below:
+            break
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    embeddings.requires_grad_(True)  # trained as any weight from here on
+    model.eval()
+    return loss.item()
+
+
 def fit_tool_caller(
     tokenizer_dir: Path = QWEN,
     *,
@@ -78,8 +149,8 @@ def fit_tool_caller(
     family: str = "qwen2",
     steps: int = 40,
 ) -> ToolCaller:
-    """A 2-layer Qwen2 (or Llama: `family`) with the tokenizer's vocabulary, fitted (Adam, lr 1e-2, `steps`
-    full-batch steps) to the conversation QUESTION -> CALL -> RESULT -> ANSWER, trained on the model's turns only.
+    """A `tiny_model` with the tokenizer's vocabulary, fitted (`fit_conversations`, `steps` steps, embeddings
+    frozen) to the conversation QUESTION -> CALL -> RESULT -> ANSWER, trained on the model's turns only.
 
     vLLM's CPU attention needs head size 64 or more: `hidden_size=128, num_attention_heads=2` gives it.
     `vocab_size` (embedding rows) defaults to Qwen2.5's, more than its tokenizer's length, as real models have.
@@ -102,34 +173,83 @@ def fit_tool_caller(
     turn1 = tok.encode(CALL, add_special_tokens=False) + [turn_end]
     tool = renderer.suffix_ids([RESULT])
     turn2 = tok.encode(ANSWER, add_special_tokens=False) + [turn_end]
-    ids = torch.tensor([prompt + turn1 + tool + turn2])
-    trained = torch.zeros(ids.shape[1], dtype=torch.bool)
-    trained[len(prompt) : len(prompt) + len(turn1)] = True
-    trained[len(prompt) + len(turn1) + len(tool) :] = True
-    positions = trained[1:].nonzero().squeeze(-1)  # the positions whose next token is the model's
-    torch.manual_seed(0)
-    config_class, model_class = MODELS[family]
-    config = config_class(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
+    ids = prompt + turn1 + tool + turn2
+    trained = [0] * len(prompt) + [1] * len(turn1) + [0] * len(tool) + [1] * len(turn2)
+    model = tiny_model(
+        tok, family=family, vocab_size=vocab_size, hidden_size=hidden_size,
         num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
-        max_position_embeddings=1024, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
     )  # fmt: skip
-    model = model_class(config)
-    embeddings = model.get_input_embeddings().weight
-    nn.init.normal_(embeddings, std=EMBEDDING_STD)
-    embeddings.requires_grad_(False)
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for _ in range(steps):
-        # The LM head only where the loss is: 31 of about 250 positions.
-        hidden = model.model(input_ids=ids).last_hidden_state[0, positions]
-        loss = nn.functional.cross_entropy(model.lm_head(hidden), ids[0, positions + 1])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    embeddings.requires_grad_(True)  # trained as any weight from here on
-    model.eval()
+    fit_conversations(model, [(ids, trained)], steps=steps)
     return ToolCaller(tok, model, renderer, calc, list(prompt), turn_end)
+
+
+REWARD_FILE = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    # The whole conversation arrives, tool result included: score the last assistant turn only.
+    last = solution_str.rsplit("assistant\\n", 1)[-1]
+    return float(ground_truth in last and "<tool_call>" not in last)
+"""
+"""The calculator task's reward: the answer in the last assistant turn, which calls no tool."""
+
+
+def calc_task(
+    folder: Path,
+    model_dir: Path,
+    *,
+    tool_class: str = f"{Calculator.__module__}.{Calculator.__name__}",
+    rows: int = 2,
+    tools_kwargs: bool = False,
+    steps: int = 1,
+) -> list[str]:
+    """Write the calculator task of a `relm train` run into `folder` (tools.yaml listing `tool_class` with the
+    calculator's schema, `rows` rows asking QUESTION in train.parquet, REWARD_FILE in reward.py) and return
+    the overrides of a GRPO run on it with verl's multi-turn keys: `steps` steps of 2 prompts x 4
+    conversations, validated on the same rows after the last step.
+
+    `tools_kwargs` gives each row verl's `tools_kwargs` for the calculator (create_kwargs ground_truth "84").
+    The run folder and the engine are the caller's to add.
+    """
+    (folder / "reward.py").write_text(REWARD_FILE)
+    tools = folder / "tools.yaml"
+    entry = {"class_name": tool_class, "config": {}, "tool_schema": Calculator().schema}
+    tools.write_text(yaml.safe_dump({"tools": [entry]}, sort_keys=False))
+    extra = (
+        {"tools_kwargs": {"calculator": {"create_kwargs": {"ground_truth": RESULT}}}} if tools_kwargs else {}
+    )
+    table = [
+        {
+            "data_source": "calc",
+            "prompt": [{"role": "user", "content": QUESTION}],
+            "reward_model": {"style": "rule", "ground_truth": RESULT},
+            "extra_info": {"index": i, **extra},
+        }
+        for i in range(rows)
+    ]
+    data = folder / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(table), data)
+    ro = "actor_rollout_ref.rollout"
+    return [
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        "data.max_prompt_length=256",
+        "data.max_response_length=96",
+        "data.train_batch_size=2",
+        "algorithm.adv_estimator=grpo",
+        f"{ro}.n=4",
+        f"{ro}.multi_turn.enable=true",
+        f"{ro}.multi_turn.tool_config_path={tools}",
+        f"{ro}.multi_turn.max_assistant_turns=3",
+        f"custom_reward_function.path={folder / 'reward.py'}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false",
+        f"trainer.test_freq={steps}",
+        f"trainer.validation_data_dir={folder / 'val'}",
+        "trainer.logger=[jsonl]",
+        f"trainer.rollout_data_dir={folder / 'rollout'}",
+    ]
 
 
 def runs_of(ids: list[int], model_mask: list[int]) -> list[tuple[int, list[int]]]:

@@ -23,7 +23,14 @@ from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.multi_turn.driver import MultiTurnLimits, MultiTurnRollout
 from relm.rollout.native.engine import NativeRolloutEngine
-from tests.tool_caller import REALWORLD, ToolCaller, check_tool_turns, fit_tool_caller, trainer_logprob_gap
+from tests.tool_caller import (
+    REALWORLD,
+    ToolCaller,
+    calc_task,
+    check_tool_turns,
+    fit_tool_caller,
+    trainer_logprob_gap,
+)
 
 QUESTION = [{"role": "user", "content": "What is 12 * 7?"}]
 SHAPE = dict(
@@ -94,78 +101,20 @@ class CheckedCalculator:
         return ToolResult(str(value), reward=0.0, metrics={"saw_ground_truth": float(truth == "84")})
 '''
 
-REWARD_FILE = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    # The whole conversation arrives, tool result included: score the last assistant turn only.
-    last = solution_str.rsplit("assistant\\n", 1)[-1]
-    return float(ground_truth in last and "<tool_call>" not in last)
-"""
-
 
 def test_a_run_with_tools_through_the_entry_point(train, tmp_path):
     """Two GRPO steps through `relm train` with verl's multi-turn keys, tool config and tools_kwargs."""
     import json
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import yaml
-
     f = fitted("qwen2.5")
-    tok, model, calc = f.tokenizer, f.model, f.calculator
     model_dir = tmp_path / "model"
-    model.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    f.model.save_pretrained(model_dir)
+    f.tokenizer.save_pretrained(model_dir)
     (tmp_path / "entry_tools.py").write_text(TOOL_FILE)
-    (tmp_path / "reward.py").write_text(REWARD_FILE)
-    tools = tmp_path / "tools.yaml"
-    tools.write_text(
-        yaml.safe_dump(
-            {
-                "tools": [
-                    {"class_name": "entry_tools.CheckedCalculator", "config": {}, "tool_schema": calc.schema}
-                ]
-            },
-            sort_keys=False,
-        )
+    overrides = calc_task(
+        tmp_path, model_dir, tool_class="entry_tools.CheckedCalculator", rows=4, tools_kwargs=True, steps=2
     )
-    rows = [
-        {
-            "data_source": "calc",
-            "prompt": [{"role": "user", "content": "What is 12 * 7?"}],
-            "reward_model": {"style": "rule", "ground_truth": "84"},
-            "extra_info": {
-                "index": i,
-                "tools_kwargs": {"calculator": {"create_kwargs": {"ground_truth": "84"}}},
-            },
-        }
-        for i in range(4)
-    ]
-    data = tmp_path / "train.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), data)
-    ro = "actor_rollout_ref.rollout"
-    result = train(
-        f"actor_rollout_ref.model.path={model_dir}",
-        f"data.train_files={data}",
-        "data.max_prompt_length=512",
-        "data.max_response_length=96",
-        "data.train_batch_size=2",
-        "algorithm.adv_estimator=grpo",
-        f"{ro}.n=4",
-        f"{ro}.multi_turn.enable=true",
-        f"{ro}.multi_turn.tool_config_path={tools}",
-        f"{ro}.multi_turn.max_assistant_turns=3",
-        f"custom_reward_function.path={tmp_path / 'reward.py'}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "trainer.total_training_steps=2",
-        "trainer.val_before_train=false",
-        f"data.val_files={data}",
-        "trainer.test_freq=2",
-        f"trainer.validation_data_dir={tmp_path / 'val'}",
-        "trainer.logger=[jsonl]",
-        f"trainer.rollout_data_dir={tmp_path / 'rollout'}",
-        tiny=False,
-    )
+    result = train(*overrides, tiny=False)
     assert result.exit_code == 0, result.stderr
     metrics = result.metrics
     assert [m["step"] for m in metrics] == [1, 2]

@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoTokenizer
 
 from relm.models.tokenizer import _template_turn_end
 from relm.rollout.multi_turn.gsm8k import Gsm8kInteraction
 from relm.rollout.multi_turn.render import ToolTurnRenderer
+from tests.tool_caller import fit_conversations, tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -116,28 +116,10 @@ def setup(tmp_path_factory):
     work = tmp_path_factory.mktemp("verl-multiturn")
     data = {mode: _preprocess(mode, work / "data") for mode in ("tool", "interaction")}
     tok = AutoTokenizer.from_pretrained(str(QWEN))
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
-    )  # fmt: skip
-    model = Qwen2ForCausalLM(config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    batch = _conversations(tok, data)
-    for _ in range(300):  # about 100 steps: until the conversations are sampled as fitted at temperature 1
-        loss = torch.zeros(())
-        for ids, trained in batch:
-            # Logits only where a token is learned: the 151,665-row head over every position is most of the time.
-            x = torch.tensor([ids])
-            positions = torch.tensor([k - 1 for k, learn in enumerate(trained) if learn])
-            hidden = model.model(input_ids=x).last_hidden_state[0, positions]
-            loss = loss + torch.nn.functional.cross_entropy(model.lm_head(hidden), x[0, positions + 1])
-        if loss.item() < 0.005:
-            break
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    model = tiny_model(tok, vocab_size=len(tok))
+    # Until the conversations are sampled as fitted at temperature 1. Embeddings frozen (the default), the
+    # loss falls below 0.02 in about 140 steps, 15 s on 2 busy cores; trained, to 0.005 in 110 steps, 50 s.
+    fit_conversations(model, _conversations(tok, data), steps=300, stop_below=0.02)
     model_dir = work / "model"
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)

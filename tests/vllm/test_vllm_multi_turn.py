@@ -14,11 +14,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
-import yaml
 
 from relm.models.tokenizer import end_of_turn_ids
 from relm.rollout.base import SamplingParams
@@ -30,6 +27,7 @@ from tests.tool_caller import (
     QUESTION,
     QWEN,
     ToolCaller,
+    calc_task,
     check_tool_turns,
     fit_tool_caller,
     runs_of,
@@ -192,61 +190,18 @@ def test_bf16_vllm_stays_within_the_bf16_tolerance(caller: ToolCaller, model_dir
         engine.close()  # type: ignore[attr-defined]
 
 
-REWARD_FILE = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    # The whole conversation arrives, tool result included: score the last assistant turn only.
-    last = solution_str.rsplit("assistant\\n", 1)[-1]
-    return float(ground_truth in last and "<tool_call>" not in last)
-"""
-
-
 def test_a_run_with_tools_on_vllm_through_the_entry_point(
     caller: ToolCaller, model_dir: Path, tmp_path: Path
 ) -> None:
     """One GRPO step of `relm train` with rollout.name=vllm and verl's multi-turn keys and tool config, and a
     validation after it (greedy conversations)."""
-    (tmp_path / "reward.py").write_text(REWARD_FILE)
-    tools = tmp_path / "tools.yaml"
-    schema = caller.calculator.schema
-    entry = {"class_name": "relm.rollout.multi_turn.tools.Calculator", "config": {}, "tool_schema": schema}
-    tools.write_text(yaml.safe_dump({"tools": [entry]}, sort_keys=False))
-    rows = [
-        {
-            "data_source": "calc",
-            "prompt": [{"role": "user", "content": QUESTION}],
-            "reward_model": {"style": "rule", "ground_truth": "84"},
-            "extra_info": {"index": i},
-        }
-        for i in range(2)
-    ]
-    data = tmp_path / "train.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), data)
     ro = "actor_rollout_ref.rollout"
     code = main(
         [
-            f"actor_rollout_ref.model.path={model_dir}",
-            f"data.train_files={data}",
-            "data.max_prompt_length=256",
-            "data.max_response_length=96",
-            "data.train_batch_size=2",
-            "algorithm.adv_estimator=grpo",
+            *calc_task(tmp_path, model_dir),
             f"{ro}.name=vllm",
-            f"{ro}.n=4",
             f"{ro}.max_num_seqs=16",
-            f"{ro}.multi_turn.enable=true",
-            f"{ro}.multi_turn.tool_config_path={tools}",
-            f"{ro}.multi_turn.max_assistant_turns=3",
-            f"custom_reward_function.path={tmp_path / 'reward.py'}",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-            "trainer.total_training_steps=1",
-            "trainer.val_before_train=false",
-            f"data.val_files={data}",
-            "trainer.test_freq=1",
-            f"trainer.validation_data_dir={tmp_path / 'val'}",
-            "trainer.logger=[jsonl]",
             f"trainer.default_local_dir={tmp_path / 'run'}",
-            f"trainer.rollout_data_dir={tmp_path / 'rollout'}",
         ]
     )
 
