@@ -4,12 +4,22 @@ bounded time, and the next call works."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
+from relm.models.tokenizer import _template_turn_end
+from relm.rollout.base import FINISH_STOP, SamplingParams
+from relm.rollout.multi_turn.driver import MultiTurnLimits, MultiTurnRollout
 from relm.rollout.multi_turn.python_tool import PythonTool, network_namespace_available
+from relm.rollout.multi_turn.render import ToolTurnRenderer
 from relm.rollout.multi_turn.tools import ToolContext, run_tool
+from tests.replay_engine import ReplayEngine
+
+QWEN = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "tokenizers" / "qwen2.5"
 
 TOOL = PythonTool({"timeout_s": 3, "memory_mb": 256, "max_output_chars": 200})
 
@@ -62,3 +72,58 @@ def test_calls_run_concurrently():
 
 def test_missing_code_argument():
     assert asyncio.run(run_tool(TOOL, {}, ToolContext(row=0))).error == "bad_arguments"
+
+
+def test_conversations_go_on_after_each_failure_and_the_step_counts_them():
+    """The driver over the Python tool: four conversations each call it with a snippet that hangs, eats
+    memory, crashes or floods the output; each reads its error (with the cause) as the tool's turn and
+    answers in the next turn, and the rollout's metrics count four errors, one of them a timeout."""
+    if not QWEN.is_dir():
+        pytest.skip("../shared/realworld/tokenizers/qwen2.5 is not here")
+    tok = AutoTokenizer.from_pretrained(str(QWEN))
+    turn_end = _template_turn_end(tok)
+    bad = {
+        "while True: pass": "timed out after 3 s",
+        "x = bytearray(8 * 2**30)": "memory limit of 256 MiB",
+        "import os; os.abort()": "killed by signal 6",
+        "while True: print('x' * 1000)": "output exceeded 200 characters",
+    }
+    calls = [
+        "<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": code}}) + "\n</tool_call>"
+        for code in bad
+    ]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"Run case {k}."}],
+            tools=[TOOL.schema],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for k in range(len(bad))
+    ]
+    engine = ReplayEngine(tok, turn_end, [[call, "#### 42"] for call in calls])
+    engine.start(prompts)
+    renderer = ToolTurnRenderer(tok, turn_end, chat_template_kwargs={"tools": [TOOL.schema]})
+    rollout = MultiTurnRollout(
+        engine,
+        tok,
+        renderer,
+        {"python": TOOL},
+        MultiTurnLimits(max_tool_response_length=400),
+        tok.pad_token_id,
+    )
+    out = rollout.generate(prompts, SamplingParams(n=1, max_new_tokens=400))
+
+    gen = out.generation
+    assert gen.finish_reasons == [FINISH_STOP] * len(bad)
+    for row, says in enumerate(bad.values()):
+        n = int(gen.response_mask[row].sum())
+        text = tok.decode(gen.response_ids[row, :n])
+        tool_turn = text[text.index("<tool_response>") : text.index("</tool_response>")]
+        assert "error:" in tool_turn and says in tool_turn, tool_turn
+        assert text.endswith("#### 42<|im_end|>"), "the model's next turn came after the error"
+    assert out.metrics["multi_turn/tool_calls/mean"] == 1.0
+    assert out.metrics["multi_turn/tool_errors"] == 4.0
+    assert out.metrics["multi_turn/tool_timeouts"] == 1.0
+    assert out.metrics["multi_turn/assistant_turns/mean"] == 2.0
