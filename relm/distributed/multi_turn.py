@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from relm.distributed.rollout import DataParallelEngine
-from relm.rollout.base import GenerationOutput, SamplingParams
+from relm.rollout.base import SamplingParams, concat_outputs
 from relm.rollout.multi_turn.driver import MultiTurnRollout
 from relm.rollout.multi_turn.records import MultiTurnOutput, multi_turn_metrics
 
@@ -66,26 +64,7 @@ class DataParallelMultiTurn:
             interaction_kwargs=mine(interaction_kwargs),
             messages=mine(messages),
         )
-        gen = local.generation
-        assert gen.model_mask is not None and gen.extra_fields is not None, "the driver packs both"
-        parts = self.engine.gather(
-            {
-                "response_ids": gen.response_ids.cpu(),
-                "response_mask": gen.response_mask.cpu(),
-                "model_mask": gen.model_mask.cpu(),
-                "logprobs": gen.logprobs.float().cpu(),
-                "finish_reasons": list(gen.finish_reasons),
-                "extra_fields": list(gen.extra_fields),
-                "records": local.records,
-            }
-        )
-        records = [record for part in parts for record in part["records"]]
-        generation = GenerationOutput(
-            response_ids=torch.cat([p["response_ids"] for p in parts]),
-            response_mask=torch.cat([p["response_mask"] for p in parts]),
-            logprobs=torch.cat([p["logprobs"] for p in parts]),
-            finish_reasons=[reason for p in parts for reason in p["finish_reasons"]],
-            model_mask=torch.cat([p["model_mask"] for p in parts]),
-            extra_fields=[extra for p in parts for extra in p["extra_fields"]],
-        )
+        parts = self.engine.gather((local.generation.to_cpu(), local.records))
+        generation = concat_outputs([gen for gen, _ in parts])
+        records = [record for _, part in parts for record in part]
         return MultiTurnOutput(generation, multi_turn_metrics(records), records)

@@ -24,7 +24,7 @@ import torch
 
 from relm.distributed.context import DistContext
 from relm.distributed.fsdp import full_named_tensors
-from relm.rollout.base import GenerationOutput, RolloutEngine, SamplingParams
+from relm.rollout.base import GenerationOutput, RolloutEngine, SamplingParams, concat_outputs
 
 SEED_STRIDE = 1_000_000_007
 """Added to a call's seed once per data-parallel rank, so ranks draw independent samples."""
@@ -86,24 +86,10 @@ class DataParallelEngine:
         start, end = self.share(len(prompts))
         params = self.rank_params(params)
         if end > start:
-            out = self.engine.generate(prompts[start:end], params)
-            local = (out.response_ids.cpu(), out.response_mask.cpu(), out.logprobs.float().cpu())
-            reasons = list(out.finish_reasons)
+            local = self.engine.generate(prompts[start:end], params).to_cpu()
         else:  # fewer prompts than ranks (a small validation set)
-            width = params.max_new_tokens
-            local = (
-                torch.zeros(0, width, dtype=torch.long),
-                torch.zeros(0, width, dtype=torch.long),
-                torch.zeros(0, width, dtype=torch.float32),
-            )
-            reasons = []
-        parts = self.gather((*local, reasons))
-        return GenerationOutput(
-            response_ids=torch.cat([p[0] for p in parts]),
-            response_mask=torch.cat([p[1] for p in parts]),
-            logprobs=torch.cat([p[2] for p in parts]),
-            finish_reasons=[reason for p in parts for reason in p[3]],
-        )
+            local = GenerationOutput.empty(params.max_new_tokens)
+        return concat_outputs(self.gather(local))
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Gather each sharded parameter whole, one at a time, and copy it into the local engine."""

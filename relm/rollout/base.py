@@ -73,6 +73,44 @@ class GenerationOutput:
         """[N] number of generated tokens per response."""
         return self.response_mask.sum(dim=-1)
 
+    def to_cpu(self) -> GenerationOutput:
+        """The same output with its tensors on the CPU (logprobs float32), to send to other processes."""
+        return GenerationOutput(
+            self.response_ids.cpu(),
+            self.response_mask.cpu(),
+            self.logprobs.float().cpu(),
+            list(self.finish_reasons),
+            model_mask=None if self.model_mask is None else self.model_mask.cpu(),
+            extra_fields=None if self.extra_fields is None else list(self.extra_fields),
+        )
+
+    @staticmethod
+    def empty(width: int) -> GenerationOutput:
+        """No responses, `width` wide: the share of a process that had no prompts."""
+        return GenerationOutput(
+            torch.zeros(0, width, dtype=torch.long),
+            torch.zeros(0, width, dtype=torch.long),
+            torch.zeros(0, width, dtype=torch.float32),
+            [],
+        )
+
+
+def concat_outputs(parts: list[GenerationOutput]) -> GenerationOutput:
+    """Several calls' outputs, rows in the order given, as one (the ranks' shares of a data-parallel
+    rollout); `model_mask` and `extra_fields` are kept when every part has them."""
+    model_masks = [p.model_mask for p in parts if p.model_mask is not None]
+    extra_fields = [p.extra_fields for p in parts if p.extra_fields is not None]
+    if len(model_masks) not in (0, len(parts)) or len(extra_fields) not in (0, len(parts)):
+        raise ValueError("some outputs carry model_mask or extra_fields and others do not")
+    return GenerationOutput(
+        torch.cat([p.response_ids for p in parts]),
+        torch.cat([p.response_mask for p in parts]),
+        torch.cat([p.logprobs for p in parts]),
+        [reason for p in parts for reason in p.finish_reasons],
+        model_mask=torch.cat(model_masks) if model_masks else None,
+        extra_fields=[field for fields in extra_fields for field in fields] if extra_fields else None,
+    )
+
 
 def check_generate_args(prompts: list[list[int]], params: SamplingParams) -> None:
     """What every engine's `generate` refuses before any work: no prompts, an empty prompt, n or

@@ -16,7 +16,7 @@ from relm.distributed.launcher import needs_torchrun, torchrun_command
 from relm.distributed.rollout import DataParallelEngine, share_bounds
 from relm.errors import UserError
 from relm.logs import setup_logging
-from relm.rollout.base import SamplingParams
+from relm.rollout.base import GenerationOutput, SamplingParams, concat_outputs
 from relm.rollout.hf_engine import HFRolloutEngine
 from tests.tiny_models import tiny_lm
 
@@ -133,3 +133,24 @@ def test_ranks_other_than_0_log_errors_only_and_lines_name_the_rank(monkeypatch:
     finally:
         log.handlers[:], level, log.propagate = saved
         log.setLevel(level)
+
+
+def test_concat_outputs_keeps_the_multi_turn_fields_of_every_share_and_refuses_a_mix():
+    def share(rows: int, tag: str) -> GenerationOutput:
+        ids = torch.arange(rows * 3).reshape(rows, 3)
+        out = GenerationOutput(ids, torch.ones_like(ids), -ids.float(), ["stop"] * rows)
+        out.model_mask = torch.zeros_like(ids)
+        out.extra_fields = [{"tag": tag}] * rows
+        return out
+
+    empty = GenerationOutput.empty(3)
+    empty.model_mask, empty.extra_fields = torch.zeros(0, 3, dtype=torch.long), []
+    whole = concat_outputs([share(2, "a"), empty, share(1, "b")])
+    assert whole.response_ids.tolist() == [[0, 1, 2], [3, 4, 5], [0, 1, 2]]
+    assert whole.model_mask is not None and whole.model_mask.shape == (3, 3)
+    assert whole.extra_fields == [{"tag": "a"}, {"tag": "a"}, {"tag": "b"}]
+    assert whole.finish_reasons == ["stop"] * 3
+    plain = concat_outputs([GenerationOutput.empty(3), GenerationOutput.empty(3)])
+    assert plain.model_mask is None and plain.extra_fields is None and plain.response_ids.shape == (0, 3)
+    with pytest.raises(ValueError, match="model_mask or extra_fields"):
+        concat_outputs([share(1, "a"), GenerationOutput.empty(3)])
