@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 from relm.config.schema import RelmConfig
 from relm.config.validate import TRUNCATION_MODES
 from relm.errors import UserError
-from relm.models.tokenizer import encode_prompt
+from relm.models.tokenizer import TemplateRefused, encode_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,10 @@ class PromptDataset:
         for file in files:
             table = _read_table(file, files_key)
             for row, item in enumerate(_rows(table, file, prompt_key, reward_fn_key)):
-                ids = encode_prompt(tokenizer, item["raw_prompt"], custom_chat_template, chat_template_kwargs)
+                try:
+                    ids = encode_prompt(tokenizer, item["raw_prompt"], custom_chat_template, chat_template_kwargs)
+                except TemplateRefused as exc:
+                    raise exc.prefixed(f"data.prompt_key: '{file}' row {row}") from exc
                 length = len(ids)
                 if length == 0:
                     # Only without a chat template: empty contents joined make an empty text.

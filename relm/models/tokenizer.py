@@ -8,6 +8,7 @@ inside batching or generation.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from relm.errors import UserError
+from relm.models.tokenizer_family import place_tokenizer
 from relm.models.zoo import is_zoo_path, materialize_zoo
 
 logger = logging.getLogger(__name__)
@@ -42,8 +44,9 @@ def load_tokenizer(
             "actor_rollout_ref.model.path) at a folder holding tokenizer files"
         )
     local = str(Path(local).expanduser()) if _looks_local(local) else local
+    declared_kwargs = _declared_class_kwargs(local)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code, **declared_kwargs)
     except Exception as exc:  # any loader failure is the path's fault from the user's side
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         raise UserError(
@@ -59,7 +62,74 @@ def load_tokenizer(
             f"{path_key}: '{path}' has no tokenizer files (the tokenizer loaded from it has no "
             "vocabulary); point it at a folder holding tokenizer.json or the model's vocab files"
         )
+    if declared_kwargs:
+        _warn_if_another_family(tokenizer, local, path)
     return preflight_tokenizer(tokenizer, name=path)
+
+
+def _warn_if_another_family(tokenizer: PreTrainedTokenizerBase, local: str, path: str) -> None:
+    """One warning when config.json is of another known family than the tokenizer and transformers would
+    have loaded the tokenizer as that family's class (what relm no longer does: `_declared_class_kwargs`).
+
+    Such a folder is a mix-up more often than a plan (a tokenizer copied beside the wrong model, as
+    `examples/tiny_model.py` made before it read the family), so the user hears of it once. Combinations
+    transformers itself leaves alone (Phi-4's Qwen-like tokenizer on a phi3 config) say nothing.
+    """
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    model_type = _config_model_type(local)
+    by_model = TOKENIZER_MAPPING_NAMES.get(model_type or "")
+    if by_model in (None, "TokenizersBackend", "PythonBackend", "PreTrainedTokenizerFast"):
+        return
+    if by_model.removesuffix("Fast") == type(tokenizer).__name__.removesuffix("Fast"):
+        return
+    family = place_tokenizer(tokenizer.get_vocab())
+    if family is None or family.model_type == model_type:
+        return
+    logger.warning(
+        "tokenizer %s is a %s tokenizer (%s) but config.json's model_type is %s (transformers would load "
+        "it as a %s); relm uses the class tokenizer_config.json declares. Check that the model and the "
+        "tokenizer belong together (actor_rollout_ref.model.path, tokenizer_path)",
+        path,
+        family.name,
+        type(tokenizer).__name__,
+        model_type,
+        by_model,
+    )
+
+
+def _declared_class_kwargs(local: str) -> dict[str, Any]:
+    """`AutoTokenizer` arguments that load the class `tokenizer_config.json` declares, whatever config.json says.
+
+    transformers 5 lets a folder's config.json overrule the tokenizer's own `tokenizer_class` for some
+    model types (qwen2, phi3, ...: `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS`): a Llama-3.2 or Gemma-2
+    tokenizer beside a Qwen2 config.json loads as a Qwen2 tokenizer, whose pre-tokenizer splits numbers
+    digit by digit and leaves `▁` in the text, and nothing fails (issue 37). Handing it a config with no
+    model type makes it read the tokenizer as the tokenizer folder alone declares it, which is what the
+    tokenizer's authors tested. A folder without a declared class (or with its own code, `auto_map`) is
+    left to transformers as before.
+    """
+    from transformers import PretrainedConfig
+    from transformers.models.auto.tokenization_auto import get_tokenizer_config
+
+    try:
+        declared_config = get_tokenizer_config(local)
+    except (OSError, ValueError):
+        return {}
+    declared = declared_config.get("tokenizer_class")
+    if not isinstance(declared, str) or "auto_map" in declared_config:
+        return {}
+    return {"config": PretrainedConfig()}
+
+
+def _config_model_type(local: str) -> str | None:
+    """config.json's `model_type` in a local folder, or None (no folder, no file, not JSON)."""
+    try:
+        raw = json.loads((Path(local) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    return model_type if isinstance(model_type, str) else None
 
 
 def _looks_local(path: str) -> bool:
@@ -147,21 +217,51 @@ def encode_prompt(
     """
     template = custom_chat_template or tokenizer.chat_template
     if template:
+        from jinja2 import TemplateError
+
         kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
-        # Any: transformers types every form (text, batches, BatchEncoding); one conversation gives ids.
-        ids: Any = tokenizer.apply_chat_template(
-            messages,
-            chat_template=template,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            **kwargs,
-        )
+        try:
+            # Any: transformers types every form (text, batches, BatchEncoding); one conversation gives ids.
+            ids: Any = tokenizer.apply_chat_template(
+                messages,
+                chat_template=template,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                **kwargs,
+            )
+        except TemplateError as exc:
+            raise TemplateRefused(messages, exc) from exc
         if isinstance(ids, Mapping):  # a BatchEncoding where a transformers version ignores return_dict
             ids = ids["input_ids"]
         return [int(i) for i in ids]
     text = "\n".join(str(message["content"]) for message in messages)
     return list(tokenizer.encode(text, add_special_tokens=True))
+
+
+class TemplateRefused(UserError):
+    """The chat template raised on a conversation (its `raise_exception`: Gemma-2's "System role not
+    supported", Mistral's "roles must alternate").
+
+    verl and TRL hand the messages to `apply_chat_template` as they are and stop with jinja's traceback;
+    relm does not rewrite the conversation either (folding a system message into the user turn changes
+    the prompt the data asked for), it stops with one line naming the roles and the fix. The dataset
+    puts the file and row in front (`prefixed`).
+    """
+
+    def __init__(self, messages: list[dict[str, Any]], exc: Exception) -> None:
+        roles = ", ".join(str(message.get("role")) for message in messages)
+        reason = " ".join(str(exc).split())[:200]
+        self.detail = (
+            f"the chat template refuses the conversation (roles: {roles}): {reason}; give a template that "
+            "takes it with actor_rollout_ref.model.custom_chat_template, or rewrite the rows (e.g. move a "
+            "system message's text into the first user message)"
+        )
+        super().__init__(self.detail)
+
+    def prefixed(self, where: str) -> UserError:
+        """The same error with `where` (file and row) in front."""
+        return UserError(f"{where}: {self.detail}")
 
 
 _RESERVED_TEMPLATE_KWARGS = frozenset(
