@@ -7,8 +7,9 @@ Llama for Llama-3.2 (`<|begin_of_text|>`), Phi3 for Phi-3 (`<|user|>`, `<|end|>`
 (`[INST]`), Gemma2 for Gemma-2 (`<start_of_turn>`), Qwen2 for Qwen2.5 (`<|im_start|>`). A model of another
 family beside a tokenizer makes transformers load the tokenizer as that family's (a Qwen2 config.json turns
 Llama-3.2's tokenizer into a Qwen2 one that splits numbers digit by digit), so a tokenizer it cannot place
-stops with one line asking for `--architecture` (e.g. `--architecture LlamaForCausalLM`). The tokenizer files
-are copied unchanged.
+stops with one line asking for `--architecture` (e.g. `--architecture LlamaForCausalLM`). The tokenizer is
+written with `save_pretrained`, so that transformers, which reads the folder's config.json too, encodes as
+relm does (relm loads the class tokenizer_config.json declares: docs/models.md).
 
 A real checkpoint's tokenizer brings its own special tokens, chat template and vocabulary size; a tiny
 model sized to it (2 layers, hidden 64: about 10M parameters, nearly all in the embedding) exercises all
@@ -20,7 +21,6 @@ generates always decodes. The weights are random: it learns nothing useful, it s
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,6 @@ from relm.models.tokenizer_family import FAMILIES, place_tokenizer
 
 HEADS = 4
 """Attention heads of the tiny model (2 of them key/value heads, where the family has GQA)."""
-NOT_TOKENIZER_FILES = ("config.json", "generation_config.json")
-"""Files of a tokenizer folder that belong to a model (a tokenizer taken from a checkpoint)."""
 
 
 def tiny_config(
@@ -62,16 +60,6 @@ def tiny_config(
     return AutoConfig.for_model(model_type, **fields)
 
 
-def copy_tokenizer_files(source: Path, output: Path) -> None:
-    """The tokenizer folder's files as they are: `save_pretrained` would rewrite tokenizer.json (transformers
-    5 rebuilds Phi-3's pre-tokenizer), and what relm and transformers load should be the tokenizer given."""
-    output.mkdir(parents=True, exist_ok=True)
-    for file in sorted(source.iterdir()):
-        weights = file.name.endswith((".safetensors", ".bin", ".pt", ".pth"))
-        if file.is_file() and file.name not in NOT_TOKENIZER_FILES and not weights:
-            shutil.copyfile(file, output / file.name)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer folder (tokenizer.json ...)")
@@ -86,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if not args.tokenizer.is_dir():
-        print(f"error: --tokenizer '{args.tokenizer}' is not a folder; give a tokenizer folder", file=sys.stderr)
+        print(
+            f"error: --tokenizer '{args.tokenizer}' is not a folder; give a tokenizer folder", file=sys.stderr
+        )
         return 2
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
@@ -121,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_config(config)
     assert type(model).__name__ == architecture, f"{model_type} builds {type(model).__name__}"
     model.save_pretrained(args.output)
-    copy_tokenizer_files(args.tokenizer, args.output)
+    tokenizer.save_pretrained(args.output)
     num_params = sum(p.numel() for p in model.parameters())
     print(
         f"wrote a {num_params / 1e6:.1f}M-parameter {architecture} with {len(tokenizer)} tokens "

@@ -85,7 +85,9 @@ class PromptDataset:
             table = _read_table(file, files_key)
             for row, item in enumerate(_rows(table, file, prompt_key, reward_fn_key)):
                 try:
-                    ids = encode_prompt(tokenizer, item["raw_prompt"], custom_chat_template, chat_template_kwargs)
+                    ids = encode_prompt(
+                        tokenizer, item["raw_prompt"], custom_chat_template, chat_template_kwargs
+                    )
                 except TemplateRefused as exc:
                     raise exc.prefixed(f"data.prompt_key: '{file}' row {row}") from exc
                 length = len(ids)

@@ -46,7 +46,9 @@ def load_tokenizer(
     local = str(Path(local).expanduser()) if _looks_local(local) else local
     declared_kwargs = _declared_class_kwargs(local)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code, **declared_kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(
+            local, trust_remote_code=trust_remote_code, **declared_kwargs
+        )
     except Exception as exc:  # any loader failure is the path's fault from the user's side
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         raise UserError(
