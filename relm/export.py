@@ -117,7 +117,7 @@ def _merged_lora(folder: Path, dest: Path, base: str | None, *, value_model: boo
         raise UserError(f"`{folder}/{ADAPTER_CONFIG}` names no base model; pass --base MODEL_PATH")
     model: Any
     if value_model:
-        model = load_value_model(base, dtype=torch.float32, device="cpu")
+        model = _load_base(load_value_model, base, folder)
         add_lora(
             model.backbone,
             LoraSettings(rank=int(config["r"]), alpha=float(config["lora_alpha"]), adapter_path=str(folder)),
@@ -125,13 +125,37 @@ def _merged_lora(folder: Path, dest: Path, base: str | None, *, value_model: boo
         model.value_head.load_state_dict(load_file(str(folder / VALUE_HEAD_FILE)))
         model.backbone = without_adapters(model.backbone)
     else:
-        model = load_causal_lm(base, dtype=torch.float32, device="cpu")
+        model = _load_base(load_causal_lm, base, folder)
         add_lora(
             model,
             LoraSettings(rank=int(config["r"]), alpha=float(config["lora_alpha"]), adapter_path=str(folder)),
         )
         model = without_adapters(model)
     model.save_pretrained(dest)
+
+
+def _load_base(loader: Callable[..., Any], base: str, folder: Path) -> Any:
+    """The base model in fp32 on the CPU; a base that cannot be loaded is one line naming `--base`.
+
+    A checkpoint written before relm recorded absolute paths may name its base relative to the folder
+    training ran in, which from elsewhere is not found (or looks like a Hub id).
+    """
+    try:
+        return loader(base, dtype=torch.float32, device="cpu")
+    except UserError as exc:
+        raise UserError(
+            f"the base model `{base}` of the LoRA adapter `{folder}` cannot be loaded ({exc}); pass "
+            "--base MODEL_PATH, the model.path the run trained"
+        ) from exc
+
+
+def _set_base(dest: Path, base: str) -> None:
+    """Name `base` in the exported adapter_config.json, so PEFT and transformers load it onto that model."""
+    config_file = dest / ADAPTER_CONFIG
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    local = Path(base).expanduser()
+    config["base_model_name_or_path"] = str(local.absolute()) if local.is_dir() else base
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def export_checkpoint(
@@ -161,6 +185,8 @@ def export_checkpoint(
         _copy_files(actor, actor_dest, keep=_is_tokenizer_file)
     else:
         _copy_files(actor, actor_dest, keep=lambda _: True)
+        if base and is_adapter_folder(actor):
+            _set_base(actor_dest, base)
     _write_generation_config(actor_dest)
     written = [out_dir / "actor" if critic else out_dir]
     if critic_src is not None:
@@ -170,6 +196,8 @@ def export_checkpoint(
             _merged_lora(critic_src, staging / "critic", base, value_model=True)
         else:
             _copy_files(critic_src, staging / "critic", keep=lambda _: True)
+            if base and is_adapter_folder(critic_src):
+                _set_base(staging / "critic", base)
         # The critic reads the same token ids as the actor: ship the tokenizer with it.
         _copy_files(actor, staging / "critic", keep=_is_tokenizer_file)
         written.append(out_dir / "critic")
@@ -203,7 +231,9 @@ def export_command(argv: list[str]) -> int:
         "PEFT adapter folder",
     )
     parser.add_argument(
-        "--base", help="with --merge: the base model (default: the adapter's base_model_name_or_path)"
+        "--base",
+        help="a LoRA run: the base model (default: the adapter's base_model_name_or_path); --merge loads it, "
+        "without --merge it is written into the exported adapter_config.json",
     )
     args = parser.parse_args(argv)
     exported = export_checkpoint(

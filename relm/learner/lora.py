@@ -232,6 +232,8 @@ def load_adapter_weights(model: nn.Module, folder: str | Path) -> None:
     from safetensors.torch import load_file
 
     tensors = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
+    _check_saved_base_layers(model, tensors, folder)
+    tensors = {name: tensor for name, tensor in tensors.items() if ".lora_" in name}
     own = {name for name, _ in model.named_parameters() if ".lora_" in name}
     try:
         result = set_peft_model_state_dict(model, tensors, adapter_name=ADAPTER)
@@ -246,6 +248,31 @@ def load_adapter_weights(model: nn.Module, folder: str | Path) -> None:
             f"`{folder}`: its LoRA adapter has {len(tensors)} tensors, this model's {len(own)} "
             f"(first unexpected: {unexpected[:1]}); use the lora_rank and target_modules it was trained with"
         )
+
+
+def _check_saved_base_layers(model: nn.Module, tensors: dict[str, torch.Tensor], folder: str | Path) -> None:
+    """Check the frozen base weights PEFT saves beside an adapter against the model's.
+
+    PEFT saves the base weight of an adapted embedding-like layer too (`save_embedding_layers="auto"`:
+    an output head tied to the input embedding, as in docs/lora.md's demo recipe, is saved as
+    `lm_head.base_layer.weight`). The base is frozen, so that copy is the base model's own weight and loads
+    nothing; it is not an adapter tensor either (counting it made the recipe's export and resume fail with
+    "31 tensors, this model's 30"). A copy that differs means the adapter was trained on another base.
+
+    Raises:
+        UserError: a saved base weight differs from the model's (another base model).
+    """
+    own = dict(model.named_parameters())
+    for name, saved in tensors.items():
+        if ".base_layer." not in name:
+            continue
+        local = name.removeprefix("base_model.model.")
+        held = own.get(local)
+        if held is not None and not torch.equal(held.detach().cpu().to(saved.dtype), saved):
+            raise UserError(
+                f"`{folder}`: its LoRA adapter was trained on another base model (its saved `{local}` differs "
+                "from this model's); load it onto the model it was trained from (relm export: --base)"
+            )
 
 
 def is_adapter_folder(folder: str | Path) -> bool:

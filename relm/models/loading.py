@@ -50,7 +50,9 @@ def resolve_model_dir(path: str) -> str:
                 f"model folder `{path}` has no config.json; pass the folder of a Hugging Face "
                 "checkpoint (config.json plus weights)"
             )
-        return str(local)
+        # Absolute: the model's name_or_path is what a LoRA checkpoint records as its base, and a path
+        # relative to where training ran would not be found by an export or a resume from elsewhere.
+        return os.path.abspath(local)
     if local.exists():
         raise UserError(f"model path `{path}` is a file; pass the folder that holds config.json")
     if path.startswith(("/", ".", "~")) or not _HUB_ID.match(path):
