@@ -91,6 +91,8 @@ def test_a_base_that_is_not_found_names_base(lora_run, tmp_path, monkeypatch, ca
     config = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**config, "base_model_name_or_path": "models/tiny"}))
     monkeypatch.chdir(tmp_path)
+    # `models/tiny` also reads as a Hub id: no download attempt, whatever the network.
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     capsys.readouterr()
     assert relm_main(["export", str(old_run), "merged", "--merge"]) == 2
     err = capsys.readouterr().err.strip()
