@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -71,9 +70,13 @@ def test_both_exports_reload_in_plain_transformers_from_another_folder(lora_run,
     assert not (elsewhere / "merged" / "adapter_config.json").exists()
     with torch.no_grad():
         merged = AutoModelForCausalLM.from_pretrained(elsewhere / "merged").eval()(input_ids=IDS).logits
-        via_transformers = AutoModelForCausalLM.from_pretrained(elsewhere / "adapter").eval()(input_ids=IDS).logits
+        via_transformers = (
+            AutoModelForCausalLM.from_pretrained(elsewhere / "adapter").eval()(input_ids=IDS).logits
+        )
         plain_base = AutoModelForCausalLM.from_pretrained(base)
-        via_peft = peft.PeftModel.from_pretrained(plain_base, elsewhere / "adapter").eval()(input_ids=IDS).logits
+        via_peft = (
+            peft.PeftModel.from_pretrained(plain_base, elsewhere / "adapter").eval()(input_ids=IDS).logits
+        )
         base_logits = AutoModelForCausalLM.from_pretrained(base).eval()(input_ids=IDS).logits
     assert (expected - base_logits).abs().max() > 1e-3  # the adapters change the policy
     torch.testing.assert_close(via_transformers, expected, rtol=0, atol=1e-6)
