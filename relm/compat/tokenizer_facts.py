@@ -36,7 +36,8 @@ class TokenizerFacts:
     """What one model's tokenizer gave relm."""
 
     tokenizer_class: str
-    """The class transformers loaded (it can differ with and without the model's config.json beside it)."""
+    """The class relm loaded: the one tokenizer_config.json declares, whatever the model's config.json says
+    (`relm.models.tokenizer.load_tokenizer`; plain `AutoTokenizer` on the model folder can differ)."""
     length: int
     """`len(tokenizer)`: base vocabulary plus added tokens."""
     embedding_rows: int | None

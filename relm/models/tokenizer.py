@@ -4,6 +4,10 @@ Loading goes through one function so that every way a tokenizer can be unfit for
 token, no eos, no chat template, a folder that is not there) is caught in one place and turned
 into either a warning with a stated fallback or a one-line `UserError`, never a traceback deep
 inside batching or generation.
+
+The tokenizer is the class its own `tokenizer_config.json` declares, never one the model's config.json
+imposes (`_declared_class_kwargs`), and a chat template that refuses a conversation is a one-line
+`TemplateRefused`, not jinja's traceback.
 """
 
 from __future__ import annotations
