@@ -43,7 +43,12 @@ def _tree(folder: Path, names: list[str], sub: str, recursive: bool) -> list[dic
             entries[directory] = {"type": "directory", "path": directory, "oid": COMMIT}
             continue
         data = (folder / name).read_bytes()
-        entries[name] = {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+        entries[name] = {
+            "type": "file",
+            "path": name,
+            "size": len(data),
+            "oid": hashlib.sha1(data).hexdigest(),
+        }
     return list(entries.values())
 
 
@@ -87,7 +92,9 @@ class HubHandler(BaseHTTPRequestHandler):
                 return self._not_found()
             names = [p.relative_to(folder).as_posix() for p in _files(folder)]
             if match.re is _TREE:
-                return self._json(_tree(folder, names, (match["sub"] or "").strip("/"), "recursive=true" in self.path))
+                return self._json(
+                    _tree(folder, names, (match["sub"] or "").strip("/"), "recursive=true" in self.path)
+                )
             return self._json(
                 {"id": match["repo"], "sha": COMMIT, "siblings": [{"rfilename": n} for n in names]}
             )

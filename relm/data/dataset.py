@@ -199,7 +199,6 @@ class PromptDataset:
         their subset with `data.shuffle` and `data.seed`, as verl's `RLHFDataset` does."""
         data = cfg.data
         validation = files_key == "data.val_files"
-        assert data.seed is not None, "the loader fills data.seed from the run's seed"
         builtin_scorers = not cfg.custom_reward_function.path and not cfg.reward_model.enable
         template_kwargs = dict(data.apply_chat_template_kwargs)
         if tools:
@@ -219,7 +218,9 @@ class PromptDataset:
             split="test" if validation else "train",
             max_samples=data.val_max_samples if validation else data.train_max_samples,
             shuffle=data.shuffle,
-            seed=data.seed,
+            seed=cfg.seed
+            if data.seed is None
+            else data.seed,  # the loader fills data.seed; a hand-built config may not
             answer_needed_by="the built-in scorers (no custom_reward_function.path)"
             if builtin_scorers
             else None,

@@ -44,5 +44,8 @@ def test_val_only_on_a_run_folder_takes_that_runs_saved_config(tmp_path: Path) -
     assert (cfg.data.train_files, cfg.data.val_files) == (["train.jsonl"], ["val.jsonl"])
     assert (cfg.data.max_prompt_length, cfg.algorithm.adv_estimator) == (100, "grpo")
     # A folder without config.yaml (or no val_only) leaves the command as it is: the demo.
-    assert load_config(["trainer.val_only=true", f"trainer.default_local_dir={tmp_path}"]).data.train_files is None
+    assert (
+        load_config(["trainer.val_only=true", f"trainer.default_local_dir={tmp_path}"]).data.train_files
+        is None
+    )
     assert load_config([f"trainer.default_local_dir={run}"]).data.train_files is None
