@@ -196,14 +196,16 @@ def _evaluated_run_config(overrides: list[_Layer]) -> Path | None:
     saved config stands where a `--config` file would, under the overrides given.
     """
     merged: Container = OmegaConf.create()
-    for layer in overrides:
-        if layer.values is not None:
-            merged = OmegaConf.merge(merged, layer.values)
     try:
+        for layer in overrides:
+            if layer.values is not None:
+                merged = OmegaConf.merge(merged, layer.values)
         val_only = OmegaConf.select(merged, "trainer.val_only", default=False)
         run_dir = OmegaConf.select(merged, "trainer.default_local_dir", default=None)
-    except OmegaConfBaseException:
-        return None  # an interpolation to resolve later: not a plain run folder
+    except (OmegaConfBaseException, TypeError, ValueError):
+        # An interpolation to resolve later, or overrides that do not fit together (the full merge
+        # reports those): not a plain run folder.
+        return None
     if val_only is not True or not isinstance(run_dir, str):
         return None
     saved = Path(run_dir).expanduser() / RUN_CONFIG_FILE
