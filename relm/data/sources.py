@@ -42,6 +42,13 @@ def load_table(source: str, files_key: str, split: str) -> pa.Table:
     Raises:
         UserError: missing path, unknown extension, unreadable file, or a Hub id that cannot be loaded.
     """
+    try:
+        import datasets  # noqa: F401 - a dependency of relm's, absent only from a hand-made environment
+    except ImportError as exc:
+        raise UserError(
+            f"{files_key}: relm reads prompts through the `datasets` package, which is not installed here; "
+            "`pip install datasets` (bench/lib.sh installs carried wheels on a machine without network)"
+        ) from exc
     path = Path(source).expanduser()
     if not path.exists() and (looks_like_local_path(source) or path.suffix.lower() in FILE_BUILDERS):
         raise UserError(f"{files_key}: file '{source}' does not exist; check the path")
