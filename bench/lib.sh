@@ -35,7 +35,7 @@ ensure_datasets() {
   "$py" -c "import datasets" 2>/dev/null && return 0
   for dir in .whl/datasets .whl/trl; do
     ls "$dir"/datasets-*.whl >/dev/null 2>&1 || continue
-    "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$dir"/*.whl || return 1
+    "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$dir"/*.whl || continue
     export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$site"
     "$py" -c "import datasets" && return 0
   done
