@@ -32,6 +32,7 @@ export RELM_CACHE="${RELM_CACHE:-/tmp/relm-cache}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY="${PYTHON:-python3}"
 TORCHRUN=("$PY" -m torch.distributed.run --standalone --nproc_per_node=2)
+source "$(dirname "$0")/lib.sh"  # for ensure_datasets (its own `step` below replaces lib.sh's)
 MODEL="${MODEL:-zoo:Qwen/Qwen2.5-1.5B}"
 DEVICE="${DEVICE:-cuda}"  # DEVICE=cpu MODEL=zoo:tiny/qwen2 SMALL=1 runs the same steps on a CPU, in seconds
 BUDGET="${BUDGET:-450}"   # seconds for the whole script

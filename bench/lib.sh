@@ -24,3 +24,22 @@ summary() {
   echo; echo "=== summary ==="
   printf '%s\n' "${STATUS[@]}"
 }
+
+# relm reads prompts through `datasets`, which the GPU machine lacks (with dill and multiprocess; it has
+# pandas, xxhash, fsspec, huggingface_hub and pyarrow). Where `import datasets` fails, the wheels carried in
+# .whl/datasets/ (or TRL's set in .whl/trl/) go into $SITE (default /tmp/site), which joins PYTHONPATH.
+# Make them with: pip download --no-deps --only-binary=:all: --python-version 3.12 --platform any
+#   --platform manylinux2014_x86_64 -d .whl/datasets datasets dill multiprocess   (about 0.9 MB; carry .whl)
+ensure_datasets() {
+  local py="${PY:-python3}" site="${SITE:-/tmp/site}" dir
+  "$py" -c "import datasets" 2>/dev/null && return 0
+  for dir in .whl/datasets .whl/trl; do
+    ls "$dir"/datasets-*.whl >/dev/null 2>&1 || continue
+    "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$dir"/*.whl || continue
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$site"
+    "$py" -c "import datasets" && return 0
+  done
+  echo "relm needs the datasets library to read prompts: carry its wheels in .whl/datasets (see bench/lib.sh)"
+  return 1
+}
+ensure_datasets || true  # every script that trains reads prompts; the line above says what is missing

@@ -3,7 +3,8 @@
 Served from folders on disk, so a test can point `HF_ENDPOINT` at it and exercise the real download
 path of `huggingface_hub` (repo info, tree listing, file metadata by HEAD, file by GET) without a
 network. Endpoint shapes follow huggingface_hub 2.x (`HfApi.repo_info`, `HfApi.list_repo_tree`,
-`get_hf_file_metadata`, `hf_hub_download`).
+`get_hf_file_metadata`, `hf_hub_download`), for model repos and dataset repos (the latter as
+`datasets.load_dataset` reads them: README, folder listings, data files under `data/`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,37 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-_INFO = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/?]+))?(?:\?.*)?$")
-_TREE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/?]+)(?:/[^?]*)?(?:\?.*)?$")
-_FILE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>[^?]+)(?:\?.*)?$")
+_KIND = r"(?P<kind>models|datasets)"
+_INFO = re.compile(rf"^/api/{_KIND}/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/?]+))?(?:\?.*)?$")
+_TREE = re.compile(rf"^/api/{_KIND}/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/?]+)(?P<sub>/[^?]*)?(?:\?.*)?$")
+_FILE = re.compile(r"^/(?:datasets/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>[^?]+)(?:\?.*)?$")
 
 
 def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def _tree(folder: Path, names: list[str], sub: str, recursive: bool) -> list[dict[str, object]]:
+    """`list_repo_tree` entries under `sub`: every file below it, or (not recursive) its direct
+    files and folders, as `datasets` lists a repo's `data/` folder to find the splits' files."""
+    prefix = f"{sub}/" if sub else ""
+    entries: dict[str, dict[str, object]] = {}
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        rest = name[len(prefix) :]
+        if not recursive and "/" in rest:
+            directory = prefix + rest.split("/", 1)[0]
+            entries[directory] = {"type": "directory", "path": directory, "oid": COMMIT}
+            continue
+        data = (folder / name).read_bytes()
+        entries[name] = {
+            "type": "file",
+            "path": name,
+            "size": len(data),
+            "oid": hashlib.sha1(data).hexdigest(),
+        }
+    return list(entries.values())
 
 
 class HubHandler(BaseHTTPRequestHandler):
@@ -42,10 +67,11 @@ class HubHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _not_found(self) -> None:
-        data = b'{"error": "Repository not found"}'
+    def _not_found(self, code: str = "RepoNotFound") -> None:
+        data = json.dumps({"error": "Repository not found" if code == "RepoNotFound" else "Entry not found"})
+        data = data.encode()
         self.send_response(404)
-        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("X-Error-Code", code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -66,16 +92,9 @@ class HubHandler(BaseHTTPRequestHandler):
                 return self._not_found()
             names = [p.relative_to(folder).as_posix() for p in _files(folder)]
             if match.re is _TREE:
-                entries = [
-                    {
-                        "type": "file",
-                        "path": name,
-                        "size": (folder / name).stat().st_size,
-                        "oid": hashlib.sha1((folder / name).read_bytes()).hexdigest(),
-                    }
-                    for name in names
-                ]
-                return self._json(entries)
+                return self._json(
+                    _tree(folder, names, (match["sub"] or "").strip("/"), "recursive=true" in self.path)
+                )
             return self._json(
                 {"id": match["repo"], "sha": COMMIT, "siblings": [{"rfilename": n} for n in names]}
             )
@@ -83,7 +102,8 @@ class HubHandler(BaseHTTPRequestHandler):
         folder = self.repos.get(match["repo"]) if match else None
         file = folder / match["file"] if folder is not None and match else None
         if file is None or not file.is_file():
-            return self._not_found()
+            # A file missing from a repo that exists (a dataset's README.md, say) is not a missing repo.
+            return self._not_found("RepoNotFound" if folder is None else "EntryNotFound")
         data = file.read_bytes()
         self.send_response(200)
         self.send_header("X-Repo-Commit", COMMIT)

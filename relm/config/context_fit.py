@@ -19,11 +19,12 @@ def require_named_model(cfg: RelmConfig, user_keys: set[str]) -> None:
     """A run on the user's data must name its model: the default is the demo's random tiny model.
 
     Raises:
-        UserError: `data.train_files` is set and `actor_rollout_ref.model.path` is not.
+        UserError: `data.train_files` or `data.val_files` is set and `actor_rollout_ref.model.path` is not.
     """
-    if cfg.data.train_files and MODEL_KEY not in user_keys:
+    if (cfg.data.train_files or cfg.data.val_files) and MODEL_KEY not in user_keys:
+        key = "data.train_files" if cfg.data.train_files else "data.val_files"
         raise UserError(
-            f"{MODEL_KEY}: no model named for data.train_files; set {MODEL_KEY}=<folder, Hub id or zoo:NAME> "
+            f"{MODEL_KEY}: no model named for {key}; set {MODEL_KEY}=<folder, Hub id or zoo:NAME> "
             "(zoo:tiny/qwen2 is the demo's random 2-layer model)"
         )
 

@@ -1,8 +1,10 @@
 """Build a `RelmConfig` from a YAML file (or a Hydra-composed one) and verl/Hydra command-line overrides.
 
-Layers, lowest first: the schema's defaults, the demo preset (only when no `data.train_files` is
-given anywhere), the `--config` file or the config Hydra composes from `--config-path DIR
---config-name NAME` (`relm.config.hydra_compose`), the overrides in command-line order, parsed by
+Layers, lowest first: the schema's defaults, the demo preset (only when no `data.train_files` nor
+`data.val_files` is given anywhere), the `--config` file or the config Hydra composes from
+`--config-path DIR --config-name NAME` (`relm.config.hydra_compose`) -- or, for `trainer.val_only=true`
+with only a run folder (`trainer.default_local_dir=RUN`), that run's saved `RUN/config.yaml` -- the
+overrides in command-line order, parsed by
 Hydra's own override grammar (`+key`, `++key`, `~key` included). OmegaConf merges them and resolves
 `${...}` interpolations; keys verl renamed are folded onto relm's names (`relm.config.verl_renames`);
 the dataclasses are then built here by hand, not by OmegaConf's structured mode, so that every mistake
@@ -48,6 +50,9 @@ logger = logging.getLogger("relm")
 
 DEMO_PRESET = Path(__file__).with_name("demo.yaml")
 """Small sizes for the built-in demo task, layered under the user's values when no data is given."""
+
+RUN_CONFIG_FILE = "config.yaml"
+"""The resolved config every training start writes into its run folder (`relm.trainer.run_config`)."""
 
 
 def load_config(argv: list[str]) -> RelmConfig:
@@ -173,7 +178,38 @@ def _user_layers(argv: list[str]) -> tuple[list[_Layer], list[str]]:
         composed, warnings = compose_config(flags.get("path"), flags["name"])
         if composed is not None:
             base = [_Layer(f"--config-name {flags['name']}", values=composed)]
+    else:
+        saved = _evaluated_run_config(overrides)
+        if saved is not None:
+            base = [_Layer(str(saved), values=_load_file(str(saved)))]
+            warnings = [
+                f"trainer.val_only: validating the run in {saved.parent} with its settings from {saved}"
+            ]
     return base + overrides, warnings
+
+
+def _evaluated_run_config(overrides: list[_Layer]) -> Path | None:
+    """`RUN/config.yaml` when the overrides ask to validate a run folder that has one, else None.
+
+    `trainer.val_only=true trainer.default_local_dir=RUN` is all a verl user should need to evaluate a
+    run's latest checkpoint: the model, data and sizes it trained with are in the folder already, so the
+    saved config stands where a `--config` file would, under the overrides given.
+    """
+    merged: Container = OmegaConf.create()
+    try:
+        for layer in overrides:
+            if layer.values is not None:
+                merged = OmegaConf.merge(merged, layer.values)
+        val_only = OmegaConf.select(merged, "trainer.val_only", default=False)
+        run_dir = OmegaConf.select(merged, "trainer.default_local_dir", default=None)
+    except (OmegaConfBaseException, TypeError, ValueError):
+        # An interpolation to resolve later, or overrides that do not fit together (the full merge
+        # reports those): not a plain run folder.
+        return None
+    if val_only is not True or not isinstance(run_dir, str):
+        return None
+    saved = Path(run_dir).expanduser() / RUN_CONFIG_FILE
+    return saved if saved.is_file() else None
 
 
 _PARSER = OverridesParser.create()
@@ -236,20 +272,24 @@ _ABSENT = object()
 
 
 def _merge_layers(layers: list[_Layer]) -> DictConfig:
-    """Defaults, then the demo preset when no layer names training data, then the user's layers."""
+    """Defaults, then the demo preset when no layer names data, then the user's layers.
+
+    Naming only `data.val_files` (validating a model on one's own prompts) is naming data: the demo's
+    small sizes would otherwise replace the user's defaults under their prompts."""
     merged: Container  # OmegaConf.merge's type: any config node (a DictConfig here, checked at the end)
-    train_files = None
+    files: dict[str, Any] = {"data.train_files": None, "data.val_files": None}
     for layer in layers:
-        if layer.deleted == "data.train_files":
-            train_files = None
-        elif layer.values is not None:
-            value = OmegaConf.select(
-                layer.values, "data.train_files", default=_ABSENT, throw_on_resolution_failure=False
-            )
-            if value is not _ABSENT:
-                train_files = value  # a later `data.train_files=null` unsets an earlier value
+        for key in files:
+            if layer.deleted == key:
+                files[key] = None
+            elif layer.values is not None:
+                value = OmegaConf.select(
+                    layer.values, key, default=_ABSENT, throw_on_resolution_failure=False
+                )
+                if value is not _ABSENT:
+                    files[key] = value  # a later `data.train_files=null` unsets an earlier value
     merged = OmegaConf.create(dataclasses.asdict(RelmConfig()))
-    if train_files is None:
+    if all(value is None for value in files.values()):
         merged = OmegaConf.merge(merged, OmegaConf.load(DEMO_PRESET))
     for layer in layers:
         if layer.deleted is not None:

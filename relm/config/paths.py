@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any
 
 PATH_SUFFIXES = ("path", "_files", "_dir")
@@ -38,3 +39,16 @@ def expand_config_paths(section: Any) -> None:
             expand_config_paths(value)
         elif field.name.endswith(PATH_SUFFIXES):
             setattr(section, field.name, _expanded(value))
+
+
+def looks_like_local_path(name: str) -> bool:
+    """Whether a name that exists nowhere was meant as a local path rather than a Hub id.
+
+    A Hub id is `name` or `org/name`. Anything absolute or relative (`/`, `./`, `../`, `~`), deeper
+    than one slash, or whose first part is a folder here (`models/foo` where `models/` exists) is a
+    path the user mistyped: reporting it as a failed download would send them to the network.
+    """
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
+        return True
+    first, slash, _ = name.partition("/")
+    return bool(slash) and Path(first).is_dir()

@@ -29,11 +29,15 @@ class DataConfig:
     """Where prompts come from and how they are batched (`data.*`)."""
 
     train_files: list[str] | None = None
-    """Parquet file(s) of training prompts; unset runs the built-in demo task."""
+    """Training prompts: parquet, jsonl/json or csv file(s), `save_to_disk` folders or Hub dataset ids; unset runs the built-in demo task."""
     val_files: list[str] | None = None
-    """Parquet file(s) of validation prompts."""
+    """Validation prompts, in the same forms (a Hub id takes its `test` split; `org/name:split` names one)."""
+    train_max_samples: int = -1
+    """Rows of `train_files` used: -1 all; else a random subset (seeded by `seed`) when `shuffle` is on, the first rows when off (as verl 0.9)."""
+    val_max_samples: int = -1
+    """Rows of `val_files` used, drawn as `train_max_samples` draws."""
     prompt_key: str = "prompt"
-    """Column holding the list of chat messages."""
+    """Column holding the prompt: a list of chat messages, or a text (one user message)."""
     reward_fn_key: str = "data_source"
     """Column whose value selects the rule scorer."""
     max_prompt_length: int = 512

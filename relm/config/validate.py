@@ -135,6 +135,11 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
     _check_rollout_correction(cfg)
     _check_lora(cfg)
     data = cfg.data
+    if data.val_files and not data.train_files and not cfg.trainer.val_only:
+        raise UserError(
+            "data.train_files: not set, but data.val_files is; set data.train_files to train on your prompts, "
+            "or trainer.val_only=true to only validate the model on data.val_files"
+        )
     total = data.max_prompt_length + data.max_response_length
     if max_position_embeddings is not None and total > max_position_embeddings:
         raise UserError(

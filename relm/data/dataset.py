@@ -1,8 +1,9 @@
-"""`PromptDataset`: chat prompts from verl-format parquet files, tokenized and length-filtered.
+"""`PromptDataset`: chat prompts from verl- or TRL-format data, tokenized and length-filtered.
 
-Every way a user's parquet can be wrong is checked here, at construction, and reported as one
-line naming the file, column or row and the fix, because a malformed row found at step 300 costs
-the user the 299 steps before it.
+The sources (parquet, jsonl/json, csv, `save_to_disk` folders, Hub ids) are opened by
+`relm.data.sources`; this module reads their rows. Every way a user's data can be wrong is checked
+here, at construction, and reported as one line naming the file, column or row and the fix, because
+a malformed row found at step 300 costs the user the 299 steps before it.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
 from relm.config.schema import RelmConfig
 from relm.config.validate import TRUNCATION_MODES
+from relm.data.sources import load_table
 from relm.errors import UserError
 from relm.models.tokenizer import TemplateRefused, encode_prompt
 
@@ -25,9 +27,14 @@ logger = logging.getLogger(__name__)
 MISSING_DATA_SOURCE = "unknown"
 """`data_source` of rows in files without the `data.reward_fn_key` column."""
 
+VERL_ANSWER = "reward_model.ground_truth"
+ANSWER_COLUMNS = ("ground_truth", "solution", "answer")
+"""Top-level columns (TRL's datasets) that hand the reward its `ground_truth` when a file has no verl
+`reward_model.ground_truth`, in this order of preference."""
+
 
 class PromptDataset:
-    """Prompts read from parquet, chat template applied and tokenized.
+    """Prompts read from files, folders or Hub datasets, chat template applied and tokenized.
 
     Tokenization is eager (all rows at construction): RL prompt sets are small next to the
     rollouts they feed, and it turns every bad row or overlong prompt into an error or a count
@@ -39,10 +46,18 @@ class PromptDataset:
     `extra_info`, `index` (position in this dataset), `file`, `row` (row in that file), `raw_prompt`
     (the row's chat messages) and `truncated` (whether the ids were cut).
 
+    A row's prompt is a list of chat messages (verl, TRL's conversational format) or a string (TRL's
+    standard format), which becomes one user message. Its `ground_truth` is verl's
+    `reward_model.ground_truth`, or where a file has none, its first column among `ANSWER_COLUMNS`.
+    `max_samples` keeps that many rows of all files together before tokenizing, as verl 0.9's
+    `data.train_max_samples` / `data.val_max_samples`: a seeded random subset when `shuffle` is on,
+    else the first rows.
+
     Args:
-        files: Parquet files in verl's layout (`prompt`, `data_source`, `reward_model`, `extra_info`).
+        files: Sources (`relm.data.sources`): parquet/jsonl/json/csv files, `save_to_disk` folders,
+            Hub dataset ids; verl's layout (`prompt`, `data_source`, `reward_model`, `extra_info`) or TRL's.
         tokenizer: Tokenizer whose chat template renders the prompts.
-        prompt_key: Column of chat message lists (`data.prompt_key`).
+        prompt_key: Column of chat message lists or prompt strings (`data.prompt_key`).
         reward_fn_key: Column whose value selects the rule scorer (`data.reward_fn_key`).
         max_prompt_length: Longest prompt kept, in tokens after the chat template.
         custom_chat_template: A template replacing the tokenizer's own.
@@ -51,6 +66,12 @@ class PromptDataset:
         truncation: What to do with an overlong prompt that is not dropped (`data.truncation`).
         return_raw_chat: Also hand the raw messages to the batch (`data.return_raw_chat`).
         files_key: Config key the files came from, named in error messages.
+        split: Split of a Hub dataset or saved `DatasetDict` that names none.
+        max_samples: Rows kept (-1 or 0: all).
+        shuffle: `max_samples` draws a random subset (else the first rows).
+        seed: Seed of that draw.
+        answer_needed_by: What reads `ground_truth` for sure (the built-in scorers): a file without an
+            answer column is then an error; None makes it a warning (a custom reward may not need one).
     """
 
     def __init__(
@@ -67,6 +88,11 @@ class PromptDataset:
         truncation: str = "error",
         return_raw_chat: bool = False,
         files_key: str = "data.train_files",
+        split: str = "train",
+        max_samples: int = -1,
+        shuffle: bool = False,
+        seed: int = 0,
+        answer_needed_by: str | None = None,
     ) -> None:
         if isinstance(files, (str, Path)):
             files = [files]  # verl accepts a single path where a list is expected
@@ -81,41 +107,57 @@ class PromptDataset:
         self._items: list[dict[str, Any]] = []
         longest_filtered = 0
         shortest = None
+        rows: list[dict[str, Any]] = []
+        answers: dict[str, str | None] = {}
         for file in files:
-            table = _read_table(file, files_key)
-            for row, item in enumerate(_rows(table, file, prompt_key, reward_fn_key)):
-                try:
-                    ids = encode_prompt(
-                        tokenizer, item["raw_prompt"], custom_chat_template, chat_template_kwargs
-                    )
-                except TemplateRefused as exc:
-                    raise exc.prefixed(f"data.prompt_key: '{file}' row {row}") from exc
-                length = len(ids)
-                if length == 0:
-                    # Only without a chat template: empty contents joined make an empty text.
-                    raise UserError(
-                        f"data.prompt_key: '{file}' row {row}: the prompt encodes to no tokens; give it "
-                        "text, or a chat template (actor_rollout_ref.model.custom_chat_template)"
-                    )
-                shortest = length if shortest is None else min(shortest, length)
-                if length > max_prompt_length and filter_overlong_prompts:
-                    self.num_filtered += 1
-                    longest_filtered = max(longest_filtered, length)
-                    continue
-                if length > max_prompt_length and truncation == "error":
-                    raise UserError(
-                        f"data.truncation=error: '{file}' row {row} is {length} tokens (chat template "
-                        f"included), longer than data.max_prompt_length={max_prompt_length}; raise "
-                        "data.max_prompt_length, set data.filter_overlong_prompts=true to drop such prompts, "
-                        "or data.truncation=left|right|middle to cut them"
-                    )
-                item["prompt_ids"] = truncate_prompt(ids, max_prompt_length, truncation)
-                item["truncated"] = length > max_prompt_length
-                self.num_truncated += item["truncated"]
-                item.update(index=len(self._items), file=str(file), row=row)
-                self._items.append(item)
-        if shortest is None:
+            file_rows, answers[str(file)] = _rows(
+                load_table(str(file), files_key, split), file, prompt_key, reward_fn_key
+            )
+            rows += [dict(item, file=str(file), row=row) for row, item in enumerate(file_rows)]
+        if not rows:
             raise UserError(f"{files_key}: the files {list(map(str, files))} hold no rows; add prompts")
+        _report_answer_columns(answers, files_key, answer_needed_by)
+        kept = sample_rows(len(rows), max_samples, shuffle=shuffle, seed=seed)
+        if len(kept) < len(rows):
+            logger.info(
+                "%s: kept %d of %d rows (%s=%d, %s)",
+                files_key,
+                len(kept),
+                len(rows),
+                files_key.replace("_files", "_max_samples"),
+                max_samples,
+                f"a random subset, seed {seed}" if shuffle else "the first rows: data.shuffle=false",
+            )
+        for item in (rows[i] for i in kept):
+            file, row = item["file"], item["row"]
+            try:
+                ids = encode_prompt(tokenizer, item["raw_prompt"], custom_chat_template, chat_template_kwargs)
+            except TemplateRefused as exc:
+                raise exc.prefixed(f"data.prompt_key: '{file}' row {row}") from exc
+            length = len(ids)
+            if length == 0:
+                # Only without a chat template: empty contents joined make an empty text.
+                raise UserError(
+                    f"data.prompt_key: '{file}' row {row}: the prompt encodes to no tokens; give it "
+                    "text, or a chat template (actor_rollout_ref.model.custom_chat_template)"
+                )
+            shortest = length if shortest is None else min(shortest, length)
+            if length > max_prompt_length and filter_overlong_prompts:
+                self.num_filtered += 1
+                longest_filtered = max(longest_filtered, length)
+                continue
+            if length > max_prompt_length and truncation == "error":
+                raise UserError(
+                    f"data.truncation=error: '{file}' row {row} is {length} tokens (chat template "
+                    f"included), longer than data.max_prompt_length={max_prompt_length}; raise "
+                    "data.max_prompt_length, set data.filter_overlong_prompts=true to drop such prompts, "
+                    "or data.truncation=left|right|middle to cut them"
+                )
+            item["prompt_ids"] = truncate_prompt(ids, max_prompt_length, truncation)
+            item["truncated"] = length > max_prompt_length
+            self.num_truncated += item["truncated"]
+            item["index"] = len(self._items)
+            self._items.append(item)
         if not self._items:
             raise UserError(
                 f"data.max_prompt_length: all {self.num_filtered} prompts in {files_key} are longer than "
@@ -153,8 +195,14 @@ class PromptDataset:
     ) -> PromptDataset:
         """The dataset the run's `data.*` keys and `actor_rollout_ref.model.custom_chat_template` describe,
         so training and validation prompts are rendered and cut the same way. `tools`: the function
-        schemas a multi-turn run's chat template lists in every prompt (as verl's agent loop does)."""
+        schemas a multi-turn run's chat template lists in every prompt (as verl's agent loop does).
+
+        Validation (`files_key="data.val_files"`) takes `data.val_max_samples` and a Hub dataset's
+        `test` split; training `data.train_max_samples` and `train` (TRL's default splits). Both draw
+        their subset with `data.shuffle` and `data.seed`, as verl's `RLHFDataset` does."""
         data = cfg.data
+        validation = files_key == "data.val_files"
+        builtin_scorers = not cfg.custom_reward_function.path and not cfg.reward_model.enable
         template_kwargs = dict(data.apply_chat_template_kwargs)
         if tools:
             template_kwargs["tools"] = tools
@@ -170,6 +218,15 @@ class PromptDataset:
             truncation=data.truncation,
             return_raw_chat=data.return_raw_chat,
             files_key=files_key,
+            split="test" if validation else "train",
+            max_samples=data.val_max_samples if validation else data.train_max_samples,
+            shuffle=data.shuffle,
+            seed=cfg.seed
+            if data.seed is None
+            else data.seed,  # the loader fills data.seed; a hand-built config may not
+            answer_needed_by="the built-in scorers (no custom_reward_function.path)"
+            if builtin_scorers
+            else None,
         )
 
     def __len__(self) -> int:
@@ -198,30 +255,57 @@ def truncate_prompt(ids: list[int], max_length: int, mode: str) -> list[int]:
     raise ValueError(f"unknown truncation mode {mode!r}")
 
 
-def _read_table(file: str | Path, files_key: str) -> pa.Table:
-    path = Path(file)
-    if not path.is_file():
-        raise UserError(f"{files_key}: file '{file}' does not exist; check the path")
-    try:
-        return pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        reason = " ".join(str(exc).split())
-        # pyarrow repeats the path ("Could not open Parquet input source '<path>': ..."); the line
-        # names it already.
-        reason = reason.split(f"{path}'", 1)[-1].lstrip(": ")[:200]
+def sample_rows(total: int, max_samples: int, *, shuffle: bool, seed: int) -> list[int]:
+    """Row positions kept by verl 0.9's `max_samples`: all when it is <= 0 or >= `total`; else a
+    subset drawn without replacement by `numpy.random.default_rng(seed).choice` when `shuffle` is on (in
+    the drawn order, as verl's `Dataset.select(indices)`), or the first `max_samples` rows."""
+    if max_samples <= 0 or max_samples >= total:
+        return list(range(total))
+    if shuffle:
+        return [int(i) for i in np.random.default_rng(seed).choice(total, size=max_samples, replace=False)]
+    return list(range(max_samples))
+
+
+def _report_answer_columns(answers: dict[str, str | None], files_key: str, needed_by: str | None) -> None:
+    """One line saying where the reward's `ground_truth` comes from; an error or a warning where nowhere."""
+    missing = [file for file, column in answers.items() if column is None]
+    if missing and needed_by is not None:
         raise UserError(
-            f"{files_key}: '{file}' is not a readable parquet file ({reason}); write it with "
-            "pandas.DataFrame.to_parquet or pyarrow.parquet.write_table"
-        ) from exc
+            f"{files_key}: '{missing[0]}' has no answer for the reward (no {VERL_ANSWER} and no "
+            f"{' / '.join(ANSWER_COLUMNS)} column), which {needed_by} compare responses with; add one, or "
+            "set custom_reward_function.path to a reward that needs none"
+        )
+    if missing:
+        logger.warning(
+            "%s: %s %s no %s and no %s column: the reward gets ground_truth None for %s rows",
+            files_key,
+            ", ".join(f"'{file}'" for file in missing),
+            "has" if len(missing) == 1 else "have",
+            VERL_ANSWER,
+            " / ".join(ANSWER_COLUMNS),
+            "its" if len(missing) == 1 else "their",
+        )
+    found = {column for column in answers.values() if column is not None}
+    if len(found) == 1:
+        logger.info("%s: the reward gets ground_truth from column '%s'", files_key, found.pop())
+    elif found:
+        logger.info(
+            "%s: the reward gets ground_truth from %s",
+            files_key,
+            ", ".join(f"column '{column}' of '{file}'" for file, column in answers.items() if column),
+        )
 
 
-def _rows(table: pa.Table, file: str | Path, prompt_key: str, reward_fn_key: str) -> list[dict[str, Any]]:
-    """Rows of one file as dicts, each field checked; raises UserError on the first bad one."""
+def _rows(
+    table: pa.Table, file: str | Path, prompt_key: str, reward_fn_key: str
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Rows of one file as dicts, each field checked (raises UserError on the first bad one), and the
+    column their `ground_truth` came from (None: no answer column)."""
     columns = table.column_names
     if prompt_key not in columns:
         raise UserError(
             f"data.prompt_key: '{file}' has no column '{prompt_key}' (columns: {', '.join(columns)}); "
-            "set data.prompt_key to the column holding the chat messages"
+            "set data.prompt_key to the column holding the prompt (chat messages or text)"
         )
     prompts = table.column(prompt_key).to_pylist()
     num_rows = len(prompts)
@@ -236,14 +320,11 @@ def _rows(table: pa.Table, file: str | Path, prompt_key: str, reward_fn_key: str
             MISSING_DATA_SOURCE,
         )
         data_sources = [MISSING_DATA_SOURCE] * num_rows
-    reward_models = (
-        table.column("reward_model").to_pylist() if "reward_model" in columns else [None] * num_rows
-    )
+    answer_column, ground_truths = _answers(table)
     extra_infos = table.column("extra_info").to_pylist() if "extra_info" in columns else [None] * num_rows
 
     rows = []
     for row in range(num_rows):
-        reward_model = reward_models[row]
         extra_info = extra_infos[row]
         rows.append(
             {
@@ -251,16 +332,33 @@ def _rows(table: pa.Table, file: str | Path, prompt_key: str, reward_fn_key: str
                 "data_source": str(data_sources[row])
                 if data_sources[row] is not None
                 else MISSING_DATA_SOURCE,
-                "ground_truth": reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
+                "ground_truth": ground_truths[row],
                 "extra_info": dict(extra_info) if isinstance(extra_info, dict) else {},
             }
         )
-    return rows
+    return rows, answer_column
+
+
+def _answers(table: pa.Table) -> tuple[str | None, list[Any]]:
+    """Each row's ground truth and the column it comes from: verl's `reward_model.ground_truth` where the
+    file has it, else the first of `ANSWER_COLUMNS` the file has, else (None, all None)."""
+    columns = table.column_names
+    if "reward_model" in columns:
+        cells = table.column("reward_model").to_pylist()
+        values = [cell.get("ground_truth") if isinstance(cell, dict) else None for cell in cells]
+        if any(value is not None for value in values):
+            return VERL_ANSWER, values
+    for name in ANSWER_COLUMNS:
+        if name in columns:
+            return name, table.column(name).to_pylist()
+    return None, [None] * table.num_rows
 
 
 def _check_messages(cell: Any, file: str | Path, row: int, prompt_key: str) -> list[dict[str, str]]:
     where = f"data.prompt_key: '{file}' row {row} column '{prompt_key}'"
-    fix = 'it must be a non-empty list of {"role": ..., "content": ...} messages'
+    fix = 'it must be a text or a non-empty list of {"role": ..., "content": ...} messages'
+    if isinstance(cell, str):  # TRL's standard format: the prompt text, asked by the user
+        return [{"role": "user", "content": cell}]
     if not isinstance(cell, list) or not cell:
         raise UserError(f"{where} is {_describe(cell)}; {fix}")
     messages = []

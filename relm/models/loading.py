@@ -18,6 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
+from relm.config.paths import looks_like_local_path
 from relm.errors import UserError
 from relm.models.registry import non_causal_reason, registered_model_class
 from relm.models.zoo import materialize_zoo
@@ -55,7 +56,7 @@ def resolve_model_dir(path: str) -> str:
         return os.path.abspath(local)
     if local.exists():
         raise UserError(f"model path `{path}` is a file; pass the folder that holds config.json")
-    if path.startswith(("/", ".", "~")) or not _HUB_ID.match(path):
+    if looks_like_local_path(path) or not _HUB_ID.match(path):
         raise UserError(f"model folder `{path}` does not exist; check `model.path`")
     return _cached_hub_dir(path)
 

@@ -443,11 +443,18 @@ def _load_run_tokenizer(cfg: RelmConfig, model_dir: str) -> PreTrainedTokenizerB
 def _prompt_loader(
     cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]] | None = None
 ) -> PromptLoader:
-    dataset = PromptDataset.from_config(cfg, resolve_train_files(cfg), tokenizer, tools=tools)
+    files, files_key, drop_last = resolve_train_files(cfg), "data.train_files", True
+    if cfg.trainer.val_only and not cfg.data.train_files and cfg.data.val_files:
+        # Validating a model on one's own prompts: nothing is trained, so no training data is needed;
+        # the validation prompts stand in (the demo's would be tokenized for nothing, or not fit).
+        files, files_key, drop_last = list(cfg.data.val_files), "data.val_files", False
+    dataset = PromptDataset.from_config(cfg, files, tokenizer, files_key=files_key, tools=tools)
     assert cfg.data.seed is not None, "the loader takes the run's seed"
     # A reward model re-renders (or shows its judge) the prompt's messages, as verl's does.
     dataset.return_raw_chat = dataset.return_raw_chat or cfg.reward_model.enable
-    return PromptLoader(dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
+    return PromptLoader(
+        dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed, drop_last=drop_last
+    )
 
 
 def load_trained_model(

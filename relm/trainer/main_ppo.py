@@ -23,7 +23,7 @@ from relm.trainer.checkpoint import find_resume_checkpoint
 from relm.trainer.components import build_components, pick_device
 from relm.trainer.loggers import check_logger_packages
 from relm.trainer.ppo import train
-from relm.trainer.run_config import check_resumed_settings, write_run_config
+from relm.trainer.run_config import CONFIG_FILE, check_resumed_settings, write_run_config
 
 logger = logging.getLogger("relm")
 
@@ -98,8 +98,14 @@ def load_config_quietly(argv: list[str]) -> RelmConfig:
 
 
 def record_run_config(cfg: RelmConfig) -> None:
-    """`config.yaml` in the run folder: what this start trains, for the user and for the next resume."""
-    path = write_run_config(cfg, Path(cfg.trainer.default_local_dir))
+    """`config.yaml` in the run folder: what this start trains, for the user and for the next resume.
+
+    A validation-only start (`trainer.val_only`) of a folder that has one leaves it as it is: it trains
+    nothing, and the file must keep saying how the run that is evaluated was trained."""
+    run_dir = Path(cfg.trainer.default_local_dir)
+    if cfg.trainer.val_only and (run_dir / CONFIG_FILE).is_file():
+        return
+    path = write_run_config(cfg, run_dir)
     logger.info("resolved config in %s", path)
 
 

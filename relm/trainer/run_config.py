@@ -20,12 +20,13 @@ from typing import Any
 
 import yaml
 
+from relm.config.loader import RUN_CONFIG_FILE
 from relm.config.schema import RelmConfig
 from relm.errors import UserError
 
 logger = logging.getLogger("relm")
 
-CONFIG_FILE = "config.yaml"
+CONFIG_FILE = RUN_CONFIG_FILE
 
 HOW_IT_RUNS = (
     "trainer.*",

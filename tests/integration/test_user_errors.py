@@ -266,10 +266,11 @@ def grpo_without_groups(ctx: Ctx) -> CaseInput:
 # --- more data, reward and checkpoint mistakes ---------------------------------------------------
 
 
-def prompt_is_a_string(ctx: Ctx) -> CaseInput:
+def prompt_is_a_number(ctx: Ctx) -> CaseInput:
+    # A string is a prompt (TRL's standard format); a number is neither text nor messages.
     rows = ctx.verl_rows(8)
     for row in rows:
-        row["prompt"] = "just text"
+        row["prompt"] = 5
     return ctx.data(ctx.write_parquet(rows)), ["row 0", "'prompt'"]
 
 
@@ -345,7 +346,7 @@ CASES: list[Case] = [
     reward_model_enabled,
     mini_batch_larger_than_batch,
     grpo_without_groups,
-    prompt_is_a_string,
+    prompt_is_a_number,
     reward_file_does_not_import,
     resume_path_missing,
     checkpoint_of_another_model,

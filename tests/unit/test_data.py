@@ -130,8 +130,8 @@ def test_several_files_concatenate_and_a_single_path_is_accepted(tmp_path, token
 @pytest.mark.parametrize(
     ("cell", "message"),
     [
-        ([], r"row 0 column 'prompt' is list \[\]; it must be a non-empty list"),
-        ("just text", r"row 0 column 'prompt' is str 'just text'"),
+        ([], r"row 0 column 'prompt' is list \[\]; it must be a text or a non-empty list"),
+        (5, r"row 0 column 'prompt' is int 5"),
         ([{"role": "user"}], r"row 0 column 'prompt': message 0 is dict"),
         (["hello"], r"row 0 column 'prompt': message 0 is str 'hello'"),
         (

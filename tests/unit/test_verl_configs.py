@@ -215,7 +215,6 @@ def test_missing_engine_and_logger_packages_fall_back_with_one_line_each(monkeyp
     ("argv", "message"),
     [
         ("model_engine=megatron", "`model_engine=megatron`: relm trains with PyTorch FSDP only"),
-        ("data.train_max_samples=100", "`data.train_max_samples=100`: limiting the training rows"),
         (f"{OPTIM}.optimizer=Muon", f"`{OPTIM}.optimizer=Muon`: relm trains with AdamW only"),
         (
             "actor_rollout_ref.model.lora.rank=8",
