@@ -6,6 +6,8 @@ A data-parallel run saves each model as
       scheduler.pt         the lr schedule, and whether the optimizer had state to save (rank 0)
       dcp/                 model and optimizer state, one file per rank plus DCP's .metadata
 
+Every file is read without running code it might carry (`relm.distributed.safe_load`).
+
 DCP records which slice of which tensor each file holds, so a load reshards to whatever the loading
 run holds: 4 ranks read what 2 wrote, and one process without a process group reads it into plain
 tensors. Keys are the models' own parameter names (the optimizer's too, through
@@ -26,6 +28,7 @@ import torch
 from torch import nn
 
 from relm.distributed.context import DistContext
+from relm.distributed.safe_load import SafePlanner, SafeReader, load_pt
 from relm.errors import UserError
 from relm.models.value_model import ValueModel
 
@@ -83,9 +86,10 @@ def load_sharded(
         set_state_dict,
     )
 
+    dcp_folder = folder / DCP_FOLDER
     saved = None
     if scheduler is not None:
-        saved = torch.load(folder / SCHEDULER_FILE, map_location="cpu", weights_only=False)
+        saved = load_pt(folder / SCHEDULER_FILE)
         if not saved["optimizer_saved"]:
             optimizer = None  # it never stepped: the fresh optimizer is the saved one
     state: dict[str, Any]  # DCP's state dict: {"model": ..., "optimizer": ...}
@@ -97,7 +101,9 @@ def load_sharded(
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message=".*single process.*")
-            dcp.load(state, checkpoint_id=str(folder / DCP_FOLDER))
+            dcp.load(state, storage_reader=SafeReader(dcp_folder), planner=SafePlanner(dcp_folder))
+    except UserError:
+        raise  # a file refused by the safe readers
     except Exception as exc:  # noqa: BLE001 - DCP reports a missing key or a shape mismatch in many types
         raise UserError(
             f"checkpoint `{folder}` does not fit this run's {what} ({type(exc).__name__}: "

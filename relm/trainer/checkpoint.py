@@ -41,6 +41,7 @@ from relm.distributed.checkpoint import (
     load_sharded,
     save_sharded,
 )
+from relm.distributed.safe_load import load_pt
 from relm.errors import UserError
 from relm.learner.lora import has_lora, is_adapter_folder, load_adapter_weights
 from relm.learner.trainee import Trainee
@@ -241,7 +242,7 @@ def _load_optimizer(
     `sharded_model`: the optimizer's FSDP model, whose shards take the saved whole states.
     """
     if (folder / OPTIMIZER_FILE).is_file():
-        saved = torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+        saved = load_pt(folder / OPTIMIZER_FILE)
         optim_state, scheduler_state = saved["optimizer"], saved["scheduler"]
     else:
         optim_state, scheduler_state = state[f"{prefix}_optimizer"], state[f"{prefix}_scheduler"]
@@ -320,12 +321,7 @@ class Restored:
 
 def load_checkpoint(c: RunComponents, path: Path) -> Restored:
     """Restore everything `save_checkpoint` wrote."""
-    try:
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - a damaged file is the user's checkpoint problem
-        raise UserError(
-            f"`{path / STATE_FILE}` cannot be read ({type(exc).__name__}); resume from another step"
-        ) from exc
+    state = load_pt(path / STATE_FILE)  # tensors, dicts and numbers only: a crafted file runs nothing
     if c.critic is not None and not state.get("has_critic", "critic_optimizer" in state):
         raise UserError(f"checkpoint `{path}` has no critic; it was saved by a critic-free run")
     for trainee in c.trainees:
