@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from relm.distributed.context import DistContext
-from relm.distributed.safe_load import SafePlanner, SafeReader, load_pt
+from relm.distributed.safe_load import SafePlanner, SafeReader, load_pt, read_dcp_metadata
 from relm.errors import UserError
 from relm.models.value_model import ValueModel
 
@@ -79,6 +79,7 @@ def load_sharded(
         UserError: the checkpoint holds another model (names or shapes differ).
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_state_dict,
@@ -98,13 +99,16 @@ def load_sharded(
     else:
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optim_state}
+    # Read (and refuse) the metadata here first: inside `dcp.load` a refusal comes back wrapped.
+    read_dcp_metadata(dcp_folder / ".metadata")
+    planner = SafePlanner(dcp_folder)
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message=".*single process.*")
-            dcp.load(state, storage_reader=SafeReader(dcp_folder), planner=SafePlanner(dcp_folder))
-    except UserError:
-        raise  # a file refused by the safe readers
-    except Exception as exc:  # noqa: BLE001 - DCP reports a missing key or a shape mismatch in many types
+            dcp.load(state, storage_reader=SafeReader(dcp_folder), planner=planner)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP reports a mismatch in many types
+        if planner.refusal is not None:
+            raise planner.refusal from exc
         raise UserError(
             f"checkpoint `{folder}` does not fit this run's {what} ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); set trainer.resume_mode=disable or "

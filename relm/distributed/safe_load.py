@@ -121,12 +121,15 @@ class SafePlanner(DefaultLoadPlanner):
         super().__init__()
         self.folder = folder
         """The DCP folder read, named when a value is refused."""
+        self.refusal: UserError | None = None
+        """The refusal raised inside `dcp.load`, which wraps it: the caller raises this one instead."""
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         try:
             loaded = torch.load(value, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
-            raise refused(self.folder / "*.distcp", _first_line(exc)) from exc
+            self.refusal = refused(self.folder, f"a value in its shard files: {_first_line(exc)}")
+            raise self.refusal from exc
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
