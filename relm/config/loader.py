@@ -278,9 +278,12 @@ def _sets(layer: _Layer, key: str) -> bool:
     """Whether a user layer gives `key` a value (`~key` does not: the default applies again)."""
     if layer.values is None:
         return False
-    return (
-        OmegaConf.select(layer.values, key, default=_ABSENT, throw_on_resolution_failure=False) is not _ABSENT
-    )
+    node: Any = OmegaConf.to_container(layer.values, resolve=False)  # `${...}` may not resolve in one layer
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 GENERIC_DATA_NAMES = {"train", "training", "test", "val", "validation", "data", "dataset"}
