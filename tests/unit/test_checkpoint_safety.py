@@ -27,7 +27,7 @@ class Planted:
         self.marker = marker
 
     def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        return (Path.write_text, (str(self.marker), "ran"))  # type: ignore[return-value]
+        return (open, (str(self.marker), "w"))  # creating the file is the proof that code ran
 
 
 def crafted(path: Path, marker: Path, *, as_torch: bool = True) -> Path:
