@@ -5,7 +5,9 @@ training responses) or per validation (every validation response), one object pe
 field names: `input` (the prompt as text), `output` (the response as text), `gts` (the ground truth),
 `score`, `step`, then the reward function's extra values. Texts are decoded with special tokens skipped,
 as verl does. Each file is written to a temporary name and renamed into place, so a run killed at any
-moment leaves only complete files behind.
+moment leaves only complete files behind. A dump folder is marked as one run's at the start
+(`claim_dump_folders`): a folder holding a user's files or another run's dumps is refused rather than
+written over, and validation dumps sharing the rollout dumps' folder are named `validation_{step}.jsonl`.
 
 `trainer.log_val_generations=N` shows N validation samples at every validation, chosen as verl chooses
 them (sorted by input, shuffled with seed 42, the first N), so the same prompts come back at every step
