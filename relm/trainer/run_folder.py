@@ -80,6 +80,11 @@ def run_folder_lock(run_dir: Path, command: str | None = None) -> Iterator[None]
             holder = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
             pid = holder[0] if holder else "?"
             what = holder[1] if len(holder) > 1 else "?"
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                raise UserError(
+                    f"trainer.default_local_dir: {run_dir} is held by a process left behind by the run of PID "
+                    f"{pid} ({what}), which has ended; stop it (`fuser {path}` names it) or use another folder"
+                ) from None
             raise UserError(
                 f"trainer.default_local_dir: {run_dir} is in use by another run (PID {pid}: {what}); wait for "
                 "it to end or stop it, or give this run another trainer.default_local_dir"
