@@ -6,7 +6,7 @@ A data-parallel run saves each model as
       scheduler.pt         the lr schedule, and whether the optimizer had state to save (rank 0)
       dcp/                 model and optimizer state, one file per rank plus DCP's .metadata
 
-Every file is read without running code it might carry (`relm.distributed.safe_load`).
+Every file is read without running code it might carry (`relm.distributed.safe_load`, `safe_dcp`).
 
 DCP records which slice of which tensor each file holds, so a load reshards to whatever the loading
 run holds: 4 ranks read what 2 wrote, and one process without a process group reads it into plain
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from relm.distributed.context import DistContext
-from relm.distributed.safe_load import SafePlanner, SafeReader, load_pt, read_dcp_metadata
+from relm.distributed.safe_load import load_pt
 from relm.errors import UserError
 from relm.models.value_model import ValueModel
 
@@ -86,6 +86,8 @@ def load_sharded(
         set_model_state_dict,
         set_state_dict,
     )
+
+    from relm.distributed.safe_dcp import SafePlanner, SafeReader, read_dcp_metadata
 
     dcp_folder = folder / DCP_FOLDER
     saved = None
