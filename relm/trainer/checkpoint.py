@@ -373,8 +373,9 @@ def prune_checkpoints(
 ) -> list[Path]:
     """Delete the oldest actors / critics beyond the limits after `saved_step` was saved; returns them.
 
-    Only checkpoints relm recorded writing count (`checkpoint_steps`), and only those up to `saved_step`: newer ones left by an earlier, abandoned run of the same
-    folder are replaced as this run reaches their step. A folder loses its actor or critic subfolder
+    Only checkpoints relm recorded writing count (`checkpoint_steps`), and of those only the ones up to
+    `saved_step`: newer ones left by an earlier, abandoned run of the same folder are replaced as this
+    run reaches their step. A folder loses its actor or critic subfolder
     when one limit is exceeded, and goes whole when both are (or it has nothing else left).
     """
     # As in verl, None (or a number below 1) keeps everything.
