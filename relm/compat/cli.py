@@ -67,7 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="train LoRA adapters of this rank in the update stage (a condition of the verdict; docs/lora.md)",
     )
-    parser.add_argument("--out", default="compat-report", help="folder for compat.json and compat.md")
+    parser.add_argument(
+        "--out",
+        default="outputs/compat",
+        help="folder for compat.json and compat.md (beside the runs in outputs/)",
+    )
     parser.add_argument("--json", help="also write the JSON report to this file")
     parser.add_argument(
         "--register",

@@ -303,7 +303,49 @@ def _merge_layers(layers: list[_Layer]) -> DictConfig:
                 "a key takes a value"
             ) from err
     assert isinstance(merged, DictConfig)
+    if files["data.train_files"] is not None and not any(
+        _sets(layer, "trainer.experiment_name") for layer in layers
+    ):
+        # Before `${...}` resolves, so `default_local_dir` (and any key naming the experiment) follows.
+        merged.trainer.experiment_name = experiment_name_for(
+            OmegaConf.select(merged, "data.train_files", default=None, throw_on_resolution_failure=False),
+            OmegaConf.select(
+                merged, "actor_rollout_ref.model.path", default="", throw_on_resolution_failure=False
+            ),
+        )
     return merged
+
+
+def _sets(layer: _Layer, key: str) -> bool:
+    """Whether a user layer gives `key` a value (`~key` does not: the default applies again)."""
+    if layer.values is None:
+        return False
+    node: Any = OmegaConf.to_container(layer.values, resolve=False)  # `${...}` may not resolve in one layer
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+GENERIC_DATA_NAMES = {"train", "training", "test", "val", "validation", "data", "dataset"}
+"""File stems that say nothing about the data: the folder's name says it instead (`gsm8k/train.parquet`)."""
+
+
+def experiment_name_for(train_files: Any, model_path: Any) -> str:
+    """`DATA-MODEL` from the first training file and the model, e.g. `gsm8k-tiny-qwen2.5`.
+
+    A run that leaves `trainer.experiment_name` unset gets this, and so its own default run folder
+    (`checkpoints/relm/gsm8k-tiny-qwen2.5`) rather than the demo's name shared by every run.
+    """
+    first = train_files[0] if isinstance(train_files, list | tuple) and train_files else train_files
+    data = Path(str(first or "data"))
+    data_name = (
+        data.parent.name if data.stem.lower() in GENERIC_DATA_NAMES and data.parent.name else data.stem
+    )
+    model_name = str(model_path or "model").rstrip("/").replace("zoo:", "").split("/")[-1]
+    name = f"{data_name}-{model_name}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-") or "run"
 
 
 def _delete(tree: Container, layer: _Layer) -> None:

@@ -606,11 +606,11 @@ class TrainerConfig:
     project_name: str = "relm"
     """Project name for loggers and the default run folder."""
     experiment_name: str = "demo"
-    """Experiment name for loggers and the default run folder."""
+    """Experiment name for loggers and the default run folder; unset with `data.train_files` given, `DATA-MODEL` (e.g. `gsm8k-tiny-qwen2.5`)."""
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Loggers: `console`, `jsonl` (metrics.jsonl, always written), `tensorboard`, `wandb` (offline: no API key)."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    """Run folder: metrics.jsonl, checkpoints."""
+    """Run folder: metrics.jsonl, checkpoints; one run at a time (`relm.lock`), refused if it holds files relm did not write."""
     save_freq: int = -1
     """Save a checkpoint every this many steps (-1: never; the last step is saved when > 0)."""
     test_freq: int = -1
@@ -624,7 +624,7 @@ class TrainerConfig:
     rollout_data_dir: str | None = None
     """Folder for one `{step}.jsonl` per step of the training responses (prompt and response text, score)."""
     validation_data_dir: str | None = None
-    """Folder for one `{step}.jsonl` per validation of every validation response (verl's layout)."""
+    """Folder for one `{step}.jsonl` per validation of every validation response (verl's layout); `validation_{step}.jsonl` when it is `rollout_data_dir`."""
     critic_warmup: int = 0
     """Steps that update only the critic before the actor starts."""
     n_gpus_per_node: int = 1

@@ -6,6 +6,8 @@ A data-parallel run saves each model as
       scheduler.pt         the lr schedule, and whether the optimizer had state to save (rank 0)
       dcp/                 model and optimizer state, one file per rank plus DCP's .metadata
 
+Every file is read without running code it might carry (`relm.distributed.safe_load`, `safe_dcp`).
+
 DCP records which slice of which tensor each file holds, so a load reshards to whatever the loading
 run holds: 4 ranks read what 2 wrote, and one process without a process group reads it into plain
 tensors. Keys are the models' own parameter names (the optimizer's too, through
@@ -26,6 +28,7 @@ import torch
 from torch import nn
 
 from relm.distributed.context import DistContext
+from relm.distributed.safe_load import load_pt
 from relm.errors import UserError
 from relm.models.value_model import ValueModel
 
@@ -76,6 +79,7 @@ def load_sharded(
         UserError: the checkpoint holds another model (names or shapes differ).
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_state_dict,
@@ -83,9 +87,12 @@ def load_sharded(
         set_state_dict,
     )
 
+    from relm.distributed.safe_dcp import SafePlanner, SafeReader, read_dcp_metadata
+
+    dcp_folder = folder / DCP_FOLDER
     saved = None
     if scheduler is not None:
-        saved = torch.load(folder / SCHEDULER_FILE, map_location="cpu", weights_only=False)
+        saved = load_pt(folder / SCHEDULER_FILE)
         if not saved["optimizer_saved"]:
             optimizer = None  # it never stepped: the fresh optimizer is the saved one
     state: dict[str, Any]  # DCP's state dict: {"model": ..., "optimizer": ...}
@@ -94,11 +101,16 @@ def load_sharded(
     else:
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optim_state}
+    # Read (and refuse) the metadata here first: inside `dcp.load` a refusal comes back wrapped.
+    read_dcp_metadata(dcp_folder / ".metadata")
+    planner = SafePlanner(dcp_folder)
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message=".*single process.*")
-            dcp.load(state, checkpoint_id=str(folder / DCP_FOLDER))
-    except Exception as exc:  # noqa: BLE001 - DCP reports a missing key or a shape mismatch in many types
+            dcp.load(state, storage_reader=SafeReader(dcp_folder), planner=planner)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP reports a mismatch in many types
+        if planner.refusal is not None:
+            raise planner.refusal from exc
         raise UserError(
             f"checkpoint `{folder}` does not fit this run's {what} ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); set trainer.resume_mode=disable or "

@@ -10,6 +10,10 @@ Layout of one checkpoint:
 Optimizer and scheduler states sit inside the model's subfolder so that deleting an old actor (see
 `trainer.max_actor_ckpt_to_keep`) frees its optimizer's moments too, which are twice its size.
 
+Only folders relm wrote are ever replaced or deleted: each step is recorded in the run folder's
+`relm_run.json` before its rename (`relm.trainer.run_folder`), and a folder is deleted by renaming it to
+`.NAME.deleting` first, so a kill mid-delete leaves a name the next start finishes off.
+
 The rename is the commit point. Every file and folder is fsynced before it, so a kill -9 (or a power
 cut) mid-save leaves at worst a `.global_step_N.tmp` folder that is never read and is removed at the
 next start; `latest_checkpointed_iteration.txt` is replaced (atomically too) only after the rename, so
@@ -41,10 +45,12 @@ from relm.distributed.checkpoint import (
     load_sharded,
     save_sharded,
 )
+from relm.distributed.safe_load import load_pt
 from relm.errors import UserError
 from relm.learner.lora import has_lora, is_adapter_folder, load_adapter_weights
 from relm.learner.trainee import Trainee
 from relm.trainer.durable import fsync_dir, fsync_tree, write_atomic_text
+from relm.trainer.run_folder import forget_checkpoint, record_checkpoint, recorded_steps
 
 if TYPE_CHECKING:
     from relm.trainer.components import RunComponents
@@ -55,26 +61,44 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.pt"
 OPTIMIZER_FILE = "optimizer.pt"
 STAGING_PATTERN = ".global_step_*.tmp"
+DELETING_SUFFIX = ".deleting"
+"""A folder relm is deleting is renamed `.NAME.deleting` first; one left by a kill goes at the next start."""
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
-    """Steps of the complete `global_step_N` folders in `run_dir` (with trainer_state.pt), ascending."""
+    """Steps of the complete `global_step_N` folders relm wrote in `run_dir` (recorded in its manifest, with
+    trainer_state.pt), ascending; another tool's `global_step_N` is never one of them."""
+    recorded = recorded_steps(run_dir)
     steps = []
     for path in run_dir.glob("global_step_*"):
         suffix = path.name.removeprefix("global_step_")
-        if suffix.isdigit() and (path / STATE_FILE).is_file():
+        if suffix.isdigit() and int(suffix) in recorded and (path / STATE_FILE).is_file():
             steps.append(int(suffix))
     return sorted(steps)
+
+
+def _delete(path: Path) -> None:
+    """Remove a folder relm wrote so that a kill midway leaves a name `remove_stale_staging` finishes off.
+
+    The rename to `.NAME.deleting` is atomic: the folder is either whole under its name or on its way out.
+    """
+    doomed = path.with_name(f".{path.name}{DELETING_SUFFIX}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed)
 
 
 def remove_stale_staging(run_dir: Path) -> list[Path]:
     """Clear what a killed save left behind; returns the folders removed.
 
-    `.global_step_N.tmp` folders were never finished and go. A `.global_step_N.old` folder is a complete
+    `.global_step_N.tmp` folders were never finished and go, and so do the `.NAME.deleting` folders of a
+    prune that was killed midway (see `_delete`). A `.global_step_N.old` folder is a complete
     checkpoint moved aside to be replaced by a new save of the same step: it goes if the new one made it
     into place, and is put back otherwise.
     """
     stale = sorted(run_dir.glob(STAGING_PATTERN))
+    stale += sorted(run_dir.glob(f".global_step_*{DELETING_SUFFIX}"))  # a prune killed midway
+    for step in recorded_steps(run_dir):
+        stale += sorted((run_dir / f"global_step_{step}").glob(f".*{DELETING_SUFFIX}"))
     for aside in sorted(run_dir.glob(".global_step_*.old")):
         original = run_dir / aside.name.removeprefix(".").removesuffix(".old")
         if original.exists():
@@ -85,7 +109,10 @@ def remove_stale_staging(run_dir: Path) -> list[Path]:
         shutil.rmtree(path, ignore_errors=True)
     (run_dir / (LATEST_FILE + ".tmp")).unlink(missing_ok=True)
     if stale:
-        logger.info("removed %d unfinished checkpoint folder(s) left by an interrupted save", len(stale))
+        logger.info(
+            "removed %d folder(s) left by an interrupted checkpoint save or prune: %s",
+            len(stale), ", ".join(str(path.relative_to(run_dir)) for path in stale),
+        )  # fmt: skip
     return stale
 
 
@@ -141,9 +168,16 @@ def _commit(
     }
     torch.save(state, staging / STATE_FILE)
     fsync_tree(staging)
+    if final.exists() and step not in recorded_steps(c.run_dir):
+        raise UserError(
+            f"`{final}` appeared in the run folder during the run and relm did not write it; move it away "
+            "and run the same command again to resume"
+        )
+    record_checkpoint(c.run_dir, step)  # before the rename: no folder relm wrote is ever unlisted
     if final.exists():
         # Saving a step again (a run resumed from an earlier step): move the old one aside first, because
         # a folder cannot be renamed over a non-empty one; `remove_stale_staging` undoes a kill in between.
+        logger.info("replacing %s, saved earlier by a run of this folder", final)
         aside = c.run_dir / f".global_step_{step}.old"
         os.replace(final, aside)
         os.replace(staging, final)
@@ -241,7 +275,7 @@ def _load_optimizer(
     `sharded_model`: the optimizer's FSDP model, whose shards take the saved whole states.
     """
     if (folder / OPTIMIZER_FILE).is_file():
-        saved = torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+        saved = load_pt(folder / OPTIMIZER_FILE)
         optim_state, scheduler_state = saved["optimizer"], saved["scheduler"]
     else:
         optim_state, scheduler_state = state[f"{prefix}_optimizer"], state[f"{prefix}_scheduler"]
@@ -320,12 +354,7 @@ class Restored:
 
 def load_checkpoint(c: RunComponents, path: Path) -> Restored:
     """Restore everything `save_checkpoint` wrote."""
-    try:
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - a damaged file is the user's checkpoint problem
-        raise UserError(
-            f"`{path / STATE_FILE}` cannot be read ({type(exc).__name__}); resume from another step"
-        ) from exc
+    state = load_pt(path / STATE_FILE)  # tensors, dicts and numbers only: a crafted file runs nothing
     if c.critic is not None and not state.get("has_critic", "critic_optimizer" in state):
         raise UserError(f"checkpoint `{path}` has no critic; it was saved by a critic-free run")
     for trainee in c.trainees:
@@ -345,8 +374,9 @@ def prune_checkpoints(
 ) -> list[Path]:
     """Delete the oldest actors / critics beyond the limits after `saved_step` was saved; returns them.
 
-    Only checkpoints up to `saved_step` count: newer ones left by an earlier, abandoned run of the same
-    folder are replaced as this run reaches their step. A folder loses its actor or critic subfolder
+    Only checkpoints relm recorded writing count (`checkpoint_steps`), and of those only the ones up to
+    `saved_step`: newer ones left by an earlier, abandoned run of the same folder are replaced as this
+    run reaches their step. A folder loses its actor or critic subfolder
     when one limit is exceeded, and goes whole when both are (or it has nothing else left).
     """
     # As in verl, None (or a number below 1) keeps everything.
@@ -364,11 +394,12 @@ def prune_checkpoints(
         }
         remaining = [name for name in ("actor", "critic") if (folder / name).is_dir() and not drop[name]]
         if not remaining:
-            shutil.rmtree(folder)
+            _delete(folder)
+            forget_checkpoint(run_dir, step)
             removed.append(folder)
             continue
         for name in ("actor", "critic"):
             if drop[name] and (folder / name).is_dir():
-                shutil.rmtree(folder / name)
+                _delete(folder / name)
                 removed.append(folder / name)
     return removed

@@ -90,7 +90,11 @@ class JsonlLogger:
             write_atomic_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         elif self.path.exists():
             # A fresh run in a used folder: keep the earlier record beside it rather than mixing or losing it.
-            self.path.rename(run_dir / f"metrics.{_stamp(self.path)}.jsonl")
+            earlier = run_dir / f"metrics.{_stamp(self.path)}.jsonl"
+            self.path.rename(earlier)
+            logger.info(
+                "a fresh run in %s: the earlier run's metrics.jsonl is kept as %s", run_dir, earlier.name
+            )
         self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -191,7 +195,11 @@ class TensorBoardLogger:
         log_dir = run_dir / "tensorboard"
         if resume_step is None and log_dir.is_dir() and any(log_dir.iterdir()):
             # As with metrics.jsonl: a fresh run does not draw over an earlier run's curves.
-            log_dir.rename(run_dir / f"tensorboard.{_stamp(log_dir)}")
+            earlier = run_dir / f"tensorboard.{_stamp(log_dir)}"
+            log_dir.rename(earlier)
+            logger.info(
+                "a fresh run in %s: the earlier run's tensorboard/ is kept as %s", run_dir, earlier.name
+            )
         # purge_step hides the events a killed run wrote after its checkpoint; they are written again.
         purge_step = resume_step + 1 if resume_step is not None else None
         self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)

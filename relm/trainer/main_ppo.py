@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from transformers import PretrainedConfig
 
 from relm.config.context_fit import fitted_lengths, require_named_model
 from relm.config.loader import load_config, load_config_with_warnings, user_set_keys
@@ -18,12 +21,14 @@ from relm.errors import UserError, run_guarded
 from relm.logs import setup_logging
 from relm.models.loading import load_config as load_model_config
 from relm.models.registry import import_external_lib
-from relm.rewards.custom import resolve_compute_score
+from relm.rewards.custom import ComputeScore, resolve_compute_score
 from relm.trainer.checkpoint import find_resume_checkpoint
 from relm.trainer.components import build_components, pick_device
 from relm.trainer.loggers import check_logger_packages
 from relm.trainer.ppo import train
 from relm.trainer.run_config import CONFIG_FILE, check_resumed_settings, write_run_config
+from relm.trainer.run_folder import claim_run_folder, run_folder_lock
+from relm.trainer.samples import claim_dump_folders
 
 logger = logging.getLogger("relm")
 
@@ -61,7 +66,27 @@ def train_command(argv: list[str]) -> int:
         reward.path, reward.name, batched=cfg.reward_model.reward_manager == "batch"
     )
     check_logger_packages(cfg.trainer.logger)
-    run_dir, trainer_cfg = Path(cfg.trainer.default_local_dir), cfg.trainer
+    run_dir = Path(cfg.trainer.default_local_dir)
+    # One process holds the run folder: this one, or global rank 0 of a torchrun run started by hand
+    # (a torchrun started below inherits this process's hold).
+    holds_folder = not in_torchrun() or os.environ.get("RANK") == "0"
+    with run_folder_lock(run_dir) if holds_folder else nullcontext():
+        if holds_folder:
+            claim_run_folder(run_dir)
+            claim_dump_folders(cfg.trainer, run_dir)
+        return _train_in_folder(cfg, argv, run_dir, model_config, model_dir, compute_score)
+
+
+def _train_in_folder(
+    cfg: RelmConfig,
+    argv: list[str],
+    run_dir: Path,
+    model_config: PretrainedConfig,
+    model_dir: str,
+    compute_score: ComputeScore,
+) -> int:
+    """The rest of `train_command`, run while this run holds its folder."""
+    trainer_cfg = cfg.trainer
     checkpoint = find_resume_checkpoint(run_dir, trainer_cfg.resume_mode, trainer_cfg.resume_from_path)
     if checkpoint is not None:
         check_resumed_settings(cfg, run_dir, checkpoint)  # before anything loads

@@ -62,7 +62,10 @@ def write_run_config(cfg: RelmConfig, run_dir: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG_FILE
     partial = path.with_name(CONFIG_FILE + ".partial")
-    partial.write_text(yaml.safe_dump(_plain(asdict(cfg)), sort_keys=False), encoding="utf-8")
+    text = yaml.safe_dump(_plain(asdict(cfg)), sort_keys=False)
+    if path.is_file() and path.read_text(encoding="utf-8") != text:
+        logger.info("%s: replaced by this start's settings (the earlier start's differ)", path)
+    partial.write_text(text, encoding="utf-8")
     partial.replace(path)
     return path
 

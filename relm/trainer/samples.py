@@ -5,7 +5,9 @@ training responses) or per validation (every validation response), one object pe
 field names: `input` (the prompt as text), `output` (the response as text), `gts` (the ground truth),
 `score`, `step`, then the reward function's extra values. Texts are decoded with special tokens skipped,
 as verl does. Each file is written to a temporary name and renamed into place, so a run killed at any
-moment leaves only complete files behind.
+moment leaves only complete files behind. A dump folder is marked as one run's at the start
+(`claim_dump_folders`): a folder holding a user's files or another run's dumps is refused rather than
+written over, and validation dumps sharing the rollout dumps' folder are named `validation_{step}.jsonl`.
 
 `trainer.log_val_generations=N` shows N validation samples at every validation, chosen as verl chooses
 them (sorted by input, shuffled with seed 42, the first N), so the same prompts come back at every step
@@ -28,6 +30,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from relm.config.schema import TrainerConfig
+from relm.errors import UserError
 from relm.learner.batch import ExperienceBatch
 from relm.trainer.durable import write_atomic_text
 
@@ -38,6 +41,12 @@ VAL_GENERATIONS_FILE = "val_generations.jsonl"
 
 VAL_GENERATIONS_SEED = 42
 """verl's fixed shuffle seed for choosing the logged validation samples."""
+
+DUMP_MARK_FILE = ".relm_dumps"
+"""In each dump folder: the run folder whose run writes there (see `claim_dump_folders`)."""
+
+SHARED_FOLDER_PREFIX = "validation_"
+"""Prefix of the validation dumps when they share the rollout dumps' folder."""
 
 CONSOLE_TEXT_CHARS = 400
 """Longest prompt or response text the console shows in full; the files keep everything."""
@@ -90,10 +99,10 @@ def rollout_samples(tokenizer: PreTrainedTokenizerBase, batch: ExperienceBatch) 
     ]
 
 
-def write_step_dump(folder: Path, step: int, samples: list[GenerationSample]) -> Path:
-    """Write `folder/{step}.jsonl` (one object per sample) atomically; returns its path."""
+def write_step_dump(folder: Path, step: int, samples: list[GenerationSample], prefix: str = "") -> Path:
+    """Write `folder/{prefix}{step}.jsonl` (one object per sample) atomically; returns its path."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{step}.jsonl"
+    path = folder / f"{prefix}{step}.jsonl"
     # default=str: a ground truth of an unusual type (a date, a numpy scalar) is shown rather than fatal
     text = "".join(
         json.dumps(sample.record(step), ensure_ascii=False, default=str) + "\n" for sample in samples
@@ -105,6 +114,57 @@ def write_step_dump(folder: Path, step: int, samples: list[GenerationSample]) ->
 def dump_folder(setting: str | None) -> Path | None:
     """The folder a `*_data_dir` setting names (`~` expanded; relative to the working folder, as in verl)."""
     return Path(setting).expanduser() if setting else None
+
+
+def validation_dump_prefix(trainer: TrainerConfig) -> str:
+    """`validation_` when both dump settings name one folder (the two would share `{step}.jsonl`), else ``."""
+    rollout, validation = dump_folder(trainer.rollout_data_dir), dump_folder(trainer.validation_data_dir)
+    if rollout is None or validation is None or rollout.resolve() != validation.resolve():
+        return ""
+    return SHARED_FOLDER_PREFIX
+
+
+def claim_dump_folders(trainer: TrainerConfig, run_dir: Path) -> None:
+    """Make the dump folders this run's before anything is written: new or empty, or already this run's.
+
+    A folder relm dumps into gets `.relm_dumps` naming the run folder. A folder with other files and no
+    such mark (a user's `1.jsonl`, dumps of a run from before the mark existed) or marked by another run
+    is refused, so no dump ever replaces a file this run did not write.
+
+    Raises:
+        UserError: a dump folder holds files that are not this run's.
+    """
+    owner = str(run_dir.resolve())
+    for key, setting in (
+        ("trainer.rollout_data_dir", trainer.rollout_data_dir),
+        ("trainer.validation_data_dir", trainer.validation_data_dir),
+    ):
+        folder = dump_folder(setting)
+        if folder is None:
+            continue
+        mark = folder / DUMP_MARK_FILE
+        if mark.is_file():
+            marked = json.loads(mark.read_text(encoding="utf-8") or "{}").get("run")
+            if marked != owner:
+                raise UserError(
+                    f"{key}: {folder} holds the samples of the run in {marked}; give this run its own folder"
+                )
+            continue
+        others = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        if others:
+            shown = ", ".join(f"`{name}`" for name in others[:3]) + (" ..." if len(others) > 3 else "")
+            raise UserError(
+                f"{key}: {folder} holds files relm did not write for this run ({shown}); relm never replaces "
+                "them: give an empty or new folder"
+            )
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic_text(mark, json.dumps({"run": owner}) + "\n")
+    if validation_dump_prefix(trainer):
+        logger.info(
+            "trainer.rollout_data_dir and trainer.validation_data_dir are one folder: validation samples "
+            "are written as %s{step}.jsonl beside the training ones ({step}.jsonl)",
+            SHARED_FOLDER_PREFIX,
+        )
 
 
 def pick_val_generations(samples: list[GenerationSample], count: int) -> list[GenerationSample]:
@@ -165,6 +225,7 @@ class ValidationSamples:
 
     def __init__(self, trainer: TrainerConfig, run_dir: Path) -> None:
         self.dump_dir = dump_folder(trainer.validation_data_dir)
+        self.dump_prefix = validation_dump_prefix(trainer)
         self.num_logged = max(0, trainer.log_val_generations)
         self.loggers = list(trainer.logger)
         self.run_dir = run_dir
@@ -179,7 +240,9 @@ class ValidationSamples:
     def write(self, step: int, samples: list[GenerationSample]) -> None:
         """Dump every sample to `{step}.jsonl` and log the chosen few."""
         if self.dump_dir is not None:
-            logger.info("validation samples in %s", write_step_dump(self.dump_dir, step, samples))
+            logger.info(
+                "validation samples in %s", write_step_dump(self.dump_dir, step, samples, self.dump_prefix)
+            )
         if self.num_logged > 0 and samples:
             self._log(step, pick_val_generations(samples, self.num_logged), len(samples))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from relm.trainer.samples import VAL_GENERATIONS_FILE
+from relm.trainer.samples import DUMP_MARK_FILE, VAL_GENERATIONS_FILE
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ def test_rollout_dump_holds_every_response_of_every_step_as_text(train, tmp_path
     dump = tmp_path / "rollout"
     result = train(f"trainer.rollout_data_dir={dump}")
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in dump.iterdir()) == ["1.jsonl", "2.jsonl"]
+    assert sorted(p.name for p in dump.iterdir() if p.name != DUMP_MARK_FILE) == ["1.jsonl", "2.jsonl"]
     for record in result.metrics:
         rows = read_jsonl(dump / f"{record['step']}.jsonl")
         assert len(rows) == 4 * 2  # train_batch_size x rollout.n
@@ -44,7 +44,7 @@ def test_validation_dump_and_logged_samples(train, tmp_path):
     dump = tmp_path / "val"
     result = train(*VALIDATE, f"trainer.validation_data_dir={dump}", "trainer.log_val_generations=3")
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in dump.iterdir()) == ["0.jsonl", "2.jsonl"]
+    assert sorted(p.name for p in dump.iterdir() if p.name != DUMP_MARK_FILE) == ["0.jsonl", "2.jsonl"]
     validated = {r["step"]: r for r in result.metrics if "val-core/relm/letters/reward/mean@1" in r}
     for step in (0, 2):
         rows = read_jsonl(dump / f"{step}.jsonl")

@@ -14,6 +14,7 @@ from relm.trainer.checkpoint import (
     remove_stale_staging,
 )
 from relm.trainer.durable import write_atomic_text
+from relm.trainer.run_folder import record_checkpoint
 
 
 def make_checkpoints(run_dir: Path, steps: range, parts: tuple[str, ...] = ("actor", "critic")) -> None:
@@ -23,6 +24,7 @@ def make_checkpoints(run_dir: Path, steps: range, parts: tuple[str, ...] = ("act
             (folder / part).mkdir(parents=True)
             (folder / part / "model.safetensors").write_bytes(b"x")
         (folder / "trainer_state.pt").write_bytes(b"x")
+        record_checkpoint(run_dir, step)  # relm prunes and replaces only the checkpoints it recorded
 
 
 def layout(run_dir: Path) -> dict[int, list[str]]:
@@ -89,7 +91,7 @@ def test_a_checkpoint_moved_aside_comes_back_unless_replaced(tmp_path: Path):
     make_checkpoints(tmp_path, range(3, 4))
     (tmp_path / ".global_step_3.old").mkdir()
     assert remove_stale_staging(tmp_path) == [tmp_path / ".global_step_3.old"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_2", "global_step_3"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["global_step_2", "global_step_3"]
 
 
 def test_write_atomic_text_replaces_and_leaves_no_temp(tmp_path: Path):

@@ -69,7 +69,9 @@ def test_train_files_anywhere_turns_the_demo_preset_off(tmp_path: Path, in_file:
     cfg = load_config(["--config", str(config)] if in_file else [REAL])
     assert cfg.data.train_files == ["/data/train.parquet"]
     assert values(cfg, f"data.max_prompt_length data.train_batch_size {RO}.n") == (512, 1024, 1)
-    assert cfg.trainer.default_local_dir == "checkpoints/relm/demo"  # the default's interpolations resolved
+    # The default's interpolations resolved, with the experiment named for the data and the model
+    # (/data/train.parquet, zoo:tiny/qwen2), not the demo's name.
+    assert cfg.trainer.default_local_dir == "checkpoints/relm/data-qwen2"
 
 
 def test_a_later_null_train_files_brings_the_demo_preset_back():
