@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from relm.errors import UserError
@@ -150,7 +151,11 @@ def pick_dtype(name: str, device: torch.device | str) -> torch.dtype:
 
 
 def load_config(
-    path: str, *, override_config: dict[str, Any] | None = None, trust_remote_code: bool = False
+    path: str,
+    *,
+    override_config: dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
+    trust_key: str = "actor_rollout_ref.model.trust_remote_code",
 ) -> tuple[str, PretrainedConfig, str | None]:
     """(model folder, checked config with dropout off and overrides applied, attn override or None).
 
@@ -159,6 +164,7 @@ def load_config(
     and dropout noise would make that ratio differ from 1 with no update at all.
     """
     folder = resolve_model_dir(path)
+    require_trusted_code(folder, path, trust_remote_code, trust_key)
     config = read_config(folder, path, trust_remote_code)
     _refuse_non_causal(config, path, trust_remote_code)
     _disable_dropout(config)
@@ -181,6 +187,32 @@ def load_config(
                 f"`{path}`; check the spelling against its config.json"
             )
     return folder, config, attn_implementation
+
+
+def require_trusted_code(folder: str, path: str, trust_remote_code: bool, trust_key: str) -> None:
+    """Refuse, naming `trust_key`, a folder whose model exists only as its own code (unless trusted).
+
+    A folder whose config.json maps to code (`auto_map`) for a model type transformers knows loads
+    with transformers' own classes, so only an unknown type (and no relm-registered class) needs it.
+
+    Raises:
+        UserError: the model needs its own code and `trust_key` is false.
+    """
+    if trust_remote_code:
+        return
+    try:
+        raw = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # read_config reports it
+    if not isinstance(raw, dict) or not raw.get("auto_map"):
+        return
+    declared = (raw.get("architectures") or [None])[0]
+    if registered_model_class(declared) is not None or raw.get("model_type") in CONFIG_MAPPING:
+        return
+    raise UserError(
+        f"model `{path}` exists only as Python code shipped in its folder (config.json's auto_map), which "
+        f"runs when it loads; set `{trust_key}=true` if you trust that code"
+    )
 
 
 def read_config(folder: str, path: str, trust_remote_code: bool) -> PretrainedConfig:
@@ -241,6 +273,7 @@ def load_causal_lm(
     device: torch.device | str,
     override_config: dict[str, Any] | None = None,
     trust_remote_code: bool = False,
+    trust_key: str = "actor_rollout_ref.model.trust_remote_code",
     seed: int = 0,
 ) -> PreTrainedModel:
     """A decoder-only causal LM from `path`, on `device` in `dtype`, dropout off.
@@ -253,7 +286,7 @@ def load_causal_lm(
         UserError: see `resolve_model_dir`, plus: not a decoder-only text model; unknown override key.
     """
     folder, config, attn_override = load_config(
-        path, override_config=override_config, trust_remote_code=trust_remote_code
+        path, override_config=override_config, trust_remote_code=trust_remote_code, trust_key=trust_key
     )
     # sdpa has no logit soft-capping and would silently drop Gemma 2's, so capped models get eager.
     capped = getattr(config.get_text_config(), "attn_logit_softcapping", None)
