@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,23 @@ def _download(repo_id: str, *, ignore: list[str]) -> Path:
             f"cannot download model `{repo_id}` from {constants.ENDPOINT} ({reason}); "
             "check the network or HF_ENDPOINT, or pass a local folder (HF_HUB_OFFLINE=1: cache only)"
         ) from exc
+
+
+def unsafe_pickle_message(folder: str, exc: BaseException) -> str:
+    """The one line for a `.bin` (pickle) weights file that holds more than tensors.
+
+    torch loads pickles with `weights_only=True` (transformers 5 never passes False), which refuses any
+    object but tensors and plain containers: unpickling anything else can run code. relm offers no key
+    to load it regardless; the user converts the file once, where they trust it.
+    """
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+    what = f" ({found.group(1)})" if found else ""
+    return (
+        f"model folder `{folder}`: its pytorch_model*.bin weights are a pickle holding objects other than "
+        f"tensors{what}, which relm does not load because unpickling them can run code; convert the "
+        "weights to safetensors where you trust the file (torch.load(..., weights_only=False), then "
+        "save_pretrained) and point the path at the converted folder"
+    )
 
 
 def _has_weight_files(folder: Path) -> bool:
@@ -339,6 +357,8 @@ def _build(
             return builder.from_pretrained(folder, config=config, **common)
         except OSError as exc:
             raise UserError(f"model folder `{folder}`: could not read its weights ({exc})") from exc
+        except pickle.UnpicklingError as exc:
+            raise UserError(unsafe_pickle_message(folder, exc)) from exc
     logger.warning("model folder `%s` has no weight files: using RANDOM weights (seed %d)", folder, seed)
     # A private RNG scope: seeding must make the weights reproducible without resetting the
     # caller's global random stream (data shuffling, sampling).

@@ -21,6 +21,7 @@ from relm.models.registry import import_external_lib
 from relm.rewards.custom import resolve_compute_score
 from relm.trainer.checkpoint import find_resume_checkpoint
 from relm.trainer.components import build_components, pick_device
+from relm.trainer.disk_full import disk_full_message, is_disk_full
 from relm.trainer.loggers import check_logger_packages
 from relm.trainer.ppo import train
 from relm.trainer.run_config import check_resumed_settings, write_run_config
@@ -87,6 +88,10 @@ def train_command(argv: list[str]) -> int:
         finally:
             components.reward.close()  # the reward workers end with the run, however it ends
         finished = True
+    except Exception as exc:
+        if not isinstance(exc, UserError) and is_disk_full(exc, run_dir):
+            raise UserError(disk_full_message(run_dir, clean=dist.is_main)) from exc
+        raise
     finally:
         dist.close(finished=finished)
     return 0
