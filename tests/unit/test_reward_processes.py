@@ -81,7 +81,7 @@ def _wait_gone(started: list[int], seconds: float = 3.0) -> list[int]:
 
 
 def test_children_and_escaped_daemons_end_at_close_and_with_a_timed_out_worker(tmp_path: Path, pids: Path):
-    pool = _pool(tmp_path, SPAWNING.format(pids=str(pids)), num_workers=2, timeout_s=1.0)
+    pool = _pool(tmp_path, SPAWNING.format(pids=str(pids)), num_workers=2, timeout_s=2.0)
     try:
         outcomes = pool.score(_rows("ok", "ok", "ok", "sleeps"))
         assert [o.kind for o in outcomes] == ["ok", "ok", "ok", "timeout"]
