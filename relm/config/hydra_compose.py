@@ -11,9 +11,11 @@ a verl checkout. Interpolations stay unresolved here and resolve against the fin
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from pathlib import Path
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
@@ -61,6 +63,8 @@ def compose_config(config_path: str | None, config_name: str) -> tuple[DictConfi
             # one, relm's defaults stand in for what it would hold, so its absence is no news.
             warnings.filterwarnings("ignore", message=r"provider=hydra\.searchpath .* is not available")
             composed = compose(config_name=name)
+    except yaml.YAMLError as err:
+        raise UserError(_yaml_message(shown, err)) from err
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         first = " ".join(str(err).strip().splitlines()[0].split()) if str(err).strip() else type(err).__name__
         raise UserError(f"`{shown}`: Hydra cannot compose it ({first})") from err
@@ -70,6 +74,29 @@ def compose_config(config_path: str | None, config_name: str) -> tuple[DictConfi
             ConfigStore.instance().repo.pop(entry, None)
     OmegaConf.set_struct(composed, False)
     return composed, []
+
+
+def _yaml_message(shown: str, err: yaml.YAMLError) -> str:
+    """One line for a file PyYAML refuses: a tag (`!!python/object:...`, `!custom`) or broken syntax.
+
+    Hydra reads with a loader that constructs no Python objects, so a tag is refused, never run; the
+    file that holds it may be one the `defaults:` list named, which the error's mark tells.
+    """
+    mark = getattr(err, "problem_mark", None)
+    where = ""
+    if mark is not None:
+        name = str(getattr(mark, "name", ""))
+        in_file = f" of `{name}`" if name and not name.startswith("<") else ""
+        where = f" at line {mark.line + 1}{in_file}"
+    tag = re.search(r"for the tag '([^']+)'", str(err))
+    if tag:
+        shown_tag = tag.group(1).replace("tag:yaml.org,2002:", "!!")
+        return (
+            f"`{shown}`: the YAML tag `{shown_tag}`{where} is not read (a config holds plain values, and "
+            "relm constructs no Python objects from YAML); remove the tag"
+        )
+    first = " ".join(str(err).split())[:200]
+    return f"`{shown}`: not readable YAML{where} ({first})"
 
 
 def _store_relm_defaults(directory: Path) -> list[str]:

@@ -24,6 +24,11 @@ TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"
 """Variables torchrun sets in every worker; their presence is how relm knows it runs under torchrun."""
 
 
+STORE_FILE_ENV = "RELM_STORE_FILE"
+"""Set by `relm train`'s one-node launcher: the file the processes meet through (a FileStore), instead
+of the TCP store at MASTER_ADDR:MASTER_PORT that listens on every interface."""
+
+
 def in_torchrun() -> bool:
     """True inside a process started by torchrun (or any launcher that sets its variables)."""
     return all(name in os.environ for name in TORCHRUN_ENV)
@@ -175,7 +180,15 @@ def init_distributed(device: torch.device, *, expected_world_size: int) -> DistC
     else:
         backend = "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        device_id = device if device.type == "cuda" else None
+        store_file = os.environ.get(STORE_FILE_ENV)
+        if store_file:
+            store = dist.FileStore(store_file, world_size)
+            dist.init_process_group(
+                backend, store=store, rank=rank, world_size=world_size, device_id=device_id
+            )
+        else:
+            dist.init_process_group(backend=backend, device_id=device_id)
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
     logger.info("rank %d of %d on %s (%s)", rank, world_size, device, backend)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device, mesh=mesh)

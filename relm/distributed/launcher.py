@@ -5,12 +5,20 @@ torch.distributed.run`), one process per GPU, and `relm.distributed.context` pic
 up from the variables torchrun sets. This module only saves typing:
 
 - one node (`trainer.nnodes=1`): `relm train trainer.n_gpus_per_node=N ...` re-runs itself under
-  `torchrun --standalone --nproc_per_node N` and waits. SIGINT/SIGTERM go straight to the workers, as
+  `torchrun --nproc_per_node N` and waits. Its processes meet through files in a private temporary
+  folder, not a TCP port: torchrun's rendezvous is c10d's on a file store, the agent's shared TCP
+  store is off (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`) and the workers' process group takes a
+  `FileStore` (`STORE_FILE_ENV`). A TCPStore listens on every interface whatever address it is given
+  (measured with `ss -ltnp`: `--standalone`, `--rdzv_endpoint=127.0.0.1:PORT` and
+  `--master_addr=127.0.0.1` all listen on `*:PORT`), and it takes no password, so anyone who reached
+  the port could join or stall the run. gloo's own sockets are kept on the loopback device
+  (`GLOO_SOCKET_IFNAME=lo` unless set). It waits. SIGINT/SIGTERM go straight to the workers, as
   in a single-process run: each finishes its step, the ranks agree to stop after the same one, save,
   and exit 0, so torchrun ends cleanly too. (torchrun itself, signalled, would pass the signal on but
   then report the run as failed and kill workers still saving after 30 s.)
 - several nodes: relm cannot start processes on other machines, so it prints the one torchrun command
-  (c10d rendezvous at this machine) to run on every node, and exits with code 2.
+  (c10d rendezvous at this machine, TCP port `RENDEZVOUS_PORT`, open to the network and unauthenticated:
+  docs/distributed.md) to run on every node, and exits with code 2.
 """
 
 from __future__ import annotations
@@ -23,11 +31,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from types import FrameType
 
 import torch
 
 from relm.config.schema import RelmConfig
+from relm.distributed.context import STORE_FILE_ENV
 from relm.errors import UserError
 
 logger = logging.getLogger("relm")
@@ -65,17 +76,31 @@ def needs_torchrun(cfg: RelmConfig, device: torch.device) -> bool:
 
 
 def torchrun_command(
-    argv: list[str], *, nproc_per_node: int, nnodes: int = 1, rendezvous: str | None = None, run_id: str = ""
+    argv: list[str],
+    *,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    rendezvous: str | None = None,
+    run_id: str = "",
+    store_dir: Path | None = None,
 ) -> list[str]:
     """The torchrun command line that runs `relm train argv` in `nproc_per_node` processes per node.
 
-    One node uses `--standalone` (a local rendezvous on a free port); several use the c10d rendezvous
-    at `rendezvous` (host:port), the same command on every node. Options in `RELM_TORCHRUN_ARGS` come
-    last, before the program.
+    One node meets through a file in `store_dir` (no port: see the module docstring); several use the
+    c10d rendezvous at `rendezvous` (host:port), the same command on every node. Options in
+    `RELM_TORCHRUN_ARGS` come last, before the program.
     """
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_per_node}"]
     if nnodes == 1:
-        command.append("--standalone")
+        if store_dir is None:
+            raise ValueError("a one-node run needs store_dir")
+        command += [
+            "--nnodes=1",
+            "--rdzv_backend=c10d",
+            "--rdzv_conf=store_type=file",
+            f"--rdzv_endpoint={store_dir / 'rendezvous'}",
+            "--rdzv_id=relm",
+        ]
     else:
         command += [
             f"--nnodes={nnodes}",
@@ -119,10 +144,26 @@ def launch(cfg: RelmConfig, argv: list[str], device: torch.device) -> int:
             f"`trainer.nnodes={trainer.nnodes}`: relm starts processes on this machine only; run the "
             "torchrun command printed above on every node"
         )
-    command = torchrun_command(argv, nproc_per_node=trainer.n_gpus_per_node)
-    logger.info("starting %d processes: %s", trainer.n_gpus_per_node, shlex.join(command))
+    with tempfile.TemporaryDirectory(prefix="relm-rendezvous-") as store_dir:  # mode 0700: ours alone
+        command = torchrun_command(argv, nproc_per_node=trainer.n_gpus_per_node, store_dir=Path(store_dir))
+        logger.info("starting %d processes: %s", trainer.n_gpus_per_node, shlex.join(command))
+        return _run(command, local_env(Path(store_dir)))
+
+
+def local_env(store_dir: Path) -> dict[str, str]:
+    """The environment of a one-node torchrun: no TCP store, gloo on the loopback device."""
+    return {
+        "GLOO_SOCKET_IFNAME": "lo",
+        **os.environ,
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        STORE_FILE_ENV: str(store_dir / "store"),
+    }
+
+
+def _run(command: list[str], env: dict[str, str]) -> int:
+    """Run torchrun and wait, passing SIGINT/SIGTERM on to its workers."""
     # Its own session, so a Ctrl-C in the terminal reaches only us; we pass it on to the workers.
-    process = subprocess.Popen(command, start_new_session=True)
+    process = subprocess.Popen(command, start_new_session=True, env=env)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         workers = child_pids(process.pid)

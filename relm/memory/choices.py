@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from relm.algorithms.advantages import estimator_needs
+from relm.config.remote_code import model_trust
 from relm.config.schema import RelmConfig
 from relm.errors import UserError
 from relm.memory.host import available_host_bytes, host_room, process_rss_bytes
@@ -326,9 +327,12 @@ def _plan_request(
     critic = None
     if builds_critic(cfg):
         critic_dir = resolve_model_dir(critic_cfg.model.path) if critic_cfg.model.path else model_dir
-        trust = critic_cfg.model.trust_remote_code
+        trust, trust_key = model_trust(cfg, "critic")
         _, critic_config, _ = load_config(
-            critic_dir, override_config=critic_cfg.model.override_config, trust_remote_code=trust
+            critic_dir,
+            override_config=critic_cfg.model.override_config,
+            trust_remote_code=trust,
+            trust_key=trust_key,
         )
         critic = ModelShape.from_config(critic_config, value_model=True, trust_remote_code=trust)
     # The engine copies the actor into rollout.dtype on a GPU (CPU runs generate in the training

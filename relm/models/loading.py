@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from relm.config.paths import looks_like_local_path
@@ -134,6 +136,23 @@ def _download(repo_id: str, *, ignore: list[str]) -> Path:
         ) from exc
 
 
+def unsafe_pickle_message(folder: str, exc: BaseException) -> str:
+    """The one line for a `.bin` (pickle) weights file that holds more than tensors.
+
+    torch loads pickles with `weights_only=True` (transformers 5 never passes False), which refuses any
+    object but tensors and plain containers: unpickling anything else can run code. relm offers no key
+    to load it regardless; the user converts the file once, where they trust it.
+    """
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+    what = f" ({found.group(1)})" if found else ""
+    return (
+        f"model folder `{folder}`: its pytorch_model*.bin weights are a pickle holding objects other than "
+        f"tensors{what}, which relm does not load because unpickling them can run code; convert the "
+        "weights to safetensors where you trust the file (torch.load(..., weights_only=False), then "
+        "save_pretrained) and point the path at the converted folder"
+    )
+
+
 def _has_weight_files(folder: Path) -> bool:
     return any((folder / name).is_file() for name in _WEIGHT_FILE_NAMES)
 
@@ -153,7 +172,11 @@ def pick_dtype(name: str, device: torch.device | str) -> torch.dtype:
 
 
 def load_config(
-    path: str, *, override_config: dict[str, Any] | None = None, trust_remote_code: bool = False
+    path: str,
+    *,
+    override_config: dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
+    trust_key: str = "actor_rollout_ref.model.trust_remote_code",
 ) -> tuple[str, PretrainedConfig, str | None]:
     """(model folder, checked config with dropout off and overrides applied, attn override or None).
 
@@ -162,6 +185,7 @@ def load_config(
     and dropout noise would make that ratio differ from 1 with no update at all.
     """
     folder = resolve_model_dir(path)
+    require_trusted_code(folder, path, trust_remote_code, trust_key)
     config = read_config(folder, path, trust_remote_code)
     _refuse_non_causal(config, path, trust_remote_code)
     _disable_dropout(config)
@@ -184,6 +208,32 @@ def load_config(
                 f"`{path}`; check the spelling against its config.json"
             )
     return folder, config, attn_implementation
+
+
+def require_trusted_code(folder: str, path: str, trust_remote_code: bool, trust_key: str) -> None:
+    """Refuse, naming `trust_key`, a folder whose model exists only as its own code (unless trusted).
+
+    A folder whose config.json maps to code (`auto_map`) for a model type transformers knows loads
+    with transformers' own classes, so only an unknown type (and no relm-registered class) needs it.
+
+    Raises:
+        UserError: the model needs its own code and `trust_key` is false.
+    """
+    if trust_remote_code:
+        return
+    try:
+        raw = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # read_config reports it
+    if not isinstance(raw, dict) or not raw.get("auto_map"):
+        return
+    declared = (raw.get("architectures") or [None])[0]
+    if registered_model_class(declared) is not None or raw.get("model_type") in CONFIG_MAPPING:
+        return
+    raise UserError(
+        f"model `{path}` exists only as Python code shipped in its folder (config.json's auto_map), which "
+        f"runs when it loads; set `{trust_key}=true` if you trust that code"
+    )
 
 
 def read_config(folder: str, path: str, trust_remote_code: bool) -> PretrainedConfig:
@@ -244,6 +294,7 @@ def load_causal_lm(
     device: torch.device | str,
     override_config: dict[str, Any] | None = None,
     trust_remote_code: bool = False,
+    trust_key: str = "actor_rollout_ref.model.trust_remote_code",
     seed: int = 0,
 ) -> PreTrainedModel:
     """A decoder-only causal LM from `path`, on `device` in `dtype`, dropout off.
@@ -256,7 +307,7 @@ def load_causal_lm(
         UserError: see `resolve_model_dir`, plus: not a decoder-only text model; unknown override key.
     """
     folder, config, attn_override = load_config(
-        path, override_config=override_config, trust_remote_code=trust_remote_code
+        path, override_config=override_config, trust_remote_code=trust_remote_code, trust_key=trust_key
     )
     # sdpa has no logit soft-capping and would silently drop Gemma 2's, so capped models get eager.
     capped = getattr(config.get_text_config(), "attn_logit_softcapping", None)
@@ -309,6 +360,8 @@ def _build(
             return builder.from_pretrained(folder, config=config, **common)
         except OSError as exc:
             raise UserError(f"model folder `{folder}`: could not read its weights ({exc})") from exc
+        except pickle.UnpicklingError as exc:
+            raise UserError(unsafe_pickle_message(folder, exc)) from exc
     logger.warning("model folder `%s` has no weight files: using RANDOM weights (seed %d)", folder, seed)
     # A private RNG scope: seeding must make the weights reproducible without resetting the
     # caller's global random stream (data shuffling, sampling).

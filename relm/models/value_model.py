@@ -105,6 +105,7 @@ def load_value_model(
     device: torch.device | str,
     override_config: dict[str, Any] | None = None,
     trust_remote_code: bool = False,
+    trust_key: str = "critic.model.trust_remote_code",
     seed: int = 0,
 ) -> ValueModel:
     """A `ValueModel` on `path`'s backbone; the head is read from `value_head.safetensors` if present.
@@ -119,6 +120,7 @@ def load_value_model(
         device=device,
         override_config=override_config,
         trust_remote_code=trust_remote_code,
+        trust_key=trust_key,
         seed=seed,
     )
     model = ValueModel(causal_lm)

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from relm.config.remote_code import REWARD_MODEL_KEY
 from relm.config.schema import RewardModelConfig
 from relm.memory.offload import ParkedModel
 from relm.models.loading import load_causal_lm, resolve_model_dir
@@ -70,7 +71,11 @@ def build_reward_model(rm: RewardModelConfig, *, device: torch.device, seed: int
         )
     template = load_template(judge.prompt_template, judge.prompt_template_path)
     model = load_causal_lm(
-        folder, dtype=dtype, device=device, trust_remote_code=bool(rm.model.trust_remote_code)
+        folder,
+        dtype=dtype,
+        device=device,
+        trust_remote_code=bool(rm.model.trust_remote_code),
+        trust_key=REWARD_MODEL_KEY,
     )
     model.requires_grad_(False).eval()
     rollout = rm.rollout

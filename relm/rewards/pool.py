@@ -15,8 +15,13 @@ run, so scoring runs in worker processes that the trainer watches:
 Workers start with `spawn`: the trainer holds torch's threads and possibly CUDA, which a forked child
 must not inherit. They stay up across steps (a start costs about a second of imports), take rows in
 chunks and stream one result back per row, so a step pays one message per response, not one round
-trip. They ignore SIGINT and SIGTERM: Ctrl-C in a terminal reaches the whole process group, and the
-trainer's own handler finishes the step (which needs the workers) before it stops; `close` ends them.
+trip. They ignore SIGINT and SIGTERM: a scheduler may signal every process of a job, and the trainer's
+own handler finishes the step (which needs the workers) before it stops.
+
+Each worker leads its own session, holds its orphaned descendants and dies with the trainer; a worker
+killed for time or memory, a dead one and every worker at `close` (also on errors and at exit) end
+with all the processes the reward started (`process_tree`). A reward that calls `os.kill` on the
+trainer ends the run with a `UserError` naming the function and the signal.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 
 from relm.errors import UserError
 from relm.rewards.calls import Outcome, Row, score_rows
+from relm.rewards.process_tree import guard_signals, isolate_worker, kill_tree
 
 logger = logging.getLogger("relm")
 
@@ -81,19 +87,20 @@ class RewardSource:
         return getattr(self.function, "__qualname__", repr(self.function))
 
 
-def _worker_main(conn: Connection, source: RewardSource) -> None:
-    """A worker's life: load the function, say ready, score chunks until told to stop.
+def _worker_main(conn: Connection, source: RewardSource, trainer_pid: int) -> None:
+    """A worker's life: set itself apart, load the function, say ready, score chunks until told to stop.
 
-    It ends quietly when the trainer is gone (a closed pipe), which is how a trainer killed outright
-    takes its workers with it.
+    It ends quietly when the trainer is gone (a closed pipe, or the parent-death signal).
     """
     with contextlib.suppress(EOFError, OSError):
-        _serve(conn, source)
+        _serve(conn, source, trainer_pid)
 
 
-def _serve(conn: Connection, source: RewardSource) -> None:
+def _serve(conn: Connection, source: RewardSource, trainer_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    isolate_worker(trainer_pid)
+    guard_signals(trainer_pid, lambda what: conn.send(("signalled_trainer", what)))
     try:
         function = source.load()
     except BaseException as exc:  # noqa: BLE001 - reported to the trainer, which names it
@@ -151,7 +158,9 @@ class RewardPool:
     def _start(self) -> _Worker:
         # Not a daemon: a user's function may start processes of its own (verl's math_verify does).
         parent, child = self._context.Pipe()
-        process = self._context.Process(target=_worker_main, args=(child, self.source), name="relm-reward")
+        process = self._context.Process(
+            target=_worker_main, args=(child, self.source, os.getpid()), name="relm-reward"
+        )
         process.start()
         child.close()
         return _Worker(process, parent)
@@ -213,6 +222,11 @@ class RewardPool:
                         f"reward function {self.source.describe()}: a reward worker could not load it "
                         f"({message[1]}); fix the file or custom_reward_function.name"
                     )
+                elif message[0] == "signalled_trainer":
+                    raise UserError(
+                        f"reward function {self.source.describe()} sent {message[1]}; a reward must not "
+                        "signal relm's processes: remove that call from the reward"
+                    )
                 else:
                     index, outcome = message
                     outcomes[index] = outcome
@@ -225,9 +239,7 @@ class RewardPool:
         if not ended and worker.process.is_alive():
             return
         worker.process.join(timeout=1.0)
-        if worker.process.is_alive():
-            worker.process.kill()
-            worker.process.join()
+        _end(worker)
         code = worker.process.exitcode
         if not worker.ready:
             # Killed while it loaded (the OOM killer, a user's kill): start another, unless loading is what
@@ -249,8 +261,7 @@ class RewardPool:
         now = time.monotonic()
         for worker in list(self._workers):
             if worker.pending and now > worker.deadline:
-                worker.process.kill()
-                worker.process.join()
+                _end(worker)
                 self._replace(
                     worker, outcomes, queue, by_index, "timeout", f"took more than {self.timeout_s:g} s"
                 )
@@ -265,8 +276,7 @@ class RewardPool:
                         f"{self.source.describe()}); raise the limit above that"
                     )
                 if used_mb is not None and used_mb > self.memory_limit_mb:
-                    worker.process.kill()
-                    worker.process.join()
+                    _end(worker)
                     reason = (
                         f"its reward worker used {used_mb:.0f} MB, over reward_model.memory_limit_mb="
                         f"{self.memory_limit_mb:g}"
@@ -301,16 +311,26 @@ class RewardPool:
         self._finalizer()
 
 
+def _end(worker: _Worker) -> None:
+    """Kill the worker (unless already reaped: its pid may be another's) and every process its reward
+    started, then reap it."""
+    if worker.process.pid is not None:
+        kill_tree(worker.process.pid, keep_root=worker.process.exitcode is not None)
+    worker.process.join()
+
+
 def _stop_all(workers: list[_Worker]) -> None:
+    """The processes each reward started are killed first (an idle worker is still their subreaper,
+    so none has left the tree yet), then the workers are asked to exit, and killed after a second."""
     for worker in workers:
+        if worker.process.pid is not None and worker.process.is_alive():
+            kill_tree(worker.process.pid, keep_root=not worker.pending)
         with contextlib.suppress(OSError, ValueError):  # already dead, or its pipe closed
             worker.conn.send(None)
     deadline = time.monotonic() + 1.0
     for worker in workers:
         worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
-        if worker.process.is_alive():
-            worker.process.kill()
-            worker.process.join()
+        _end(worker)  # and whatever it started on its way out
         worker.conn.close()
 
 

@@ -20,9 +20,10 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
+from relm.config.remote_code import REWARD_MODEL_KEY
 from relm.errors import UserError
 from relm.memory.offload import ParkedModel
-from relm.models.loading import resolve_model_dir
+from relm.models.loading import require_trusted_code, resolve_model_dir
 from relm.models.value_model import VALUE_HEAD_FILE, load_value_model
 
 DEFAULT_MICRO_BATCH = 16
@@ -208,10 +209,15 @@ def load_discriminative_reward_model(
 ) -> DiscriminativeRewardModel:
     """Load `path` (a classifier or an exported critic) frozen on `device`, waiting parked on a GPU."""
     folder = resolve_model_dir(path)
+    require_trusted_code(folder, path, trust_remote_code, REWARD_MODEL_KEY)
     kind = reward_model_kind(folder, path)
     if kind == "value_head":
         module: nn.Module = load_value_model(
-            folder, dtype=dtype, device=device, trust_remote_code=trust_remote_code
+            folder,
+            dtype=dtype,
+            device=device,
+            trust_remote_code=trust_remote_code,
+            trust_key=REWARD_MODEL_KEY,
         )
     else:
         module = AutoModelForSequenceClassification.from_pretrained(

@@ -19,6 +19,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from relm.algorithms.kl import KLController, make_kl_controller
+from relm.config.remote_code import model_trust
 from relm.config.schema import (
     ActorConfig,
     CriticConfig,
@@ -465,12 +466,14 @@ def load_trained_model(
     model_cfg = _sections(cfg, name).model
     load = load_causal_lm if name == "actor" else load_value_model
     logger.info("loading the %s from %s (%s on %s)", name, model_dir, dtype, device)
+    trusted, trust_key = model_trust(cfg, name)
     module = load(
         model_dir,
         override_config=model_cfg.override_config,
         dtype=dtype,
         device=device,
-        trust_remote_code=model_cfg.trust_remote_code,
+        trust_remote_code=trusted,
+        trust_key=trust_key,
         seed=cfg.seed,
     )
     if model_cfg.use_remove_padding:

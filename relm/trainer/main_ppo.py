@@ -24,6 +24,7 @@ from relm.models.registry import import_external_lib
 from relm.rewards.custom import ComputeScore, resolve_compute_score
 from relm.trainer.checkpoint import find_resume_checkpoint
 from relm.trainer.components import build_components, pick_device
+from relm.trainer.disk_full import disk_full_message, is_disk_full
 from relm.trainer.loggers import check_logger_packages
 from relm.trainer.ppo import train
 from relm.trainer.run_config import CONFIG_FILE, check_resumed_settings, write_run_config
@@ -112,6 +113,10 @@ def _train_in_folder(
         finally:
             components.reward.close()  # the reward workers end with the run, however it ends
         finished = True
+    except Exception as exc:
+        if not isinstance(exc, UserError) and is_disk_full(exc, run_dir):
+            raise UserError(disk_full_message(run_dir, clean=dist.is_main)) from exc
+        raise
     finally:
         dist.close(finished=finished)
     return 0

@@ -14,6 +14,7 @@ in both directions, and from the sharded layout into the replicated one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -142,9 +143,12 @@ def test_relm_train_under_torchrun_stops_on_ctrl_c_saves_shards_and_one_process_
     deadline = time.monotonic() + 180
     while not ((run_dir / "metrics.jsonl").is_file() and steps(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
+    listening = listening_addresses(process.pid)
     process.send_signal(signal.SIGINT)  # as a Ctrl-C in the terminal reaches `relm train`
     stdout, stderr = process.communicate(timeout=180)
     assert process.returncode == 0, stderr[-3000:]
+    # Nothing of the run listens beyond this machine (torchrun's TCP store listened on every interface).
+    assert listening and {host for host, _ in listening} <= {"127.0.0.1", "::1"}, listening
     assert stdout.count(CONFIG_OK_MESSAGE) == 1  # rank 0 only
     assert "relm[rank 1]" not in stderr  # other ranks log errors only
     assert "starting 2 processes" in stderr and "stopped by SIGINT" in stderr
@@ -159,6 +163,21 @@ def test_relm_train_under_torchrun_stops_on_ctrl_c_saves_shards_and_one_process_
     resumed = train(*args, f"trainer.total_training_steps={last + 1}", run_dir=run_dir, tiny=False)
     assert resumed.exit_code == 0, resumed.stderr
     assert f"continuing at step {last + 1}" in resumed.stderr and steps(run_dir) == list(range(1, last + 2))
+
+
+def listening_addresses(root: int) -> set[tuple[str, int]]:
+    """The TCP addresses that `root` and its descendants listen on."""
+    import psutil
+
+    processes = [psutil.Process(root)]
+    processes += processes[0].children(recursive=True)
+    found = set()
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            for conn in proc.net_connections(kind="tcp"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found.add((conn.laddr.ip, conn.laddr.port))
+    return found
 
 
 def test_several_nodes_print_the_torchrun_command_for_each(train):

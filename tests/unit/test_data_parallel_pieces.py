@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,9 +80,12 @@ def test_one_process_generates_through_the_wrapper_exactly_as_without_it():
 
 
 def test_torchrun_command_for_one_node_and_for_several():
-    one = torchrun_command(["data.train_batch_size=8"], nproc_per_node=2)
+    one = torchrun_command(["data.train_batch_size=8"], nproc_per_node=2, store_dir=Path("/tmp/x"))
     assert one[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--standalone" in one and one[-3:] == ["-m", "relm.trainer.main_ppo", "data.train_batch_size=8"]
+    assert one[-3:] == ["-m", "relm.trainer.main_ppo", "data.train_batch_size=8"]
+    # One node meets through a file: no TCP store, which would listen on every interface.
+    assert {"--rdzv_conf=store_type=file", "--rdzv_endpoint=/tmp/x/rendezvous"} <= set(one)
+    assert "--standalone" not in one
     many = torchrun_command([], nproc_per_node=8, nnodes=2, rendezvous="host0:29400", run_id="exp")
     assert {"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=host0:29400", "--rdzv_id=exp"} <= set(many)
     assert "--standalone" not in many
