@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from relm.models.tokenizer import _template_turn_end
 from relm.rollout.base import FINISH_STOP, SamplingParams
 from relm.rollout.multi_turn.driver import MultiTurnLimits, MultiTurnRollout
-from relm.rollout.multi_turn.python_tool import PythonTool, network_namespace_available
+from relm.rollout.multi_turn.python_tool import PythonTool
 from relm.rollout.multi_turn.render import ToolTurnRenderer
 from relm.rollout.multi_turn.tools import ToolContext, run_tool
 from tests.replay_engine import ReplayEngine
