@@ -132,6 +132,10 @@ class MultiTurnRollout:
             turn += 1
         if sessions and self.interactions is not None:
             self.interactions.close(sessions)
+        for tool in self.tools.values():  # once a step: the Python tool's weak-mode warning
+            end_step = getattr(tool, "end_step", None)
+            if callable(end_step):
+                end_step()
         records = [_record(i, row, stats, sessions[i] if sessions else None) for i, row in enumerate(rows)]
         # verl's `turn_scores`, `tool_rewards` and `num_turns` (its NaiveRewardManager) reach the reward
         # function in `extra_info`.

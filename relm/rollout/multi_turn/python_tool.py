@@ -165,22 +165,43 @@ class PythonTool:
 
     async def _run(self, code: str, started: float, cgroup: CallCgroup | None) -> ToolResult:
         limits = (self.memory_bytes, max(1, int(self.timeout_s) + 1), self.disk_bytes, cgroup)
-        process = await asyncio.create_subprocess_exec(
-            *self._command(),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=functools.partial(_limit_resources, *limits),
-            env={"PATH": os.environ.get("PATH", ""), "PYTHONIOENCODING": "utf-8"},
+        # The output pipe is ours, not asyncio's: asyncio's `Process.wait()` also waits for its pipes to
+        # close, which a paused reader (output limit) or a detached holder of the pipe would hold off.
+        read_fd, write_fd = os.pipe()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *self._command(),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=write_fd,
+                stderr=write_fd,
+                start_new_session=True,
+                preexec_fn=functools.partial(_limit_resources, *limits),
+                env={"PATH": os.environ.get("PATH", ""), "PYTHONIOENCODING": "utf-8"},
+            )
+        finally:
+            os.close(write_fd)
+        stream = asyncio.StreamReader()
+        pipe, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stream), os.fdopen(read_fd, "rb", buffering=0)
         )
-        assert process.stdin is not None and process.stdout is not None
-        with contextlib.suppress(ConnectionError):
-            process.stdin.write(code.encode())
-            await process.stdin.drain()
-            process.stdin.close()
+        try:
+            return await self._watch_call(process, stream, code, started, cgroup)
+        finally:
+            pipe.close()
+
+    async def _watch_call(
+        self,
+        process: asyncio.subprocess.Process,
+        stream: asyncio.StreamReader,
+        code: str,
+        started: float,
+        cgroup: CallCgroup | None,
+    ) -> ToolResult:
+        assert process.stdin is not None
+        process.stdin.write(code.encode())  # sent as the child reads; close() flushes, never blocks
+        process.stdin.close()
         output = bytearray()
-        reader = asyncio.ensure_future(self._read(process, output))
+        reader = asyncio.ensure_future(self._read(process, stream, output))
         waiting: set[asyncio.Future[Any]] = {reader}
         watchdog = None
         if self.boxed and cgroup is None:  # no cgroup: the trainer sums the call's memory
@@ -226,11 +247,12 @@ class PythonTool:
             return _error(f"exit code {returncode}", text, "exception", metrics)
         return ToolResult(text[: self.max_output_chars], metrics=metrics)
 
-    async def _read(self, process: asyncio.subprocess.Process, output: bytearray) -> str | None:
+    async def _read(
+        self, process: asyncio.subprocess.Process, stream: asyncio.StreamReader, output: bytearray
+    ) -> str | None:
         """Read until the call ends (every holder of its stdout gone); "output_limit" past the limit."""
-        assert process.stdout is not None
         limit = self.max_output_chars * 4  # bytes; utf-8 characters take up to four
-        while chunk := await process.stdout.read(65536):
+        while chunk := await stream.read(65536):
             output += chunk
             if len(output) > limit:
                 return "output_limit"

@@ -99,11 +99,19 @@ def bwrap_command(bwrap: str, spec: BoxSpec, argv: list[str]) -> list[str]:
         "--dev",
         "/dev",
         "--size",
+        str(spec.disk_bytes // 4),
+        "--tmpfs",
+        "/dev/shm",  # multiprocessing's semaphores
+        "--remount-ro",
+        "/dev",
+        "--size",
         str(spec.disk_bytes),
         "--tmpfs",
         "/tmp",
         "--chdir",
         "/tmp",
+        "--remount-ro",  # the root bwrap builds is a tmpfs without a size: no writing there
+        "/",
         *argv,
     ]
 

@@ -255,6 +255,8 @@ def load_tools(config_path: str) -> dict[str, Tool]:
         config = dict(entry.get("config") or {})
         try:
             instance = cls(config=config, tool_schema=schema)
+        except UserError as exc:  # the tool names the problem and its fix itself
+            raise UserError(f"{where}: {exc}") from exc
         except Exception as exc:
             raise UserError(
                 f"{where}: {entry['class_name']}(config=..., tool_schema=...) raised {exc!r}"
