@@ -5,6 +5,7 @@ loopback and resources were out of reach and that the call left nothing behind (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -43,10 +44,8 @@ def processes_with(marker: str) -> list[int]:
 
 def kill_all(pids: list[int]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, 9)
-        except OSError:
-            pass
 
 
 PROBE = """
