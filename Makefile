@@ -18,7 +18,7 @@ VERL_RELEASES := 0.4.1 0.5.0 0.6.1 0.7.0 0.9.1
 VERL_WHEELS := .cache/verl
 VERL_WHEELS_STAMP := $(VERL_WHEELS)/.downloaded
 
-.PHONY: demo test lint format setup setup-vllm setup-verl test-vllm test-kernels test-verl verl-wheels clean
+.PHONY: demo test lint format setup setup-box setup-vllm setup-verl test-vllm test-kernels test-verl verl-wheels clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -62,10 +62,21 @@ $(VERL_STAMP): $(STAMP)
 
 setup-verl: $(VERL_STAMP)
 
+# The python tool's box (docs/security.md) is Debian's bubblewrap. Installed quietly when missing and root
+# (CI); otherwise one line says what to install. Idempotent: with bwrap on PATH it does nothing.
+setup-box:
+	@command -v bwrap >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+			{ apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }; \
+		else \
+			echo "relm: the python tool's box needs bubblewrap: sudo apt-get install -y bubblewrap" >&2; \
+		fi; }
+
 demo: $(STAMP)
 	$(BIN)/relm train
 
-test: $(STAMP) $(VERL_WHEELS_STAMP)
+test: $(STAMP) $(VERL_WHEELS_STAMP) setup-box
 	$(BIN)/ruff check relm tests
 	$(BIN)/ruff format --check relm tests
 	$(BIN)/mypy

@@ -4,6 +4,7 @@ bounded time, and the next call works."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from pathlib import Path
@@ -73,47 +74,56 @@ def test_missing_code_argument():
     assert asyncio.run(run_tool(TOOL, {}, ToolContext(row=0))).error == "bad_arguments"
 
 
+@functools.cache
+def qwen_tokenizer():
+    return AutoTokenizer.from_pretrained(str(QWEN))
+
+
+def drive(tool: PythonTool, codes: list[str]):
+    """The driver over `tool`: conversation k calls it with `codes[k]`, reads the result and answers."""
+    if not QWEN.is_dir():
+        pytest.skip("../shared/realworld/tokenizers/qwen2.5 is not here")
+    tok = qwen_tokenizer()
+    turn_end = _template_turn_end(tok)
+    calls = [
+        "<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": code}}) + "\n</tool_call>"
+        for code in codes
+    ]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"Run case {k}."}],
+            tools=[tool.schema],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for k in range(len(codes))
+    ]
+    engine = ReplayEngine(tok, turn_end, [[call, "#### 42"] for call in calls])
+    engine.start(prompts)
+    renderer = ToolTurnRenderer(tok, turn_end, chat_template_kwargs={"tools": [tool.schema]})
+    rollout = MultiTurnRollout(
+        engine,
+        tok,
+        renderer,
+        {"python": tool},
+        MultiTurnLimits(max_tool_response_length=400),
+        tok.pad_token_id,
+    )
+    return tok, rollout.generate(prompts, SamplingParams(n=1, max_new_tokens=400))
+
+
 def test_conversations_go_on_after_each_failure_and_the_step_counts_them():
     """The driver over the Python tool: four conversations each call it with a snippet that hangs, eats
     memory, crashes or floods the output; each reads its error (with the cause) as the tool's turn and
     answers in the next turn, and the rollout's metrics count four errors, one of them a timeout."""
-    if not QWEN.is_dir():
-        pytest.skip("../shared/realworld/tokenizers/qwen2.5 is not here")
-    tok = AutoTokenizer.from_pretrained(str(QWEN))
-    turn_end = _template_turn_end(tok)
     bad = {
         "while True: pass": "timed out after 3 s",
         "x = bytearray(8 * 2**30)": "memory limit of 256 MiB",
         "import os; os.abort()": "killed by signal 6",
         "while True: print('x' * 1000)": "output exceeded 200 characters",
     }
-    calls = [
-        "<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": code}}) + "\n</tool_call>"
-        for code in bad
-    ]
-    prompts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": f"Run case {k}."}],
-            tools=[TOOL.schema],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        for k in range(len(bad))
-    ]
-    engine = ReplayEngine(tok, turn_end, [[call, "#### 42"] for call in calls])
-    engine.start(prompts)
-    renderer = ToolTurnRenderer(tok, turn_end, chat_template_kwargs={"tools": [TOOL.schema]})
-    rollout = MultiTurnRollout(
-        engine,
-        tok,
-        renderer,
-        {"python": TOOL},
-        MultiTurnLimits(max_tool_response_length=400),
-        tok.pad_token_id,
-    )
-    out = rollout.generate(prompts, SamplingParams(n=1, max_new_tokens=400))
-
+    tok, out = drive(TOOL, list(bad))
     gen = out.generation
     assert gen.finish_reasons == [FINISH_STOP] * len(bad)
     for row, says in enumerate(bad.values()):
@@ -126,3 +136,16 @@ def test_conversations_go_on_after_each_failure_and_the_step_counts_them():
     assert out.metrics["multi_turn/tool_errors"] == 4.0
     assert out.metrics["multi_turn/tool_timeouts"] == 1.0
     assert out.metrics["multi_turn/assistant_turns/mean"] == 2.0
+
+
+def test_weak_mode_warns_at_every_step_that_used_the_tool(tmp_path, monkeypatch, caplog):
+    """Without bwrap and with `allow_weak_sandbox: true`, each rollout step that ran code logs a warning."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH
+    weak = PythonTool({"timeout_s": 3, "allow_weak_sandbox": True})
+    caplog.set_level("WARNING", logger="relm")
+    for _step in range(2):
+        caplog.clear()
+        _, out = drive(weak, ["print(6 * 7)", "print(7 * 6)"])
+        assert out.metrics["multi_turn/tool_errors"] == 0.0
+        warnings = [r.getMessage() for r in caplog.records if "WITHOUT a box" in r.getMessage()]
+        assert warnings and warnings[0].startswith("python tool: 2 calls this step"), warnings

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -18,7 +19,6 @@ import pytest
 
 from relm.errors import UserError
 from relm.rollout.multi_turn.python_tool import PythonTool
-from relm.rollout.multi_turn.sandbox import site_package_dirs
 from relm.rollout.multi_turn.tools import ToolContext, load_tools, run_tool
 
 LIMITS = {"timeout_s": 3, "memory_mb": 256, "max_processes": 32, "disk_mb": 64, "max_output_chars": 4000}
@@ -68,7 +68,7 @@ def test_tool_code_cannot_read_or_write_the_trainers_folders_or_the_venv(tmp_pat
     data = tmp_path / "train.parquet"
     data.write_text("answers: 42")
     monkeypatch.chdir(tmp_path)
-    site = Path(site_package_dirs()[0])
+    site = Path(sysconfig.get_paths()["purelib"])
     planted_pth = site / f"relm_box_probe_{os.getpid()}.pth"
     planted_prefix = Path(sys.prefix) / f"relm_box_probe_{os.getpid()}"
     probes = {
@@ -104,20 +104,18 @@ def test_tool_code_cannot_see_the_trainers_environment(monkeypatch):
     # A sibling (a reward worker, say) started with the secrets in its environment.
     sibling = subprocess.Popen(["sleep", "30"], env={**os.environ})
     code = """
-import os
-seen = [repr(dict(os.environ))]
+import json, os
+seen = {"os.environ": repr(dict(os.environ))}
 for entry in os.listdir("/proc"):
     if entry.isdigit():
         try:
-            seen.append(open(f"/proc/{entry}/environ", "rb").read().decode(errors="replace"))
+            seen[f"/proc/{entry}/environ"] = open(f"/proc/{entry}/environ", "rb").read().decode(errors="replace")
         except OSError:
             pass
-print("\\n".join(seen))
+print(json.dumps({"PATH seen": "PATH" in seen["os.environ"], "secrets in": [k for k, v in seen.items() if "-secret-" in v]}))
 """
     try:
-        result = call(code)
-        assert result.error is None and "PATH" in result.text
-        assert "secret" not in result.text, result.text
+        assert json.loads(call(code).text) == {"PATH seen": True, "secrets in": []}
     finally:
         sibling.kill()
         sibling.wait()
