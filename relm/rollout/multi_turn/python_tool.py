@@ -178,6 +178,9 @@ class PythonTool:
                 preexec_fn=functools.partial(_limit_resources, *limits),
                 env={"PATH": os.environ.get("PATH", ""), "PYTHONIOENCODING": "utf-8"},
             )
+        except BaseException:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
         stream = asyncio.StreamReader()
@@ -187,6 +190,8 @@ class PythonTool:
         try:
             return await self._watch_call(process, stream, code, started, cgroup)
         finally:
+            if process.returncode is None:  # cancelled midway: the box goes all the same
+                _kill(process.pid, self.boxed)
             pipe.close()
 
     async def _watch_call(
