@@ -8,7 +8,7 @@ alone are fitted, and the run says so in one line.
 
 from __future__ import annotations
 
-from relm.config.schema import RelmConfig
+from relm.config.schema import ActorConfig, CriticConfig, RelmConfig
 from relm.config.validate import num_data_parallel_ranks
 from relm.errors import UserError
 
@@ -62,7 +62,7 @@ def fitted_micro_batches(cfg: RelmConfig, user_keys: set[str]) -> dict[str, int]
     share not above it, so the obvious command runs with the same mini-batches.
     """
     arr, ranks = cfg.actor_rollout_ref, num_data_parallel_ranks(cfg)
-    sections = [("actor_rollout_ref.actor", arr.actor)]
+    sections: list[tuple[str, ActorConfig | CriticConfig]] = [("actor_rollout_ref.actor", arr.actor)]
     if cfg.algorithm.adv_estimator == "gae":  # only GAE trains a critic
         sections.append(("critic", cfg.critic))
     fitted = {}

@@ -17,10 +17,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from relm.data.demo_task import DEMO_LETTERS, letter_share_score
-from relm.export import export_checkpoint
 from relm.models.loading import resolve_model_dir
 from relm.models.tokenizer import encode_prompt, load_tokenizer
 from relm.rewards.reward_model import classifier_head
+from relm.trainer.export import export_checkpoint
 
 pytestmark = pytest.mark.integration
 
