@@ -20,9 +20,16 @@ def main(argv: list[str] | None = None) -> int:
         print(train_help())
         return 0
     setup_logging()
+    return run_guarded(lambda: _train(args))
+
+
+def _train(argv: list[str]) -> int:
+    from relm.config.loader import load_config
+
+    cfg = load_config(argv)  # a mistake in the config ends here in a second, before torch is imported
     from relm.trainer.train_command import train_command
 
-    return run_guarded(lambda: train_command(args))
+    return train_command(argv, cfg)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from relm.config.context_fit import fitted_lengths, fitted_micro_batches, require_named_model
-from relm.config.loader import load_config, load_config_with_warnings, user_set_keys
+from relm.config.loader import load_config_with_warnings, user_set_keys
 from relm.config.schema import RelmConfig
 from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
 from relm.distributed.context import in_torchrun, init_distributed
@@ -30,13 +30,13 @@ from relm.trainer.run_config import check_resumed_settings, write_run_config
 logger = logging.getLogger("relm")
 
 
-def train_command(argv: list[str]) -> int:
+def train_command(argv: list[str], cfg: RelmConfig) -> int:
     """Validate everything cheap first, say so, then build the run and train.
 
-    A run of several processes that is not yet inside torchrun starts it here (one node) or prints its
-    command (several nodes), after the checks, so a mistake is reported once rather than by every rank.
+    `cfg` is `argv` loaded (by the entry point, before torch was imported). A run of several processes
+    that is not yet inside torchrun starts it here (one node) or prints its command (several nodes), after
+    the checks, so a mistake is reported once rather than by every rank.
     """
-    cfg = load_config(argv)
     user_keys = user_set_keys(argv)
     require_named_model(cfg, user_keys)
     model = cfg.actor_rollout_ref.model
