@@ -40,8 +40,8 @@ With the reward model fitted 300 steps (before) seeds 1-5 rose 0.25, 0.13, 0.21,
 bound of 0.3: in seed 4 the reward model's score rose to 0.91 while the rule score fell back to 0.04. That,
 not the machine, is why a fresh clone failed: seed 1 rose 0.25 there and here alike, step by step the same.
 Thread count: the tiny model's logits and gradients (a forward and backward of 256 x 40 tokens) are bitwise
-equal with 1 and 2 torch threads (no op is large enough to be split across threads), so the thread count
-should not move the trajectory; a whole run with 2 threads was not finished on the loaded VM.
+equal with 1 and 2 torch threads (no op is large enough to be split across threads), and seed 1 with 2
+threads for the fit and the run rose 0.796, the same rule scores step by step as with 1.
 A reward-model fit that also showed it repeated letters (tried) scored random text 0.3 and did worse
 (seed 4: 0.14; AVX2 seed 1: 0.0)."""
 RM_FIT_STEPS = 800
