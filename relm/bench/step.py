@@ -20,13 +20,16 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from relm.distributed.context import DistContext
 from relm.errors import UserError, run_guarded
 from relm.logs import setup_logging
+
+if TYPE_CHECKING:  # at run time imported where used: `--help` needs no torch
+    from relm.distributed.context import DistContext
 
 ALGOS = {
     "grpo": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true"],
@@ -189,6 +192,7 @@ def run_algo(
 
 def bench_step(argv: list[str]) -> int:
     args = parse_args(argv)
+    setup_logging()  # after the arguments: it imports transformers, which `--help` does not need
     algos = [a.strip() for a in args.algo.split(",") if a.strip()]
     unknown = [a for a in algos if a not in ALGOS]
     if unknown:
@@ -272,5 +276,4 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, float]]) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    setup_logging()
     return run_guarded(lambda: bench_step(sys.argv[1:] if argv is None else argv))

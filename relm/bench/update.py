@@ -17,11 +17,13 @@ import json
 import sys
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from relm.errors import UserError, run_guarded
 from relm.logs import setup_logging
+
+if TYPE_CHECKING:  # at run time imported where used: `--help` needs no torch
+    import torch
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -57,6 +59,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
     """Random tokens with response lengths uniform in [response_len / 4, response_len]."""
+    import torch
+
     from relm.learner.batch import ExperienceBatch
 
     g = torch.Generator().manual_seed(seed)
@@ -79,6 +83,9 @@ def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, s
 
 def bench_update(argv: list[str]) -> int:
     args = parse_args(argv)
+    setup_logging()  # after the arguments: it imports transformers, which `--help` does not need
+    import torch
+
     from relm.config.schema import ActorConfig
     from relm.learner.actor import update_actor
     from relm.learner.microbatch_retry import MicroBatchSize
@@ -184,6 +191,7 @@ KERNEL_FAMILIES = (
 
 def profile_update(one_update, device: torch.device) -> dict:
     """GPU time of one more update by kernel family and its 15 costliest kernels (ms)."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -216,12 +224,13 @@ def format_profile(profile: dict) -> str:
 
 
 def _sync(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def main(argv: list[str] | None = None) -> int:
-    setup_logging()
     return run_guarded(lambda: bench_update(sys.argv[1:] if argv is None else argv))
 
 

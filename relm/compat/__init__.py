@@ -1,6 +1,5 @@
-"""`relm compat`: does a model load, generate and train under relm, and under which conditions."""
+"""`relm compat`: does a model load, generate and train under relm, and under which conditions.
 
-from relm.compat.checks import CompatOptions, check_model
-from relm.compat.report import ModelReport, StageResult
-
-__all__ = ["CompatOptions", "ModelReport", "StageResult", "check_model"]
+The package imports nothing itself, so `relm compat --help` prints without torch: the check is in
+`relm.compat.checks` (`CompatOptions`, `check_model`), the report in `relm.compat.report`.
+"""

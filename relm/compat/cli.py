@@ -1,5 +1,6 @@
 """`relm compat MODEL [MODEL ...]` / `relm compat --zoo tiny|full`: does each model load, generate
-and train? Exit 0 when no model failed, 1 when one did, 2 on a usage error."""
+and train? Exit 0 when no model failed (an unsupported one is an answer), 3 when one failed a check, 2 on
+the user's mistake (a wrong path, a bad option); 1 only for a bug in relm."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-import torch
-
 from relm.errors import UserError, run_guarded
 
 DESCRIPTION = """Check that each model's tokenizer gives relm what it needs (pad, eos and end-of-turn tokens, a
@@ -22,7 +21,9 @@ chat template that renders, a row for every token; the facts are reported), that
 generates valid tokens whose logprobs the trainer reproduces, and survives full PPO actor-critic
 update(s) with finite losses.
 MODEL is a local folder, a Hub id in the local cache, or zoo:NAME. Unsupported models (encoder-only,
-encoder-decoder, vision-language) are reported with the reason and do not fail the run."""
+encoder-decoder, vision-language) are reported with the reason and do not fail the run.
+Exit codes: 0 no model failed, 3 a model failed a check (the report says which and why), 2 a mistake in
+the command (a path that does not exist, a bad option), 1 a bug in relm."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,6 +119,7 @@ def _register(args: argparse.Namespace) -> None:
 
 
 def environment(device: str, rollout: str | None = None) -> dict[str, str]:
+    import torch
     import transformers
 
     info = {
@@ -138,12 +140,16 @@ def environment(device: str, rollout: str | None = None) -> dict[str, str]:
 
 
 def compat_command(argv: list[str]) -> int:
+    # Parsed before anything imports torch or transformers (logging's set-up included), so `--help` is instant.
+    args = build_parser().parse_args(argv)
+    from relm.logs import setup_logging
+
+    setup_logging()
     from relm.compat.checks import CompatOptions, check_model
     from relm.compat.report import exit_code, print_table, to_markdown, write_json
     from relm.models.loading import resolve_model_dir
     from relm.trainer.components import pick_device
 
-    args = build_parser().parse_args(argv)
     if args.steps < 1:
         raise UserError(f"--steps {args.steps}: at least 1")
     device = pick_device(args.device, key="--device").type
@@ -220,9 +226,6 @@ def _quiet_console(verbose: bool) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from relm.logs import setup_logging
-
-    setup_logging()
     return run_guarded(lambda: compat_command(sys.argv[1:] if argv is None else argv))
 
 

@@ -87,9 +87,14 @@ def _finite(value: Any) -> Any:
     return value
 
 
+EXIT_MODEL_FAILED = 3
+"""`relm compat`'s exit code when a model failed a check: a verdict a CI job can gate on, kept apart from
+2 (the user's mistake: a wrong path, a bad option) and 1 (a bug in relm), as docs/models.md says."""
+
+
 def exit_code(reports: list[ModelReport]) -> int:
-    """0 when no model failed (unsupported ones are an answer, not a failure), else 1."""
-    return 1 if any(report.status == "fail" for report in reports) else 0
+    """0 when no model failed (unsupported ones are an answer, not a failure), else `EXIT_MODEL_FAILED`."""
+    return EXIT_MODEL_FAILED if any(report.status == "fail" for report in reports) else 0
 
 
 def write_json(reports: list[ModelReport], path: Path, environment: dict[str, Any]) -> None:

@@ -8,7 +8,8 @@ alone are fitted, and the run says so in one line.
 
 from __future__ import annotations
 
-from relm.config.schema import RelmConfig
+from relm.config.schema import ActorConfig, CriticConfig, RelmConfig
+from relm.config.validate import num_data_parallel_ranks
 from relm.errors import UserError
 
 PROMPT_KEY, RESPONSE_KEY = "data.max_prompt_length", "data.max_response_length"
@@ -51,3 +52,27 @@ def fitted_lengths(cfg: RelmConfig, user_keys: set[str], max_positions: int | No
         new_prompt = max_positions * prompt // (prompt + response)
         fitted = {PROMPT_KEY: new_prompt, RESPONSE_KEY: max_positions - new_prompt}
     return fitted if all(value > 0 for value in fitted.values()) else {}
+
+
+def fitted_micro_batches(cfg: RelmConfig, user_keys: set[str]) -> dict[str, int]:
+    """New `ppo_micro_batch_size_per_gpu` values for those the user left alone that do not split a GPU's share.
+
+    The demo's micro-batch (32, one whole mini-batch of 4 prompts x 8 responses) fits one process; with
+    `trainer.n_gpus_per_node=2` each rank holds 16 responses and 32 cannot split them. A size the user
+    set stays (validation names the problem); one left alone becomes the largest divisor of the rank's
+    share not above it, so the obvious command runs with the same mini-batches.
+    """
+    arr, ranks = cfg.actor_rollout_ref, num_data_parallel_ranks(cfg)
+    sections: list[tuple[str, ActorConfig | CriticConfig]] = [("actor_rollout_ref.actor", arr.actor)]
+    if cfg.algorithm.adv_estimator == "gae":  # only GAE trains a critic
+        sections.append(("critic", cfg.critic))
+    fitted = {}
+    for name, section in sections:
+        key, micro = f"{name}.ppo_micro_batch_size_per_gpu", section.ppo_micro_batch_size_per_gpu
+        responses = (section.ppo_mini_batch_size or arr.actor.ppo_mini_batch_size) * arr.rollout.n
+        if key in user_keys or micro is None or section.use_dynamic_bsz or responses % ranks:
+            continue
+        share = responses // ranks
+        if share % micro:
+            fitted[key] = max(size for size in range(1, min(micro, share) + 1) if share % size == 0)
+    return fitted

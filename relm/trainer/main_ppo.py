@@ -1,142 +1,15 @@
-"""`python -m relm.trainer.main_ppo [--config FILE.yaml] [section.key=value ...]` (same as `relm train`)."""
+"""`python -m relm.trainer.main_ppo [--config FILE.yaml] [section.key=value ...]` (same as `relm train`).
+
+The entry point only: `--help` is answered from the schema alone, and the run's modules (torch, transformers)
+are imported after it, in `relm.trainer.train_command`.
+"""
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
-from contextlib import nullcontext
-from pathlib import Path
 
-import torch
-from transformers import PretrainedConfig
-
-from relm.config.context_fit import fitted_lengths, require_named_model
-from relm.config.loader import load_config, load_config_with_warnings, user_set_keys
-from relm.config.schema import RelmConfig
-from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
-from relm.distributed.context import in_torchrun, init_distributed
-from relm.distributed.launcher import launch, needs_torchrun, world_size_of
-from relm.errors import UserError, run_guarded
+from relm.errors import run_guarded
 from relm.logs import setup_logging
-from relm.models.loading import load_config as load_model_config
-from relm.models.registry import import_external_lib
-from relm.rewards.custom import ComputeScore, resolve_compute_score
-from relm.trainer.checkpoint import find_resume_checkpoint
-from relm.trainer.components import build_components, pick_device
-from relm.trainer.disk_full import disk_full_message, is_disk_full
-from relm.trainer.loggers import check_logger_packages
-from relm.trainer.ppo import train
-from relm.trainer.run_config import CONFIG_FILE, check_resumed_settings, write_run_config
-from relm.trainer.run_folder import claim_run_folder, run_folder_lock
-from relm.trainer.samples import claim_dump_folders
-
-logger = logging.getLogger("relm")
-
-
-def train_command(argv: list[str]) -> int:
-    """Validate everything cheap first, say so, then build the run and train.
-
-    A run of several processes that is not yet inside torchrun starts it here (one node) or prints its
-    command (several nodes), after the checks, so a mistake is reported once rather than by every rank.
-    """
-    cfg = load_config(argv)
-    user_keys = user_set_keys(argv)
-    require_named_model(cfg, user_keys)
-    model = cfg.actor_rollout_ref.model
-    # Cheap checks of the model (its config only: architecture, positions) and of the reward file
-    # (imported once here, used by the run) come before the success line, so it means what it says.
-    import_external_lib(model.external_lib)  # may register an architecture the next line needs
-    model_dir, model_config, _ = load_model_config(
-        model.path, override_config=model.override_config, trust_remote_code=model.trust_remote_code
-    )
-    max_positions = getattr(model_config.get_text_config(), "max_position_embeddings", None)
-    fitted = fitted_lengths(cfg, user_keys, max_positions)
-    if fitted:
-        # Loaded again with the lengths as overrides, so every value derived from them follows.
-        argv = [*argv, *(f"{key}={value}" for key, value in fitted.items())]
-        cfg = load_config_quietly(argv)
-        logger.info(
-            "%s follow the model's context of %d positions (left at their defaults, they would not fit)",
-            ", ".join(f"{key}={value}" for key, value in fitted.items()),
-            max_positions,
-        )
-    validate_config(cfg, max_position_embeddings=max_positions)
-    reward = cfg.custom_reward_function
-    compute_score = resolve_compute_score(
-        reward.path, reward.name, batched=cfg.reward_model.reward_manager == "batch"
-    )
-    check_logger_packages(cfg.trainer.logger)
-    run_dir = Path(cfg.trainer.default_local_dir)
-    # One process holds the run folder: this one, or global rank 0 of a torchrun run started by hand
-    # (a torchrun started below inherits this process's hold).
-    holds_folder = not in_torchrun() or os.environ.get("RANK") == "0"
-    with run_folder_lock(run_dir) if holds_folder else nullcontext():
-        if holds_folder:
-            claim_run_folder(run_dir)
-            claim_dump_folders(cfg.trainer, run_dir)
-        return _train_in_folder(cfg, argv, run_dir, model_config, model_dir, compute_score)
-
-
-def _train_in_folder(
-    cfg: RelmConfig,
-    argv: list[str],
-    run_dir: Path,
-    model_config: PretrainedConfig,
-    model_dir: str,
-    compute_score: ComputeScore,
-) -> int:
-    """The rest of `train_command`, run while this run holds its folder."""
-    trainer_cfg = cfg.trainer
-    checkpoint = find_resume_checkpoint(run_dir, trainer_cfg.resume_mode, trainer_cfg.resume_from_path)
-    if checkpoint is not None:
-        check_resumed_settings(cfg, run_dir, checkpoint)  # before anything loads
-    device = pick_device(cfg.trainer.device)  # `cuda` on a machine without one fails here, not after loading
-    if cfg.actor_rollout_ref.rollout.name == "vllm":
-        from relm.rollout.vllm_engine import cpu_head_size_problem
-
-        problem = cpu_head_size_problem(model_config, torch.device(device))
-        if problem:
-            raise UserError(problem)
-    if needs_torchrun(cfg, device) and not in_torchrun():
-        return launch(cfg, argv, device)
-    dist = init_distributed(device, expected_world_size=world_size_of(cfg))
-    finished = False
-    try:
-        if dist.is_main:
-            print(CONFIG_OK_MESSAGE, flush=True)
-            record_run_config(cfg)
-
-        components = build_components(cfg, model_dir, compute_score=compute_score, dist=dist)
-        try:
-            train(components)
-        finally:
-            components.reward.close()  # the reward workers end with the run, however it ends
-        finished = True
-    except Exception as exc:
-        if not isinstance(exc, UserError) and is_disk_full(exc, run_dir):
-            raise UserError(disk_full_message(run_dir, clean=dist.is_main)) from exc
-        raise
-    finally:
-        dist.close(finished=finished)
-    return 0
-
-
-def load_config_quietly(argv: list[str]) -> RelmConfig:
-    """The config again, without repeating the warnings the first load already printed."""
-    return load_config_with_warnings(argv)[0]
-
-
-def record_run_config(cfg: RelmConfig) -> None:
-    """`config.yaml` in the run folder: what this start trains, for the user and for the next resume.
-
-    A validation-only start (`trainer.val_only`) of a folder that has one leaves it as it is: it trains
-    nothing, and the file must keep saying how the run that is evaluated was trained."""
-    run_dir = Path(cfg.trainer.default_local_dir)
-    if cfg.trainer.val_only and (run_dir / CONFIG_FILE).is_file():
-        return
-    path = write_run_config(cfg, run_dir)
-    logger.info("resolved config in %s", path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +20,16 @@ def main(argv: list[str] | None = None) -> int:
         print(train_help())
         return 0
     setup_logging()
-    return run_guarded(lambda: train_command(args))
+    return run_guarded(lambda: _train(args))
+
+
+def _train(argv: list[str]) -> int:
+    from relm.config.loader import load_config
+
+    cfg = load_config(argv)  # a mistake in the config ends here in a second, before torch is imported
+    from relm.trainer.train_command import train_command
+
+    return train_command(argv, cfg)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def renamed_mistral(tmp_path) -> str:
 
 
 def test_unknown_architecture_fails_with_how_to_register_then_passes(renamed_mistral, tmp_path):
-    assert main([renamed_mistral, "--device", "cpu", "--out", str(tmp_path / "before")]) == 1
+    assert main([renamed_mistral, "--device", "cpu", "--out", str(tmp_path / "before")]) == 3
     before = _models(tmp_path / "before")[renamed_mistral]
     assert (before["status"], before["failed_stage"]) == ("fail", "load")
     assert "--register StarlingLmForCausalLM=MistralForCausalLM" in before["stages"][0]["error"]

@@ -28,7 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from relm.config.validate import CONFIG_OK_MESSAGE
-from relm.export import export_checkpoint
+from relm.trainer.export import export_checkpoint
 from tests import dist_parity
 
 pytestmark = pytest.mark.integration

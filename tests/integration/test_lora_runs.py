@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from relm.export import export_checkpoint
 from relm.learner.lora import LoraSettings, add_lora
 from relm.models.loading import load_causal_lm
 from relm.trainer import components
+from relm.trainer.export import export_checkpoint
 from relm.trainer.main_ppo import main
 
 pytestmark = [pytest.mark.integration]

@@ -1,9 +1,12 @@
-"""README's GSM8K tour, run as written: the commands are read from README.md's text, not copied here.
+"""README's tour, run as written: the commands are read from README.md's text, not copied here.
 
-They run in a folder laid out like a clone beside the workspace's `shared/` (examples/ linked in, the
-real files at `../shared/realworld`), with `.venv/bin/python` and `.venv/bin/relm` standing for this
-interpreter. The run must leave a sample dump a person can read: decoded prompt and response text, the
-ground truth and a score, and the lines README shows must be what the run printed.
+Every command block of README is a `<!-- tour:NAME -->` block (or the set-up block of `make` targets), and
+each block runs here: GSM8K, the verl command line and the reward file on the real files; the demo's
+overrides, export, two processes, the bench and the mistake on the demo; vLLM's block in the vllm group
+(`make setup-vllm`). They run in a folder laid out like a clone beside the workspace's `shared/` (examples/
+linked in, the real files at `../shared/realworld`), with `.venv/bin/python` and `.venv/bin/relm` standing for
+this interpreter. The GSM8K run must leave a sample dump a person can read: decoded prompt and response text,
+the ground truth and a score, and the lines README shows must be what the run printed.
 """
 
 from __future__ import annotations
@@ -31,6 +34,33 @@ def tour_commands(name: str = "gsm8k") -> list[str]:
     match = block.search((REPO / "README.md").read_text(encoding="utf-8"))
     assert match, f"README.md has no <!-- tour:{name} --> bash block"
     return [line for line in match["body"].replace("\\\n", " ").splitlines() if line.strip()]
+
+
+DEMO_BLOCKS = ("overrides", "export", "gpus", "bench")
+"""Blocks on the demo (no files needed), run by test_readme_demo_tour_runs_as_written, in README's order."""
+RUN_BLOCKS = {"gsm8k", "verl", "reward", "mistake", "vllm", *DEMO_BLOCKS}
+"""Every tour block and the test that runs it; a block README adds must be added here, and run."""
+
+
+def readme_blocks() -> list[tuple[str | None, str]]:
+    """README's fenced command blocks (bash, or a console block starting `$ `): (tour name or None, body)."""
+    fence = re.compile(r"(?:<!-- tour:(?P<name>[\w-]+) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.DOTALL)
+    return [
+        (match["name"], match["body"])
+        for match in fence.finditer(_readme())
+        if match["lang"] == "bash" or match["body"].startswith("$ ")
+    ]
+
+
+def test_every_readme_command_block_is_a_tour_block_that_a_test_runs():
+    """README cannot grow a command that nothing runs: each block is set-up (`make` targets) or a tour block."""
+    named = set()
+    for name, body in readme_blocks():
+        if name is None:
+            assert all(line.startswith("make ") for line in body.splitlines() if line.strip()), body
+        else:
+            named.add(name)
+    assert named == RUN_BLOCKS
 
 
 def as_argv(command: str) -> list[str]:
@@ -137,9 +167,7 @@ def test_readme_verl_command_and_reward_file_run_as_written(tmp_path: Path):
 
     (verl_command,) = tour_commands("verl")
     run(verl_command)
-    (run_dir,) = (clone / "checkpoints").glob(
-        "*/*"
-    )  # verl's default_local_dir: checkpoints/PROJECT/EXPERIMENT
+    run_dir = clone / "outputs" / "verl-gsm8k"
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1]
 
     reward_file = re.search(r"Bring your reward.*?```python\n(?P<code>.*?)```", _readme(), re.DOTALL)
@@ -154,3 +182,65 @@ def test_readme_verl_command_and_reward_file_run_as_written(tmp_path: Path):
     assert [s["step"] for s in steps] == [1] and steps[0][
         "critic/score/mean"
     ] == 0.0  # exact match: random text
+
+
+def _clone(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    clone = tmp_path / "relm"
+    clone.mkdir()
+    (clone / "examples").symlink_to(REPO / "examples")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("RELM_DEBUG", None)
+    return clone, env
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    """A run's training steps (the validation before the first step is a record of its own, step 0)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, filter(str.strip, lines)) if "actor/pg_loss" in record]
+
+
+def test_readme_demo_tour_runs_as_written(tmp_path: Path):
+    """Steps 2, 6, 8 and 11 on the demo, as README writes them: dotted overrides, a saved checkpoint plotted,
+    exported and loaded by transformers, two CPU processes (the demo's micro-batch of 32 follows each one's
+    16 responses; before, the run stopped at `32 x 2 GPUs must divide`), the bench sized for a CPU; then
+    step 5's mistake prints README's line and exits 2. Each run writes its own folder."""
+    clone, env = _clone(tmp_path)
+    printed = {}
+    for block in DEMO_BLOCKS:
+        for command in tour_commands(block):
+            done = subprocess.run(
+                as_argv(command), cwd=clone, env=env, capture_output=True, text=True, timeout=600
+            )
+            assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+            printed[command] = done.stdout
+
+    grpo = _steps(clone / "outputs" / "demo-grpo")
+    assert [r["step"] for r in grpo] == list(range(1, 6)) and all("actor/kl_loss" in r for r in grpo)
+    saved = clone / "outputs" / "demo-saved"
+    assert (saved / "global_step_4").is_dir() and (saved / "curves.png").is_file()
+    assert (clone / "my-model" / "config.json").is_file()
+    assert int(printed[tour_commands("export")[-1]].strip().splitlines()[-1]) > 0  # the loaded model's size
+    assert [r["step"] for r in _steps(clone / "outputs" / "demo-2gpus")] == [1, 2]
+
+    (mistake,) = [body for name, body in readme_blocks() if name == "mistake"]
+    command, expected = mistake.splitlines()[:2]
+    done = subprocess.run(
+        as_argv(command.removeprefix("$ ")), cwd=clone, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert (done.returncode, done.stderr.strip()) == (2, expected)
+
+
+@pytest.mark.vllm
+def test_readme_vllm_block_runs_as_written(tmp_path: Path):
+    """Step 10 after `make setup-vllm` (the block's first line, done by the vllm group's own set-up)."""
+    pytest.importorskip("vllm")
+    clone, env = _clone(tmp_path)
+    for command in tour_commands("vllm"):
+        if command.startswith("make "):
+            continue
+        done = subprocess.run(
+            as_argv(command), cwd=clone, env=env, capture_output=True, text=True, timeout=900
+        )
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    steps = _steps(clone / "outputs" / "demo-vllm")
+    assert [r["step"] for r in steps] == [1, 2] and all("rollout/logprob_diff_max" in r for r in steps)

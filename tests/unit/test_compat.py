@@ -166,7 +166,7 @@ def test_report_rows_exit_code_and_markdown():
     ]
     assert rows[1][4] == "FAIL (UserError)" and rows[1][-1] == "no | config"
     assert rows[2][-1] == "is an encoder-decoder model"
-    assert exit_code([ok, unsupported]) == 0 and exit_code([ok, bad]) == 1
+    assert exit_code([ok, unsupported]) == 0 and exit_code([ok, bad]) == 3
     markdown = to_markdown([bad], "t")
     assert "no \\| config" in markdown and markdown.count("\n") == 5
     assert _report("n", "pass", [StageResult("update", "pass", metrics={"x": math.nan})]).to_dict()["stages"][

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from relm.config.context_fit import MODEL_KEY, PROMPT_KEY, RESPONSE_KEY, fitted_lengths, require_named_model
+from relm.config.context_fit import (
+    MODEL_KEY,
+    PROMPT_KEY,
+    RESPONSE_KEY,
+    fitted_lengths,
+    fitted_micro_batches,
+    require_named_model,
+)
 from relm.config.loader import load_config, user_set_keys
 from relm.data.demo_task import write_demo_parquet
 from relm.errors import UserError
@@ -76,3 +83,35 @@ def test_a_run_fits_the_default_lengths_to_its_model_and_says_so(
         "data.max_prompt_length=128, data.max_response_length=128 follow"
     )
     assert "max_prompt_length: 128" in (tmp_path / "run" / "config.yaml").read_text()
+
+
+ACTOR_MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+
+
+def micro_fit(argv: list[str]) -> dict[str, int]:
+    return fitted_micro_batches(load_config(argv), user_set_keys(argv))
+
+
+def test_the_demos_micro_batch_follows_two_gpus_and_a_size_the_user_set_stays():
+    # The demo: mini-batch 4 prompts x 8 responses = 32, micro-batch 32; two ranks hold 16 each.
+    assert micro_fit(["trainer.n_gpus_per_node=2"]) == {
+        ACTOR_MICRO: 16,
+        "critic.ppo_micro_batch_size_per_gpu": 16,  # the demo is PPO with a critic (GAE)
+    }
+    assert micro_fit(["trainer.n_gpus_per_node=2", "algorithm.adv_estimator=grpo"]) == {ACTOR_MICRO: 16}
+    grpo = "algorithm.adv_estimator=grpo"
+    assert micro_fit(["trainer.n_gpus_per_node=3", "actor_rollout_ref.rollout.n=6", grpo]) == {ACTOR_MICRO: 8}
+    assert micro_fit([]) == {}  # one process: 32 splits 32
+    assert ACTOR_MICRO not in micro_fit(
+        ["trainer.n_gpus_per_node=2", f"{ACTOR_MICRO}=32"]
+    )  # validation names it
+
+
+def test_relm_train_on_two_processes_runs_the_demos_micro_batch(capsys):
+    """The README's `trainer.n_gpus_per_node=2` on the demo passes validation (the run itself is
+    tests/integration's); before, it stopped at `ppo_micro_batch_size_per_gpu=32 x 2 GPUs must divide`."""
+    from relm.config.validate import validate_config
+
+    argv = ["trainer.n_gpus_per_node=2"]
+    cfg = load_config([*argv, *(f"{k}={v}" for k, v in micro_fit(argv).items())])
+    validate_config(cfg)
