@@ -40,6 +40,7 @@ import torch
 from relm.config.schema import RelmConfig
 from relm.distributed.context import STORE_FILE_ENV
 from relm.errors import UserError
+from relm.processes import list_processes
 
 logger = logging.getLogger("relm")
 
@@ -181,16 +182,4 @@ def _run(command: list[str], env: dict[str, str]) -> int:
 
 def child_pids(parent: int) -> list[int]:
     """The processes whose parent is `parent` (torchrun's workers), from /proc; empty where it is absent."""
-    children = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                # pid (comm) state ppid ...: comm may hold spaces, so split after its closing parenthesis.
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent:
-            children.append(int(entry))
-    return children
+    return [process.pid for process in list_processes() if process.ppid == parent]

@@ -29,38 +29,16 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from relm.processes import list_processes
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-@dataclass(frozen=True)
-class _Proc:
-    pid: int
-    ppid: int
-    session: int
-
-
-def _processes() -> list[_Proc]:
-    """Every process in /proc with its parent and session (empty where there is no /proc)."""
-    found = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses.
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        found.append(_Proc(int(entry), int(fields[1]), int(fields[3])))
-    return found
-
-
 def tree_of(root: int) -> set[int]:
     """`root`'s descendants and every process in the session `root` leads (root itself excluded)."""
-    processes = _processes()
+    processes = list_processes()
     children: dict[int, list[int]] = {}
     for proc in processes:
         children.setdefault(proc.ppid, []).append(proc.pid)

@@ -147,4 +147,3 @@ def record_run_config(cfg: RelmConfig) -> None:
         return
     path = write_run_config(cfg, run_dir)
     logger.info("resolved config in %s", path)
-

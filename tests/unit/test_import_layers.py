@@ -19,7 +19,7 @@ import networkx as nx
 REPO = Path(__file__).resolve().parents[2]
 
 ROOMS: tuple[tuple[str, ...], ...] = (
-    ("relm", "errors", "logs"),  # relm/__init__.py, errors.py, logs.py
+    ("relm", "errors", "logs", "processes"),  # relm/__init__.py, errors.py, logs.py, processes.py
     ("config",),
     ("algorithms",),
     ("models",),
