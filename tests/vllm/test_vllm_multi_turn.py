@@ -94,12 +94,21 @@ def rollout_of(caller: ToolCaller, engine: object, **kwargs: object) -> MultiTur
 
 
 def check_drift(caller: ToolCaller, engine: object, dtype: torch.dtype) -> tuple[float, float]:
-    """A rollout of 8 conversations, checked turn by turn; returns the trainer's logprob gap (max, mean)."""
-    params = SamplingParams(n=8, max_new_tokens=96, temperature=1.0, seed=11)
-    out = rollout_of(caller, engine).generate([caller.prompt], params)
-    assert out.metrics["multi_turn/tool_calls/mean"] > 0
-    tool_turns, whole_checked = check_tool_turns(caller, out.generation)
-    assert tool_turns > 0 and whole_checked > 0
+    """A rollout of 8 conversations, checked turn by turn; returns the trainer's logprob gap (max, mean).
+
+    Every row of every rollout is checked turn by turn; the whole-conversation check needs a row that
+    called the tool right with text that re-encodes to itself, which the fitted model's samples give for
+    some seeds and not others (the fit, hence the samples, differ between CPUs: on an AVX-512 AMD EPYC
+    seed 11 gave 5 tool turns and no such row on 2026-12-05). Seeds are tried in turn until one does."""
+    for seed in range(11, 15):
+        params = SamplingParams(n=8, max_new_tokens=96, temperature=1.0, seed=seed)
+        out = rollout_of(caller, engine).generate([caller.prompt], params)
+        assert out.metrics["multi_turn/tool_calls/mean"] > 0
+        tool_turns, whole_checked = check_tool_turns(caller, out.generation)
+        assert tool_turns > 0
+        if whole_checked > 0:
+            break
+    assert whole_checked > 0, "no seed of 11-14 gave a conversation to check whole"
     worst, mean = trainer_logprob_gap(caller, [caller.prompt], out.generation, n=8, dtype=dtype)
     print(
         f"vLLM {dtype}: {tool_turns} tool turns, {whole_checked} of 8 conversations equal to the template's "
