@@ -21,7 +21,8 @@ own handler finishes the step (which needs the workers) before it stops.
 Each worker leads its own session, holds its orphaned descendants and dies with the trainer; a worker
 killed for time or memory, a dead one and every worker at `close` (also on errors and at exit) end
 with all the processes the reward started (`process_tree`). A reward that calls `os.kill` on the
-trainer ends the run with a `UserError` naming the function and the signal.
+trainer ends the run with a `UserError` naming the function and the signal; any other way of
+signalling it (a `kill` command, ctypes, a child) fails with EPERM in the kernel (`signal_filter`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import logging
 import math
 import multiprocessing
 import os
+import platform
 import signal
+import sys
 import time
 import weakref
 from collections import deque
@@ -41,6 +44,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from relm.errors import UserError
+from relm.rewards import signal_filter
 from relm.rewards.calls import Outcome, Row, score_rows
 from relm.rewards.process_tree import guard_signals, isolate_worker, kill_tree
 
@@ -101,6 +105,7 @@ def _serve(conn: Connection, source: RewardSource, trainer_pid: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     isolate_worker(trainer_pid)
     guard_signals(trainer_pid, lambda what: conn.send(("signalled_trainer", what)))
+    signal_filter.install(trainer_pid)  # the kernel's backstop: a `kill` command, ctypes, children
     try:
         function = source.load()
     except BaseException as exc:  # noqa: BLE001 - reported to the trainer, which names it
@@ -149,6 +154,12 @@ class RewardPool:
         self.timeout_s = timeout_s
         self.memory_limit_mb = memory_limit_mb
         self._context = multiprocessing.get_context("spawn")
+        if sys.platform.startswith("linux") and not signal_filter.supported():
+            logger.warning(
+                "reward workers on %s have no seccomp filter: reward code can signal the trainer "
+                "other than through os.kill (docs/security.md)",
+                platform.machine(),
+            )
         self._workers: list[_Worker] = [self._start() for _ in range(num_workers)]
         self._load_deaths = 0
         self.num_replaced = 0

@@ -126,3 +126,55 @@ def test_a_reward_that_signals_the_trainer_is_a_user_error_and_no_signal_arrives
         for s, handler in previous.items():
             signal.signal(s, handler)
     assert received == []
+
+
+# Signals sent without os.kill. The `-1` case (every process) runs only in a worker whose seccomp filter
+# is on, in a shell it starts, and with SIGWINCH (ignored by default): should the filter let it through
+# on this shared machine, nothing but this test would notice.
+SIGNALLING_AROUND_OS_KILL = """
+import ctypes
+import os
+import signal
+import subprocess
+
+def _filtered():
+    with open("/proc/self/status", encoding="utf-8") as f:
+        return "Seccomp:\\t2" in f.read()
+
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    trainer = os.getppid()
+    if data_source == "filtered":
+        return float(_filtered())
+    if data_source == "kill_command":  # a child process that sends it
+        return float(subprocess.run(["kill", "-TERM", str(trainer)], capture_output=True).returncode)
+    if data_source == "ctypes":
+        libc = ctypes.CDLL(None, use_errno=True)
+        return float(ctypes.get_errno()) if libc.kill(trainer, int(signal.SIGTERM)) != 0 else 0.0
+    if data_source == "exists":  # signal 0 sends nothing and stays allowed
+        return float(ctypes.CDLL(None, use_errno=True).kill(trainer, 0) == 0)
+    if data_source == "everyone":
+        if not _filtered():
+            return -1.0
+        return float(os.system("kill -WINCH -1 2>/dev/null") != 0)
+    return 7.0
+"""
+
+
+def test_a_reward_cannot_signal_the_trainer_with_a_kill_command_ctypes_or_kill_minus_1(tmp_path: Path):
+    received: list[int] = []
+    recorded = (signal.SIGTERM, signal.SIGINT, signal.SIGWINCH)
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in recorded}
+    pool = _pool(tmp_path, SIGNALLING_AROUND_OS_KILL, num_workers=1, timeout_s=10.0)
+    try:
+        names = ["filtered", "kill_command", "ctypes", "exists", "everyone"]
+        got = {name: (o.kind, o.score) for name, o in zip(names, pool.score(_rows(*names)), strict=True)}
+        # The worker's seccomp filter is on, and each call failed: `kill` exits 1, errno is EPERM (1).
+        assert got == {name: ("ok", 1.0) for name in names}
+        time.sleep(0.2)
+        assert [(o.kind, o.score) for o in pool.score(_rows("ok", "ok"))] == [("ok", 7.0), ("ok", 7.0)]
+        assert pool.num_replaced == 0  # the worker went on scoring
+    finally:
+        pool.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    assert received == []
