@@ -11,14 +11,15 @@ behind keeps `relm train | tee log` open long after the run ended. Each worker t
   worker's tree while the worker lives;
 - dies with the trainer (`PR_SET_PDEATHSIG`, SIGKILL): a trainer killed outright takes its workers;
 - cannot signal the trainer through `os.kill`/`os.killpg`: the call is refused, reported to the
-  trainer (which ends the run naming the function and the signal) and the worker exits.
+  trainer (which ends the run naming the function and the signal) and the worker exits; other ways
+  (a `kill` command, ctypes, a child) fail in the kernel (`signal_filter`, installed by the pool).
 
 `kill_tree` ends a worker and all of this: it stops every descendant (SIGSTOP, so none forks while it
 is being collected), kills them, the worker's session and the worker. What escapes, and is documented
 in docs/security.md: processes started through a service outside the tree (systemd-run, ssh, a
 container runtime), descendants that left the session after their worker died (a subreaper only
 holds them while it lives), descendants of a worker whose trainer was SIGKILLed (nobody is left to
-collect them), and signals sent without `os.kill` (a `kill` command, ctypes).
+collect them), and signals sent from outside the worker's tree.
 """
 
 from __future__ import annotations
