@@ -91,7 +91,11 @@ def test_readme_gsm8k_tour_runs_as_written_and_its_dump_reads(tmp_path: Path):
         outputs.append(done.stdout)
 
     run_dir = clone / "outputs" / "gsm8k-grpo"
-    assert sorted(p.name for p in (run_dir / "rollout").iterdir()) == ["1.jsonl", "2.jsonl"]
+    # `.relm_dumps` marks the folder as this run's dump folder (docs/security.md)
+    assert sorted(p.name for p in (run_dir / "rollout").iterdir() if not p.name.startswith(".")) == [
+        "1.jsonl",
+        "2.jsonl",
+    ]
     questions = {
         json.loads(line)["question"]
         for line in (REALWORLD / "data" / "gsm8k" / "train.jsonl").read_text(encoding="utf-8").splitlines()
