@@ -10,6 +10,7 @@ import logging
 import os
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PretrainedConfig
@@ -55,21 +56,18 @@ def train_command(argv: list[str], cfg: RelmConfig) -> int:
     max_positions = getattr(model_config.get_text_config(), "max_position_embeddings", None)
     fitted = fitted_lengths(cfg, user_keys, max_positions)
     if fitted:
-        # Loaded again with the lengths as overrides, so every value derived from them follows.
-        argv = [*argv, *(f"{key}={value}" for key, value in fitted.items())]
-        cfg = load_config_quietly(argv)
+        argv, cfg = with_overrides(argv, fitted)
         logger.info(
             "%s follow the model's context of %d positions (left at their defaults, they would not fit)",
-            ", ".join(f"{key}={value}" for key, value in fitted.items()),
+            ", ".join(argv[-len(fitted) :]),
             max_positions,
         )
     micro_batches = fitted_micro_batches(cfg, user_keys)
     if micro_batches:
-        argv = [*argv, *(f"{key}={value}" for key, value in micro_batches.items())]
-        cfg = load_config_quietly(argv)
+        argv, cfg = with_overrides(argv, micro_batches)
         logger.info(
             "%s: the micro-batch left at its default splits each GPU's share of a mini-batch",
-            ", ".join(f"{key}={value}" for key, value in micro_batches.items()),
+            ", ".join(argv[-len(micro_batches) :]),
         )
     validate_config(cfg, max_position_embeddings=max_positions)
     reward = cfg.custom_reward_function
@@ -132,9 +130,12 @@ def _train_in_folder(
     return 0
 
 
-def load_config_quietly(argv: list[str]) -> RelmConfig:
-    """The config again, without repeating the warnings the first load already printed."""
-    return load_config_with_warnings(argv)[0]
+def with_overrides(argv: list[str], overrides: dict[str, Any]) -> tuple[list[str], RelmConfig]:
+    """`argv` with `overrides` appended as `key=value`, and the config it loads: loaded again rather than
+    patched, so every value derived from the overridden keys follows; the warnings the first load printed
+    are not repeated."""
+    argv = [*argv, *(f"{key}={value}" for key, value in overrides.items())]
+    return argv, load_config_with_warnings(argv)[0]
 
 
 def record_run_config(cfg: RelmConfig) -> None:
