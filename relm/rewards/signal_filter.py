@@ -28,6 +28,8 @@ import platform
 import sys
 from dataclasses import dataclass
 
+from relm.processes import read_process
+
 
 @dataclass(frozen=True)
 class _Arch:
@@ -116,22 +118,14 @@ def program(arch: _Arch, targets: list[int]) -> list[tuple[int, int, int, int]]:
     return [(op, offset(i, jt), offset(i, jf), k) for i, (op, jt, jf, k) in enumerate(code)]
 
 
-def _parent_of(pid: int) -> int:
-    """`pid`'s parent from /proc (0 when it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def install(trainer_pid: int) -> bool:
     """Install the filter on this process (every thread) for good; False where it is not supported
     or the kernel refused it (the worker then has only `guard_signals`)."""
     if not supported():
         return False
     arch = _ARCHES[platform.machine()]
-    parent = _parent_of(trainer_pid)
+    row = read_process(trainer_pid)
+    parent = row.ppid if row is not None else 0
     targets = [trainer_pid, -1, -os.getpgid(trainer_pid)] + ([parent] if parent > 1 else [])
     code = program(arch, targets)
     filters = (_SockFilter * len(code))(*(_SockFilter(*instruction) for instruction in code))

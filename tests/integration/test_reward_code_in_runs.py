@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from relm.processes import read_process
+
 pytestmark = pytest.mark.integration
 
 ONE_STEP = (
@@ -75,11 +77,8 @@ def test_a_piped_run_ends_when_the_run_does_and_leaves_no_child(
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    row = read_process(pid)
+    return row is not None and row.state != "Z"
 
 
 def test_a_reward_that_signals_the_trainer_ends_the_run_with_one_line(

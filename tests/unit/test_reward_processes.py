@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from relm.errors import UserError
+from relm.processes import read_process
 from relm.rewards.calls import Row
 from relm.rewards.pool import RewardPool, RewardSource
 
@@ -46,11 +47,8 @@ def _rows(*data_sources: str) -> list[Row]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    row = read_process(pid)
+    return row is not None and row.state != "Z"
 
 
 @pytest.fixture
