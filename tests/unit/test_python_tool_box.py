@@ -19,6 +19,7 @@ import pytest
 
 from relm.errors import UserError
 from relm.rollout.multi_turn.python_tool import PythonTool
+from relm.rollout.multi_turn.sandbox import BoxSpec, bwrap_command, site_package_dirs
 from relm.rollout.multi_turn.tools import ToolContext, load_tools, run_tool
 
 LIMITS = {"timeout_s": 3, "memory_mb": 256, "max_processes": 32, "disk_mb": 64, "max_output_chars": 4000}
@@ -297,3 +298,13 @@ def test_without_a_box_the_tool_refuses_to_start_unless_weak_mode_is_asked_for(t
     caplog.clear()
     weak.end_step()
     assert caplog.text == "", "a step without calls says nothing"
+
+
+def test_a_venv_under_tmp_stays_visible_over_the_scratch_tmp():
+    """A clone in /tmp (its .venv there) lost its site-packages: the scratch tmpfs at /tmp was mounted over
+    the read-only binds. The binds of the interpreter and the packages now come after it."""
+    command = bwrap_command("bwrap", BoxSpec(disk_bytes=2**20, site_packages=True), ["python"])
+    scratch = next(i for i in range(len(command) - 1) if command[i : i + 2] == ["--tmpfs", "/tmp"])
+    packages = set(site_package_dirs())
+    binds = [i for i, arg in enumerate(command) if arg == "--ro-bind" and command[i + 1] in packages]
+    assert binds and all(i > scratch for i in binds)

@@ -93,7 +93,6 @@ def bwrap_command(bwrap: str, spec: BoxSpec, argv: list[str]) -> list[str]:
         "--clearenv",
         *environment,
         *_system_binds(),
-        *_readonly(visible),
         "--proc",
         "/proc",
         "--dev",
@@ -108,6 +107,8 @@ def bwrap_command(bwrap: str, spec: BoxSpec, argv: list[str]) -> list[str]:
         str(spec.disk_bytes),
         "--tmpfs",
         "/tmp",
+        # After the scratch /tmp: an interpreter or venv that lives under /tmp stays visible on top of it.
+        *_readonly(visible),
         "--chdir",
         "/tmp",
         "--remount-ro",  # the root bwrap builds is a tmpfs without a size: no writing there
