@@ -75,7 +75,9 @@ def _readonly(paths: list[str]) -> list[str]:
 
 def bwrap_command(bwrap: str, spec: BoxSpec, argv: list[str]) -> list[str]:
     """The bwrap command line that runs `argv` in a new box made by `spec`."""
-    prefixes = [os.path.realpath(sys.base_prefix)]
+    # The venv whole (read-only), not only its site-packages: a venv under /tmp would otherwise show as
+    # writable scratch folders around its bound site-packages.
+    prefixes = list(dict.fromkeys([os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)]))
     executable = interpreter()
     if not any(executable.startswith(p + os.sep) for p in prefixes):
         prefixes.append(os.path.dirname(executable))
