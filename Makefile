@@ -82,7 +82,8 @@ test: $(STAMP) $(VERL_WHEELS_STAMP) setup-box
 	$(BIN)/mypy
 	# Two workers, one file each at a time (fixtures and caches are per file), one torch thread each: the
 	# 2-core CI machine runs the suite in about 15 minutes instead of 30.
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	# RELM_REQUIRE_BOX: the box's tests fail, rather than skip, if bubblewrap is missing (tests/needs_box.py).
+	RELM_REQUIRE_BOX=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 # The vLLM group (marker `vllm`), which `make test` deselects: the real engine, weight syncs, the demo
 # learning on vLLM and `relm compat --zoo tiny --rollout vllm`.

@@ -12,7 +12,7 @@ import gc
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +123,7 @@ def check_model(model: str, options: CompatOptions) -> ModelReport:
         ("tokenizer", lambda metrics: _tokenizer(folder, config, options, report, tokenizers, metrics)),
         ("load", lambda metrics: _load(folder, options, device, report, tokenizers["it"], loaded, metrics)),
         ("rollout", lambda metrics: _rollout(loaded["it"], folder, options, device, metrics)),
-        ("update", lambda metrics: _update(folder, options, device, config, metrics)),
+        ("update", lambda metrics: _update_or_lora(folder, options, device, config, metrics, report)),
     ]
     for name, run in stages:
         if report.failed_stage is not None or (options.tokenizer_only and name != "tokenizer"):
@@ -353,6 +353,33 @@ def _rollout_engine(
 
         return NativeRolloutEngine(model, seed=options.seed, **common)
     return HFRolloutEngine(model, seed=options.seed, **common)
+
+
+def _update_or_lora(
+    folder: str,
+    options: CompatOptions,
+    device: torch.device,
+    config: Any,
+    metrics: dict[str, float],
+    report: ModelReport,
+) -> None:
+    """The update stage; where the memory plan says full fine-tuning does not fit the card (or budget) but
+    LoRA would, the stage runs again with LoRA of the offered rank, as a user following the line would,
+    and the model is conditional on it. The plan decides before any weight is built, so the first try
+    costs seconds."""
+    from relm.memory.choices import RunDoesNotFit
+
+    try:
+        _update(folder, options, device, config, metrics)
+    except RunDoesNotFit as exc:
+        if options.lora_rank or exc.lora_rank is None:
+            raise
+        _release(device)
+        report.conditions.append(
+            f"LoRA rank {exc.lora_rank} on actor and critic: full fine-tuning does not fit "
+            f"({str(exc).partition(': ')[2].partition('; LoRA')[0]})"
+        )
+        _update(folder, replace(options, lora_rank=exc.lora_rank), device, config, metrics)
 
 
 def _update(

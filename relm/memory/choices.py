@@ -33,6 +33,7 @@ from relm.memory.host import available_host_bytes, host_room, process_rss_bytes
 from relm.memory.model_shape import ModelShape
 from relm.memory.offload import ParkedModel, Residency
 from relm.memory.plan import (
+    OFFERED_LORA_RANK,
     Lora,
     MemoryPlan,
     PlanDoesNotFit,
@@ -97,6 +98,18 @@ def builds_reference(cfg: RelmConfig) -> bool:
         or cfg.actor_rollout_ref.actor.use_kl_loss
         or estimator_needs(algo.adv_estimator).reference
     )
+
+
+class RunDoesNotFit(UserError):
+    """The run does not fit the card or host it was given (a one-line `UserError` like any other).
+
+    `lora_rank` is the rank the line offers when LoRA on every trained model would fit, else None: `relm
+    compat` retries its update stage that way and reports the model as conditional on it, instead of
+    failing a model that trains on that card with one key set."""
+
+    def __init__(self, message: str, lora_rank: int | None) -> None:
+        super().__init__(message)
+        self.lora_rank = lora_rank
 
 
 def device_memory(device: torch.device) -> tuple[int, int] | None:
@@ -182,12 +195,13 @@ def choose_memory(
         plan = plan_memory(request)
     except PlanDoesNotFit as exc:
         settings = f" with {', '.join(explicit)}" if explicit else ""
-        offer = lora_offer(request)
-        raise UserError(
+        offer = lora_offer(request, OFFERED_LORA_RANK)
+        raise RunDoesNotFit(
             f"`{arr.model.path}` does not fit one GPU for this run{settings}{_budgets(cfg)}: {exc}; "
             + (f"{offer}; or " if offer else "")
             + "use more GPUs (trainer.n_gpus_per_node) or shorter data.max_prompt_length / "
-            "data.max_response_length"
+            "data.max_response_length",
+            OFFERED_LORA_RANK if offer else None,
         ) from None
     logger.info("%s", plan.describe())
     if plan.given_up:
@@ -432,17 +446,17 @@ def check_cpu_host_memory(
         if budget is not None
         else "the host memory available (MemAvailable, cgroup limit)"
     )
-    offer = ""
+    offer, rank = "", OFFERED_LORA_RANK
     if request.policy.lora is None and request.policy.shape.linears:
-        rank = 64
         lora_need = cpu_host_need(_with_lora(request, rank))
         if lora_need <= room:
             offer = f"; LoRA would fit: actor_rollout_ref.model.lora_rank={rank} needs ~{_size(lora_need)}"
-    raise UserError(
+    raise RunDoesNotFit(
         f"`{cfg.actor_rollout_ref.model.path}` does not fit this process's host memory for this run: training on "
         f"CPU needs ~{_size(need)} (models, optimizer states, one sequence's activations, checkpoint "
         f"staging), over the {_size(room)} left within {where}{offer}; raise "
-        "trainer.max_host_memory_gb, free host memory, or train on a GPU (docs/memory.md)"
+        "trainer.max_host_memory_gb, free host memory, or train on a GPU (docs/memory.md)",
+        rank if offer else None,
     )
 
 

@@ -246,3 +246,36 @@ def test_compat_runs_its_update_stage_with_lora_as_a_condition(tmp_path):
     assert report.status == "conditional", report
     assert report.conditions == ["LoRA rank 4 in the update stage (--lora-rank)"]
     assert [stage.status for stage in report.stages] == ["pass"] * len(report.stages)
+
+
+def test_a_model_whose_full_update_does_not_fit_passes_on_lora_as_a_condition(tmp_path, monkeypatch):
+    """The plan's "does not fit ... LoRA would fit" line is a condition, not a failure: compat runs its
+    update stage again with the offered rank, as a user following the line would. Here the host room
+    lies between what the update stage needs with LoRA (rank 4) and without, for the real CPU check."""
+    from relm.compat import checks
+    from relm.config.loader import load_config
+    from relm.data.demo_task import write_demo_parquet
+    from relm.memory import choices
+    from relm.memory.plan import cpu_host_need
+    from relm.models.loading import resolve_model_dir
+    from relm.models.precision import pick_precision
+    from relm.models.zoo import default_cache_dir
+
+    cpu, options = torch.device("cpu"), CompatOptions(device="cpu")
+    folder = resolve_model_dir("zoo:tiny/qwen2")
+    train_file, _ = write_demo_parquet(default_cache_dir() / "demo")
+    cfg = load_config(checks._update_overrides(folder, train_file, str(tmp_path), options, cpu))
+    precision, moments = pick_precision("auto", cpu), {"actor": None, "critic": None}
+    request = choices._plan_request(cfg, folder, cpu, precision, (0, 0), moments)
+    full, lora = cpu_host_need(request), cpu_host_need(choices._with_lora(request, 4))
+    assert lora < full
+    monkeypatch.setattr(choices, "OFFERED_LORA_RANK", 4)
+    monkeypatch.setattr(choices, "host_room", lambda budget: (full + lora) // 2)
+
+    report = check_model("zoo:tiny/qwen2", options)
+
+    assert report.status == "conditional", report
+    assert len(report.conditions) == 1 and report.conditions[0].startswith(
+        "LoRA rank 4 on actor and critic: full fine-tuning does not fit (training on CPU needs ~"
+    ), report.conditions
+    assert [stage.status for stage in report.stages] == ["pass"] * len(report.stages)

@@ -18,9 +18,12 @@ from relm.rollout.multi_turn.driver import MultiTurnLimits, MultiTurnRollout
 from relm.rollout.multi_turn.python_tool import PythonTool
 from relm.rollout.multi_turn.render import ToolTurnRenderer
 from relm.rollout.multi_turn.tools import ToolContext, run_tool
+from tests.needs_box import skip_module_without_box
 from tests.replay_engine import ReplayEngine
 
 QWEN = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "tokenizers" / "qwen2.5"
+
+skip_module_without_box()
 
 TOOL = PythonTool({"timeout_s": 3, "memory_mb": 256, "max_output_chars": 200})
 

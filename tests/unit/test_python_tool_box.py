@@ -21,6 +21,9 @@ from relm.errors import UserError
 from relm.rollout.multi_turn.python_tool import PythonTool
 from relm.rollout.multi_turn.sandbox import BoxSpec, bwrap_command, site_package_dirs
 from relm.rollout.multi_turn.tools import ToolContext, load_tools, run_tool
+from tests.needs_box import skip_module_without_box
+
+skip_module_without_box()
 
 LIMITS = {"timeout_s": 3, "memory_mb": 256, "max_processes": 32, "disk_mb": 64, "max_output_chars": 4000}
 BOX = PythonTool(LIMITS)
