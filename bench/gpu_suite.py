@@ -132,7 +132,13 @@ def summarize(job: Job, out: Path, rc: int | None, note: str) -> dict[str, Any]:
         reason=(stages[failed]["error"] if failed else report.get("reason", "")) or ""
         if report["status"] in ("fail", "unsupported")
         else "; ".join(report.get("decisions", [])),
-        conditions=report.get("conditions", []),
+        # What relm changed to fit the budget: a condition of the row as much as a retry with LoRA is.
+        conditions=report.get("conditions", [])
+        + [
+            w.removeprefix("memory plan: ")
+            for w in report.get("warnings", [])
+            if w.startswith("memory plan:")
+        ],
         decisions=report.get("decisions", []),
         gpu_peak_gb=update.get("perf/max_memory_allocated_gb"),
         gpu_plan_gb=update.get("perf/plan_gpu_gb"),
