@@ -281,7 +281,7 @@ def _check_rollout(
     device: torch.device,
     metrics: dict[str, float],
 ) -> None:
-    from relm.trainer.experience import batched_logprobs, build_experience
+    from relm.trainer.experience import batched_logprobs, build_rollout
 
     tokenizer, model = loaded.tokenizer, loaded.model
     params = SamplingParams(
@@ -304,7 +304,7 @@ def _check_rollout(
     check_generation(gen, vocab_rows, tokenizer.pad_token_id, eos_ids, options.max_new_tokens)
 
     n = options.samples_per_prompt
-    batch = build_experience(
+    batch = build_rollout(
         PromptBatch(
             prompts,
             ["compat"] * len(prompts),
