@@ -14,15 +14,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
 from relm.config.rollout_correction import parse_rollout_correction
 from relm.data.records import PromptBatch
-from relm.errors import UserError
 from relm.learner.actor import update_actor
 from relm.learner.batch import (
     ActorForward,
@@ -35,38 +32,22 @@ from relm.learner.batch import (
     UpdateForward,
 )
 from relm.learner.critic import update_critic
-from relm.memory.choices import host_budget_bytes
-from relm.memory.host import HostWatchdog, watching
 from relm.rollout.watchdog import engine_stage
-from relm.trainer.checkpoint import (
-    find_resume_checkpoint,
-    load_checkpoint,
-    prune_checkpoints,
-    remove_stale_staging,
-    save_checkpoint,
-)
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
-from relm.trainer.cpu_threads import CpuThreads
 from relm.trainer.data_parallel import gather_rows, local_rows, on_rank_rows, rank_rows, reduce_update_metrics
 from relm.trainer.experience import batched_logprobs, batched_values
 from relm.trainer.flops import peak_flops, training_flops
-from relm.trainer.guards import DegenerateBatchReporter, SkipGuard
-from relm.trainer.loggers import make_loggers
 from relm.trainer.metrics import (
     data_metrics,
     mean_of_lists,
     memory_metrics,
-    memory_report,
     plan_metrics,
-    rollout_gap_report,
 )
 from relm.trainer.objectives import actor_objective_of, critic_objective_of
-from relm.trainer.old_logprobs import ON_POLICY_MESSAGE, gap_metrics, old_logprob_source, rollout_correction
-from relm.trainer.plot import CURVES_FILE, plot_curves
-from relm.trainer.samples import ValidationSamples, dump_rollout
-from relm.trainer.signals import stop_on_signals
-from relm.trainer.validation import build_val_params, is_validation_step, make_val_dataset, run_validation
+from relm.trainer.old_logprobs import gap_metrics, old_logprob_source, rollout_correction
+from relm.trainer.run import Run
+from relm.trainer.samples import dump_rollout
 
 logger = logging.getLogger("relm")
 
@@ -298,156 +279,26 @@ def perf_metrics(c: RunComponents, batch: Rollout, metrics: dict[str, float]) ->
 
 
 def train(c: RunComponents) -> None:
-    """Run `total_training_steps` steps, logging every step and saving every `save_freq`.
+    """Run `total_training_steps` steps, logging every step and saving every `save_freq` (`Run` does all but
+    the steps).
 
     SIGTERM or SIGINT stops the run after the step in progress, with a checkpoint of that step and
     exit code 0 (a second signal aborts at once; see `trainer/signals.py`). More than
     `trainer.max_skipped_steps` steps in a row with skipped updates raise `TrainingDiverged`.
 
-    Data-parallel, every rank runs this loop on the same prompts (see `relm.trainer.data_parallel`);
-    only rank 0 writes logs and plots, and a stop signal seen by any rank stops all after the same step.
+    Data-parallel, every rank runs this loop on the same prompts (see `relm.trainer.data_parallel`).
     """
-    total, trainer_cfg = c.sizes.total_training_steps, c.cfg.trainer
-    if c.dist.is_main:
-        remove_stale_staging(c.run_dir)
-    c.dist.barrier()
-    start, guard = 0, SkipGuard(trainer_cfg.max_skipped_steps)
-    checkpoint = find_resume_checkpoint(c.run_dir, trainer_cfg.resume_mode, trainer_cfg.resume_from_path)
-    if checkpoint is not None:
-        logger.info("loading checkpoint %s", checkpoint)
-        restored = load_checkpoint(c, checkpoint)
-        for trainee in c.trainees:
-            if trainee.optimizer_offload is not None:
-                trainee.optimizer_offload.to_host()  # loading put the moments on the GPU
-        start = restored.step
-        guard.load_state_dict(restored.loop_state.get("skip_guard", {}))
-        if start >= total and not trainer_cfg.val_only:  # evaluating a finished run is fine
-            logger.info(
-                "the run in %s is finished (step %d of %d): nothing to train; raise "
-                "trainer.total_training_steps to go on, or use a new trainer.default_local_dir",
-                c.run_dir, start, total,
-            )  # fmt: skip
-            return
-        logger.info("resumed from %s: continuing at step %d of %d", checkpoint, start + 1, total)
-    val_dataset = make_val_dataset(c.cfg, c.tokenizer, c.multi_turn.schemas if c.multi_turn else None)
-    if trainer_cfg.val_only and val_dataset is None:
-        raise UserError("`trainer.val_only=true` has nothing to validate: set `data.val_files`")
-    loggers = make_loggers(
-        trainer_cfg.logger, c.run_dir, total, resume_step=start if checkpoint else None,
-        project=trainer_cfg.project_name, experiment=trainer_cfg.experiment_name, config=asdict(c.cfg),
-    ) if c.dist.is_main else []  # fmt: skip
-    save_freq = trainer_cfg.save_freq
-    val_params = build_val_params(
-        c.cfg.actor_rollout_ref.rollout.val_kwargs, c.cfg.data.max_response_length, seed=c.cfg.seed
-    )
-    degenerate = DegenerateBatchReporter()
-    num_responses = c.cfg.data.train_batch_size * c.cfg.actor_rollout_ref.rollout.n
-
-    val_samples = ValidationSamples(trainer_cfg, c.run_dir)
-
-    def validate(step: int) -> dict[str, float]:
-        assert val_dataset is not None, "called only with a validation set"
-        with c.residency.phase("generate"), engine_stage(c.engine, f"validation after step {step}"):
-            result = run_validation(
-                c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size,
-                keep_samples=val_samples.wanted, multi_turn=c.multi_turn,
-            )  # fmt: skip
-        if c.dist.is_main:
-            val_samples.write(step, result.samples)
-        return result.metrics
-
-    def save(step: int) -> None:
-        c.residency.current = "checkpoint save"
-        save_checkpoint(c, step, loop_state={"skip_guard": guard.state_dict()})
-        if c.dist.is_main:
-            prune_checkpoints(
-                c.run_dir, step,
-                max_actor=trainer_cfg.max_actor_ckpt_to_keep, max_critic=trainer_cfg.max_critic_ckpt_to_keep,
-            )  # fmt: skip
-
-    if trainer_cfg.val_only:  # an evaluation of the model or of the resumed checkpoint's weights
-        try:
-            val_metrics = validate(start)
-            for sink in loggers:
-                sink.log(start, val_metrics)
-        finally:
-            for sink in loggers:
-                sink.close()
-            val_samples.close()
-        logger.info("validation only (trainer.val_only): metrics in %s", c.run_dir / "metrics.jsonl")
+    run = Run.open(c)
+    if run is None:  # resumed a finished run
         return
-    last_step = last_saved = start
-    if old_logprob_source(c.cfg) == "update":
-        logger.info(ON_POLICY_MESSAGE)
-    cpu_threads = CpuThreads(c.device)  # fewer torch threads while other processes hold cores
-    running = {"step": start}
-    watchdog = HostWatchdog(
-        lambda: f"{c.residency.current} of step {running['step']}", budget_bytes=host_budget_bytes(c.cfg)
-    )
-    try:
-        with stop_on_signals() as stop, watching(watchdog):
-            if val_dataset is not None and trainer_cfg.val_before_train and start == 0:
-                val_metrics = validate(0)  # on every rank: generation is shared out over the ranks
-                for sink in loggers:
-                    sink.log(0, val_metrics)
-            for step in range(start + 1, total + 1):
-                if c.dist.any_true(stop.requested):
-                    break
-                cpu_threads.adjust()
-                running["step"] = step
-                metrics = ppo_step(c, c.loader.next_batch(), step)
-                if step == start + 1 and c.dist.is_main and (report := memory_report(metrics)):
-                    logger.info("%s", report)
-                quantization = c.cfg.actor_rollout_ref.rollout.quantization
-                if (
-                    step == start + 1
-                    and c.dist.is_main
-                    and (gap := rollout_gap_report(metrics, quantization))
-                ):
-                    logger.info("%s", gap)
-                metrics["training/epoch"] = float(c.loader.epoch)
-                diverged = guard.update(step, metrics)
-                if val_dataset is not None and is_validation_step(step, total, trainer_cfg.test_freq):
-                    metrics.update(validate(step))
-                if c.dist.is_main:
-                    degenerate.check(step, metrics, num_responses)
-                for sink in loggers:
-                    sink.log(step, metrics)
-                if diverged is not None:
-                    raise diverged
-                last_step = step
-                if save_freq > 0 and (step % save_freq == 0 or step == total):
-                    save(step)
-                    last_saved = step
-            if c.dist.any_true(stop.requested) and last_step > last_saved:
-                save(last_step)  # whatever save_freq says: the steps since the last save must not be lost
-    except Exception:  # not KeyboardInterrupt: a second signal leaves at once, without the plot
-        if c.dist.is_main:
-            _write_curves(
-                c.run_dir
-            )  # the curves up to a divergence or a failure are what the user looks at next
-        raise
-    finally:
-        for sink in loggers:
-            sink.close()
-        val_samples.close()
-    if c.dist.is_main:
-        _write_curves(c.run_dir)
-    if last_step < total:
-        saved = f"checkpoint in {c.run_dir / f'global_step_{last_step}'}" if last_step else "no step to save"
-        logger.info(
-            "stopped by %s after step %d of %d (%s); run the same command again to resume",
-            stop.signal_name or "a signal to another rank", last_step, total, saved,
-        )  # fmt: skip
+    if c.cfg.trainer.val_only:
+        run.validate_only()
         return
-    logger.info("training finished after %d steps; metrics in %s", total, c.run_dir / "metrics.jsonl")
-
-
-def _write_curves(run_dir: Path) -> None:
-    """curves.png in the run folder; a failure here must not turn a finished run into a failed one."""
-    try:
-        logger.info("curves in %s", plot_curves(run_dir))
-    except UserError:
-        pass  # no step logged yet: nothing to draw
-    except Exception as exc:  # noqa: BLE001 - the plot is a convenience beside metrics.jsonl
-        logger.warning("could not draw %s: %s: %s", run_dir / CURVES_FILE, type(exc).__name__, exc)
+    with run.running() as stop:
+        for step in range(run.start + 1, run.total + 1):
+            if c.dist.any_true(stop.requested):
+                break
+            run.begin_step(step)
+            metrics = ppo_step(c, c.loader.next_batch(), step)
+            run.end_step(step, metrics)
+    run.report_end()
