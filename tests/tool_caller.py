@@ -30,7 +30,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.models.tokenizer import _template_turn_end, preflight_tokenizer
 from relm.rollout.base import GenerationOutput, logprob_tolerance
 from relm.rollout.multi_turn.hermes import parse_tool_calls

@@ -9,14 +9,14 @@ import torch
 
 from relm.algorithms.advantages import estimator_needs
 from relm.algorithms.filtering import groups_with_variance
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.errors import UserError
 from relm.learner.batch import Rollout, Scored
 from relm.rewards.manager import RewardResult, place_on_last_token
 from relm.rewards.model_reward import score_with_reward_model
 from relm.rewards.shaping import overlong_penalty
 from relm.rollout.base import GenerationOutput, SamplingParams
-from relm.rollout.multi_turn.records import row_kwargs
+from relm.rollout.multi_turn.conversations import row_kwargs
 from relm.trainer.components import RunComponents
 from relm.trainer.experience import build_rollout
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.distributed.balance import same_group_count
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import gathered_for_passes, passes_are_collective

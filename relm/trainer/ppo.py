@@ -19,7 +19,7 @@ from typing import Any
 from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
 from relm.config.rollout_correction import parse_rollout_correction
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.learner.actor import update_actor
 from relm.learner.batch import (
     ActorForward,

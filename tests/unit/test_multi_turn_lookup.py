@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.models.lookup_tokenizer import LOOKUP_CALL, LOOKUP_LETTERS, build_lookup_tokenizer
 from relm.models.tokenizer import _template_turn_end
 from relm.models.zoo import materialize_zoo

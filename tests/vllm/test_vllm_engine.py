@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, SamplingParams, logprob_tolerance
 from relm.rollout.watchdog import RolloutStalled, WatchedEngine, engine_stage
 from relm.trainer.experience import batched_logprobs, build_rollout
