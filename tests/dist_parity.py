@@ -188,6 +188,7 @@ def load_algo(args: argparse.Namespace, algo: str, dist: Any, source: Path) -> N
 
 
 def run_algo(args: argparse.Namespace, algo: str, dist: Any) -> None:
+    from relm.learner.batch import ActorForward
     from relm.trainer.checkpoint import save_checkpoint
     from relm.trainer.collect import collect_experience
     from relm.trainer.ppo import annotate, estimate_advantages, update_models
@@ -197,24 +198,29 @@ def run_algo(args: argparse.Namespace, algo: str, dist: Any) -> None:
     # Every process generates the whole batch itself, with the same seeds: one global batch for all.
     c.engine = CutLengths(getattr(engine, "engine", engine), c.tokenizer.pad_token_id)
     metrics: dict[str, float] = {}
-    batch = collect_experience(c, c.loader.next_batch(), 1, metrics)
+    scored = collect_experience(c, c.loader.next_batch(), 1, metrics)
     c.engine = engine
     grads: dict[str, list] = {"actor": [], "critic": []}
     record_gradients(c.actor.module, c.actor.optimizer, c, args.params, grads["actor"])
     if c.critic is not None:
         record_gradients(c.critic.module, c.critic.optimizer, c, args.params, grads["critic"])
     with c.precision.autocast():
-        annotate(c, batch, metrics)
-        estimate_advantages(c, batch, metrics)
-        update_models(c, batch, 1, metrics)
+        annotated, annotate_metrics = annotate(c, scored)
+        batch, advantage_metrics = estimate_advantages(c, annotated)
+        _, update_metrics = update_models(c, batch, 1)
+    metrics |= annotate_metrics | advantage_metrics | update_metrics
+    old = annotated.old_logprobs
     result = {
         "world_size": dist.world_size,
         "metrics": {k: v for k, v in metrics.items() if not k.startswith("timing_s")},
         "batch": {
-            k: getattr(batch, k)
-            for k in ("response_ids", "old_logprobs", "ref_logprobs", "values", "advantages")
+            "response_ids": batch.rollout.response_ids,
+            "old_logprobs": old.logprobs if isinstance(old, ActorForward) else None,
+            "ref_logprobs": annotated.ref_logprobs,
+            "values": annotated.values,
+            "advantages": batch.advantages,
         },
-        "response_tokens": int(batch.response_mask.sum()),
+        "response_tokens": int(batch.rollout.response_mask.sum()),
         "grads": grads,
         "actor": full_state(c.actor.module, c.actor.optimizer, c, args.params),
         "critic": full_state(c.critic.module, c.critic.optimizer, c, args.params)

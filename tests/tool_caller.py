@@ -30,13 +30,13 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.models.tokenizer import _template_turn_end, preflight_tokenizer
 from relm.rollout.base import GenerationOutput, logprob_tolerance
 from relm.rollout.multi_turn.hermes import parse_tool_calls
 from relm.rollout.multi_turn.render import ToolTurnRenderer
 from relm.rollout.multi_turn.tools import Calculator
-from relm.trainer.experience import batched_logprobs, build_experience
+from relm.trainer.experience import batched_logprobs, build_rollout
 
 REALWORLD = Path(__file__).resolve().parents[2] / "shared" / "realworld" / "tokenizers"
 QWEN = REALWORLD / "qwen2.5"
@@ -327,7 +327,7 @@ def trainer_logprob_gap(
     """
     tok = caller.tokenizer
     num = len(prompts)
-    batch = build_experience(
+    batch = build_rollout(
         PromptBatch(prompts, ["t"] * num, [None] * num, [{}] * num, list(range(num))),
         gen,
         n=n,
@@ -335,7 +335,7 @@ def trainer_logprob_gap(
     )
     assert gen.model_mask is not None
     assert torch.equal(batch.response_mask, gen.model_mask)
-    assert torch.equal(batch.response_tokens, gen.response_mask)
+    assert torch.equal(batch.response_attention_mask, gen.response_mask)
     trainer = batched_logprobs(
         caller.model,
         batch,

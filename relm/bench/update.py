@@ -61,23 +61,34 @@ def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, s
     """Random tokens with response lengths uniform in [response_len / 4, response_len]."""
     import torch
 
-    from relm.learner.batch import ExperienceBatch
+    from relm.learner.batch import ActorForward, Advantaged, Annotated, Rollout, Scored
 
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(max(1, response_len // 4), response_len + 1, (rows,), generator=g)
+    rng = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(max(1, response_len // 4), response_len + 1, (rows,), generator=rng)
     response_mask = (torch.arange(response_len)[None, :] < lengths[:, None]).long()
-    return ExperienceBatch(
-        prompt_ids=torch.randint(0, vocab, (rows, prompt_len), generator=g),
+    zeros = torch.zeros(rows, response_len)
+    rollout = Rollout(
+        prompt_ids=torch.randint(0, vocab, (rows, prompt_len), generator=rng),
         prompt_mask=torch.ones(rows, prompt_len, dtype=torch.long),
-        response_ids=torch.randint(0, vocab, (rows, response_len), generator=g) * response_mask,
+        response_ids=torch.randint(0, vocab, (rows, response_len), generator=rng) * response_mask,
         response_mask=response_mask,
+        response_attention_mask=response_mask,
         group_ids=torch.arange(rows),
         data_sources=["bench"] * rows,
         ground_truths=[None] * rows,
         extra_infos=[{}] * rows,
         finish_reasons=["length"] * rows,
-        old_logprobs=-torch.rand(rows, response_len, generator=g),
-        advantages=torch.randn(rows, response_len, generator=g),
+        rollout_logprobs=zeros,
+    )
+    scored = Scored(rollout, token_scores=zeros, reward_extras=[{}] * rows, baseline_scores=None)
+    old = ActorForward(-torch.rand(rows, response_len, generator=rng))
+    return Advantaged(
+        Annotated(scored, old_logprobs=old, ref_logprobs=None, values=None),
+        token_rewards=zeros,
+        loss_mask=response_mask,
+        rollout_is_weights=None,
+        advantages=torch.randn(rows, response_len, generator=rng),
+        returns=zeros,
     )
 
 
@@ -86,8 +97,10 @@ def bench_update(argv: list[str]) -> int:
     setup_logging()  # after the arguments: it imports transformers, which `--help` does not need
     import torch
 
-    from relm.config.schema import ActorConfig
+    from relm.config.rollout_correction import parse_rollout_correction
+    from relm.config.schema import ActorConfig, RolloutCorrectionConfig
     from relm.learner.actor import update_actor
+    from relm.learner.actor_objective import ActorObjective
     from relm.learner.microbatch_retry import MicroBatchSize
     from relm.learner.optim import build_optimizer
     from relm.learner.trainee import Batching, Trainee
@@ -115,6 +128,10 @@ def bench_update(argv: list[str]) -> int:
         clip_ratio_high=0.2,
         entropy_coeff=args.entropy_coeff,
     )
+    objective = ActorObjective(
+        loss_mode="vanilla", loss_agg_mode="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+        entropy_coeff=args.entropy_coeff, kl_loss=None, correction=parse_rollout_correction(RolloutCorrectionConfig()),
+    )  # fmt: skip
     optimizer, scheduler = build_optimizer(model, cfg.optim, 10 * (args.repeats + 1))
     fused = FusedLayers(
         model, enabled=not args.no_compile and device.type == "cuda", functions=compiled_pieces()
@@ -122,7 +139,7 @@ def bench_update(argv: list[str]) -> int:
     batch = synthetic_batch(
         args.rows, args.prompt_len, args.response_len, model.config.get_text_config().vocab_size
     )
-    seq_lens = batch.attention_mask.sum(-1).tolist()
+    seq_lens = batch.rollout.attention_mask.sum(-1).tolist()
     batching = Batching(
         rows_per_minibatch=args.rows,
         rows_per_microbatch=args.rows,
@@ -139,7 +156,7 @@ def bench_update(argv: list[str]) -> int:
         _sync(device)
         start = time.perf_counter()
         with precision.autocast(), fused.applied():
-            update_actor(actor, batch, temperature=1.0, device=device)
+            update_actor(actor, batch, objective, temperature=1.0, device=device)
         _sync(device)
         return time.perf_counter() - start
 

@@ -30,7 +30,7 @@ from relm.compat.verdicts import (
     check_update_metrics,
     sample_weights,
 )
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.errors import UserError
 from relm.memory.choices import cap_gpu_bytes
 from relm.memory.host import HostWatchdog, watching
@@ -61,7 +61,7 @@ class CompatOptions:
     dtype: str = "auto"
     """Training dtype (`actor_rollout_ref.model.dtype`): auto is bf16 on GPU, fp32 on CPU."""
     rollout: str | None = None
-    """Engine of both stages (`native`, `hf`, `vllm`); None: the HF reference engine in the rollout stage and
+    """Engine of both stages (`native`, `hf`, `vllm`); None: the HF engine in the rollout stage and
     the default engine in the update stage."""
     tokenizer_only: bool = False
     """Run the tokenizer stage alone (no weights built); the other stages are reported skipped."""
@@ -239,7 +239,7 @@ def _load(
     """The model as the trainer loads it (with the tokenizer stage's tokenizer); records relm's choices."""
     dtype = pick_dtype(options.dtype, device)
     # Frozen: the load and rollout checks never train it, and the native engine then generates with
-    # fused q/k/v and gate/up products, as with the trainer's GPU generator copy.
+    # fused q/k/v and gate/up products, as with the trainer's GPU engine copy.
     model = load_causal_lm(folder, dtype=dtype, device=device, seed=options.seed).requires_grad_(False)
     metrics["num_parameters"] = float(sum(p.numel() for p in model.parameters()))
     attn = getattr(model.config, "_attn_implementation", "?")
@@ -281,7 +281,7 @@ def _check_rollout(
     device: torch.device,
     metrics: dict[str, float],
 ) -> None:
-    from relm.trainer.experience import batched_logprobs, build_experience
+    from relm.trainer.experience import batched_logprobs, build_rollout
 
     tokenizer, model = loaded.tokenizer, loaded.model
     params = SamplingParams(
@@ -304,7 +304,7 @@ def _check_rollout(
     check_generation(gen, vocab_rows, tokenizer.pad_token_id, eos_ids, options.max_new_tokens)
 
     n = options.samples_per_prompt
-    batch = build_experience(
+    batch = build_rollout(
         PromptBatch(
             prompts,
             ["compat"] * len(prompts),
@@ -338,7 +338,7 @@ def _rollout_engine(
     eos_ids: list[int],
     longest_prompt: int,
 ) -> Any:
-    """The engine `options.rollout` names (the HF reference when unset), over the loaded model."""
+    """The engine `options.rollout` names (the HF engine when unset), over the loaded model."""
     tokenizer, model = loaded.tokenizer, loaded.model
     common = dict(pad_token_id=tokenizer.pad_token_id, eos_token_ids=eos_ids, device=device)
     if options.rollout == "vllm":

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rollout",
         choices=("native", "hf", "vllm"),
-        help="engine of the rollout and update stages (default: the HF reference, then relm's default)",
+        help="engine of the rollout and update stages (default: the HF engine, then relm's default)",
     )
     parser.add_argument(
         "--max-gpu-memory-gb",

@@ -329,7 +329,7 @@ class RolloutConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
-    """Policy, its reference and its generator share one model (`actor_rollout_ref.*`)."""
+    """Policy, its reference and its rollout engine share one model (`actor_rollout_ref.*`)."""
 
     hybrid_engine: bool = True
     """verl's colocation switch; relm always colocates actor and rollout."""
@@ -662,7 +662,7 @@ class RelmConfig:
     data: DataConfig = field(default_factory=DataConfig)
     """Prompts and batching."""
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
-    """Policy, reference and generator."""
+    """Policy, reference and rollout engine."""
     critic: CriticConfig = field(default_factory=CriticConfig)
     """Value function."""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from relm.data.dataset import PromptDataset
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.errors import UserError
 
 

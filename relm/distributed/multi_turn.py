@@ -17,8 +17,8 @@ from typing import Any
 
 from relm.distributed.rollout import DataParallelEngine
 from relm.rollout.base import SamplingParams, concat_outputs
+from relm.rollout.multi_turn.conversations import MultiTurnOutput, multi_turn_metrics
 from relm.rollout.multi_turn.driver import MultiTurnRollout
-from relm.rollout.multi_turn.records import MultiTurnOutput, multi_turn_metrics
 
 
 class DataParallelMultiTurn:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -123,7 +123,7 @@ class MinibatchMetrics:
         self._per_minibatch: dict[str, list[float]] = {}
         self._current: dict[str, list[float]] = {}
 
-    def add(self, metrics: dict[str, torch.Tensor | float]) -> None:
+    def add(self, metrics: Mapping[str, torch.Tensor | float]) -> None:
         """Record one micro-batch's metrics."""
         for name, value in metrics.items():
             self._current.setdefault(name, []).append(float(value))

@@ -290,7 +290,7 @@ def whole_model_plan(request: PlanRequest) -> tuple[MemoryPlan | None, str]:
         name
         for name, on in (
             ("the reference", plan.park_reference),
-            ("the generator copy", plan.park_generator),
+            ("the engine copy", plan.park_engine_copy),
         )
         if on
     ]
@@ -493,7 +493,7 @@ def build_residency(
     device: torch.device,
     *,
     ref: nn.Module | None,
-    generator: nn.Module | None,
+    engine_copy: nn.Module | None,
     trained: Mapping[str, tuple[nn.Module, torch.optim.Optimizer | None]],
 ) -> Residency:
     """The models the plan parks outside their phases (none without a plan).
@@ -506,8 +506,8 @@ def build_residency(
     if plan is not None:
         if plan.park_reference and ref is not None:
             models["reference"] = ParkedModel(ref, device)
-        if plan.park_generator and generator is not None:
-            models["generator"] = ParkedModel(generator, device)
+        if plan.park_engine_copy and engine_copy is not None:
+            models["engine_copy"] = ParkedModel(engine_copy, device)
         for name, (module, optimizer) in trained.items():
             planned = plan.trainees.get(name)
             if planned is not None and planned.parked:

@@ -1,6 +1,6 @@
 """Models that wait in CPU memory outside the phases that use them (the memory plan's "parking").
 
-A step uses its models one phase at a time: the engine's generator copy while generating and
+A step uses its models one phase at a time: the engine's copy of the policy while generating and
 syncing, the reference model for one forward, the critic for its values and its update. When the
 memory plan finds that the actor's update does not fit beside all of them, the ones it names are
 moved to pinned CPU memory when their phase ends and back when it starts. A 7B model's bf16 copy
@@ -21,13 +21,13 @@ import torch
 from torch import nn
 
 PHASE_NEEDS = {
-    "generate": {"generator"},
+    "generate": {"engine_copy"},
     "old_log_prob": set(),
     "reference": {"reference"},
     "values": {"critic"},
     "update_critic": {"critic"},
     "update_actor": set(),
-    "sync": {"generator"},
+    "sync": {"engine_copy"},
 }
 """Which parkable models each phase of `ppo_step` uses."""
 

@@ -10,7 +10,7 @@ C critic parameters) and the run's lengths. Bytes a parameter:
   (2, none for bf16 weights; where training compiles the norms and MLPs, as it does on a GPU, only the
   eagerly cast attention projections keep one: `ModelShape.autocast_cached_params`), and two AdamW
   moments (8 in fp32, 4 in bf16);
-- frozen copies hold 2: the reference model, and the engine's bf16 generator copy, which exists only
+- frozen copies hold 2: the reference model, and the engine's bf16 copy of the policy (the engine copy), which exists only
   beside fp32 master weights (bf16 weights are generated on directly);
 - activations of one micro-batch, per token: without gradient checkpointing every layer keeps its
   intermediate tensors; with it only each layer's input stays and one layer is recomputed at a time,
@@ -28,12 +28,12 @@ stays allocated between trips: offloaded moments, parked models (a parked critic
 and their sum must stay within `HOST_SHARE` of the machine's memory.
 
 The plan walks rungs of precision, cheapest loss first, and within each rung arrangements of rising
-transfer cost: park the reference, then the generator copy, then the critic (each moved once a step),
+transfer cost: park the reference, then the engine copy, then the critic (each moved once a step),
 then keep the actor's moments in CPU memory, then the critic's too (moved every optimizer step):
 
 1. fp32 master weights and fp32 moments (nothing given up);
 2. fp32 master weights, bf16 moments (`relm.learner.compact_adamw`: fp32 step, bf16 storage);
-3. bf16 weights with stochastically rounded updates and bf16 moments, no generator copy.
+3. bf16 weights with stochastically rounded updates and bf16 moments, no engine copy.
 
 The first arrangement that leaves room for a comfortable actor micro-batch (one sequence plus 8,192
 tokens with checkpointing) wins, else the first that holds one sequence; the first rung with either
@@ -211,8 +211,8 @@ class MemoryPlan:
     """The token budget of the policy's micro-batches (a critic's follows it unless the user set its own)."""
     rung: Rung
     park_reference: bool = False
-    park_generator: bool = False
-    generator_copy: bool = False
+    park_engine_copy: bool = False
+    engine_copy: bool = False
     """The engine generates with its own copy of the actor (fp32 master weights)."""
     update_peak_bytes: int = 0
     """The actor update's peak at the planned micro-batch token budget."""
@@ -258,7 +258,7 @@ class MemoryPlan:
         """The lines printed before the first step."""
         parked = [
             name
-            for name, on in (("reference", self.park_reference), ("generator copy", self.park_generator))
+            for name, on in (("reference", self.park_reference), ("engine copy", self.park_engine_copy))
             if on
         ] + [name for name, t in self.trainees.items() if t.parked]
         checkpointing = ", ".join(
@@ -294,12 +294,12 @@ class MemoryPlan:
         if self.policy.lora is not None:
             copy = (
                 "; the engine generates with its own copy, adapters merged at each sync"
-                if self.generator_copy
+                if self.engine_copy
                 else ""
             )
             return f"trained weights: the actor's LoRA adapters in fp32 on its frozen {_short(self.rung.weights)} base{copy}"
         if self.rung.weights == FP32:
-            copy = "; the engine generates with a bf16 copy" if self.generator_copy else ""
+            copy = "; the engine generates with a bf16 copy" if self.engine_copy else ""
             return f"trained weights: fp32 master weights{copy}"
         if self.rung.weights == BF16:
             return (
@@ -419,8 +419,8 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
         max_tokens_per_microbatch=max_tokens,
         rung=rung,
         park_reference="reference" in chosen.parked,
-        park_generator="generator copy" in chosen.parked,
-        generator_copy=_generator_bytes(request, rung) > 0,
+        park_engine_copy="engine copy" in chosen.parked,
+        engine_copy=_engine_copy_bytes(request, rung) > 0,
         budget_bytes=budget,
         host_bytes=chosen.host,
         host_budget_bytes=host_budget,
@@ -470,13 +470,13 @@ def _rungs(request: PlanRequest) -> list[Rung]:
 
 def _arrangements(request: PlanRequest, rung: Rung) -> list[tuple[frozenset[str], frozenset[str]]]:
     """(parked, offloaded) by rising transfer cost, without arrangements that would repeat another: park
-    the reference, the generator copy, then each model but the policy; offload the policy's moments, then
+    the reference, the engine copy, then each model but the policy; offload the policy's moments, then
     each other model's."""
     parkable = [
         name
         for name, present in (
             ("reference", _has_reference_copy(request)),
-            ("generator copy", _generator_bytes(request, rung) > 0),
+            ("engine copy", _engine_copy_bytes(request, rung) > 0),
         )
         if present
     ] + [name for name in request.trainees if name != POLICY]
@@ -494,7 +494,7 @@ def _layout(request: PlanRequest, rung: Rung, parked: frozenset[str], offloaded:
     compute = 2 if (rung.weights == FP32 and request.autocast) or rung.weights != FP32 else 4
     frozen = {
         "reference": compute * P if _has_reference_copy(request) else 0,
-        "generator copy": _generator_bytes(request, rung) * P,
+        "engine copy": _engine_copy_bytes(request, rung) * P,
     }
     resident_frozen = sum(size for name, size in frozen.items() if name not in parked)
     trained = {name: _trained_bytes(request, rung, name) for name in request.trainees}
@@ -527,11 +527,11 @@ def _startup_bytes(request: PlanRequest, rung: Rung, policy: _Trained) -> int:
     Until 2026-12-02 the copy was a deep copy of the fp32 policy cast afterwards, 2 (4 P + 4 T) on the
     Qwen2.5-7B shape at rank 64: 57.94 GiB, the LoRA run's measured peak of 58.76 GiB. Now it is
     4 P + 4 T + 2 P + 4 V H, below that run's update."""
-    generator = _generator_bytes(request, rung)
-    if generator == 0:
+    engine_copy = _engine_copy_bytes(request, rung)
+    if engine_copy == 0:
         return 0
     shape = request.policy.shape
-    return policy.idle + generator * shape.num_params + 4 * shape.vocab_size * shape.hidden_size
+    return policy.idle + engine_copy * shape.num_params + 4 * shape.vocab_size * shape.hidden_size
 
 
 @dataclass(frozen=True)
@@ -713,7 +713,7 @@ def _given_up(request: PlanRequest, rung: Rung) -> list[str]:
     return lost
 
 
-def _generator_bytes(request: PlanRequest, rung: Rung) -> int:
+def _engine_copy_bytes(request: PlanRequest, rung: Rung) -> int:
     """Bytes a parameter of the engine's own copy: none where it generates on the trained weights."""
     dtype = request.generation_dtype
     return 0 if dtype is None or dtype == rung.weights else dtype.itemsize

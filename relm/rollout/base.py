@@ -1,6 +1,6 @@
 """The rollout protocol: token ids in; response ids, their logprobs and finish reasons out.
 
-Every generator (the HF reference engine, the native engine, vLLM, a test double) implements
+Every rollout engine (the HF engine, the native engine, vLLM, a test double) implements
 `RolloutEngine`. Keeping the surface this narrow is what lets the trainer swap engines with one
 config key and lets parity tests compare two engines on the same prompts.
 """
@@ -133,7 +133,7 @@ def logprob_tolerance(dtype: torch.dtype) -> tuple[float, float]:
 
 
 class RolloutEngine(Protocol):
-    """A generator the trainer drives; implementations live beside this file."""
+    """An engine the trainer drives; implementations live beside this file."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """Sample `params.n` responses for each prompt (token ids, no padding)."""

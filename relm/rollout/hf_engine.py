@@ -128,7 +128,7 @@ class HFRolloutEngine:
 
         Colocated with the actor's own module the tensors are the engine's own and nothing moves;
         with a separate copy (another dtype or device) each is copied with its shape checked.
-        Floating tensors may change dtype (fp32 master weights into a bf16 generator). Sharded
+        Floating tensors may change dtype (fp32 master weights into a bf16 engine copy). Sharded
         DTensors are gathered first, which is a collective: call this on every rank.
 
         Raises:

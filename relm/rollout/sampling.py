@@ -2,7 +2,7 @@
 
 Both engines call the same function so that, given the same logits and seed, they pick the same
 tokens and report the same logprobs; that is what lets the native engine be checked token for
-token against the HF reference engine.
+token against the HF engine.
 """
 
 from __future__ import annotations

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 
 from relm.algorithms.advantages import estimator_needs
 from relm.algorithms.filtering import groups_with_variance
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.errors import UserError
-from relm.learner.batch import ExperienceBatch
+from relm.learner.batch import Rollout, Scored
 from relm.rewards.manager import RewardResult, place_on_last_token
 from relm.rewards.model_reward import score_with_reward_model
 from relm.rewards.shaping import overlong_penalty
 from relm.rollout.base import GenerationOutput, SamplingParams
-from relm.rollout.multi_turn.records import row_kwargs
+from relm.rollout.multi_turn.conversations import row_kwargs
 from relm.trainer.components import RunComponents
-from relm.trainer.experience import build_experience
+from relm.trainer.experience import build_rollout
 
 logger = logging.getLogger("relm")
 
@@ -40,7 +41,7 @@ def sampling_params(c: RunComponents, step: int, round_index: int = 0) -> Sampli
     )
 
 
-def _score(c: RunComponents, batch: ExperienceBatch, prompts: PromptBatch, n: int) -> RewardResult:
+def _reward(c: RunComponents, batch: Rollout, prompts: PromptBatch, n: int) -> RewardResult:
     """Scores of whole responses (a multi-turn conversation's tool results included, as verl scores
     them), each placed on the last token the model sampled."""
     if c.reward_model is not None:
@@ -54,7 +55,7 @@ def _score(c: RunComponents, batch: ExperienceBatch, prompts: PromptBatch, n: in
             ],
             messages=[messages for messages in prompts.raw_prompts for _ in range(n)],
             response_ids=batch.response_ids,
-            response_mask=batch.response_tokens,
+            response_mask=batch.response_attention_mask,
             data_sources=batch.data_sources,
             ground_truths=batch.ground_truths,
             extra_infos=batch.extra_infos,
@@ -63,13 +64,13 @@ def _score(c: RunComponents, batch: ExperienceBatch, prompts: PromptBatch, n: in
     else:
         scored = c.reward(
             batch.response_ids,
-            batch.response_tokens,
+            batch.response_attention_mask,
             batch.data_sources,
             batch.ground_truths,
             batch.extra_infos,
         )
-    if batch.response_attention_mask is not None:
-        scored.token_scores = place_on_last_token(scored.scores, batch.response_mask)
+    if not torch.equal(batch.response_attention_mask, batch.response_mask):  # tool results in the responses
+        return replace(scored, token_scores=place_on_last_token(scored.scores, batch.response_mask))
     return scored
 
 
@@ -95,10 +96,8 @@ def _generate(
 def _greedy_baseline(c: RunComponents, prompts: PromptBatch, n: int) -> torch.Tensor:
     """ReMax's baseline: the score of one greedy response per prompt, repeated for its `n` samples."""
     params = SamplingParams(n=1, max_new_tokens=c.cfg.data.max_response_length, do_sample=False)
-    greedy = build_experience(
-        prompts, _generate(c, prompts, params), n=1, pad_token_id=c.tokenizer.pad_token_id
-    )
-    return _score(c, greedy, prompts, 1).scores.repeat_interleave(n)
+    greedy = build_rollout(prompts, _generate(c, prompts, params), n=1, pad_token_id=c.tokenizer.pad_token_id)
+    return _reward(c, greedy, prompts, 1).scores.repeat_interleave(n)
 
 
 def generate_and_score(
@@ -107,12 +106,21 @@ def generate_and_score(
     params: SamplingParams,
     group_offset: int = 0,
     metrics: dict[str, float] | None = None,
-) -> tuple[ExperienceBatch, dict[str, torch.Tensor]]:
-    """One generation round: responses with `token_scores` set, and the reward function's extras per row."""
+) -> tuple[Scored, dict[str, torch.Tensor]]:
+    """One generation round: the scored responses, and the reward function's extras per row."""
     gen = _generate(c, prompts, params, metrics)
-    batch = build_experience(prompts, gen, n=params.n, pad_token_id=c.tokenizer.pad_token_id)
-    batch.group_ids += group_offset
-    scored = _score(c, batch, prompts, params.n)
+    rollout = build_rollout(
+        prompts, gen, n=params.n, pad_token_id=c.tokenizer.pad_token_id, group_offset=group_offset
+    )
+    return score(c, rollout, prompts, params.n)
+
+
+def score(
+    c: RunComponents, rollout: Rollout, prompts: PromptBatch, n: int
+) -> tuple[Scored, dict[str, torch.Tensor]]:
+    """The `Scored` record of a rollout (DAPO's overlong penalty included, ReMax's greedy baseline where the
+    estimator reads it), and the reward function's extras per row."""
+    scored = _reward(c, rollout, prompts, n)
     extras = {name: torch.tensor(values, dtype=torch.float32) for name, values in scored.extra.items()}
     token_scores = scored.token_scores
     if "acc" not in extras:  # as verl's naive and DAPO managers do, a plain float score is also `acc`
@@ -120,23 +128,29 @@ def generate_and_score(
     overlong = c.cfg.reward_model.overlong_buffer
     if overlong.enable:
         penalty = overlong_penalty(
-            batch.response_tokens.sum(-1),
+            rollout.response_attention_mask.sum(-1),
             max_response_length=c.cfg.data.max_response_length,
             buffer_len=overlong.len,
             penalty_factor=overlong.penalty_factor,
         )
-        token_scores = token_scores + place_on_last_token(penalty, batch.response_mask)
+        token_scores = token_scores + place_on_last_token(penalty, rollout.response_mask)
         extras["overlong_penalty"] = penalty
-    batch.token_scores = token_scores
-    batch.reward_extras = [{k: float(v[row]) for k, v in extras.items()} for row in range(len(batch))]
-    if estimator_needs(c.cfg.algorithm.adv_estimator).greedy_baseline:
-        batch.baseline_scores = _greedy_baseline(c, prompts, params.n)
-    return batch, extras
+    baseline = (
+        _greedy_baseline(c, prompts, n)
+        if estimator_needs(c.cfg.algorithm.adv_estimator).greedy_baseline
+        else None
+    )
+    record = Scored(
+        rollout=rollout,
+        token_scores=token_scores,
+        reward_extras=[{k: float(v[row]) for k, v in extras.items()} for row in range(len(rollout))],
+        baseline_scores=baseline,
+    )
+    return record, extras
 
 
-def _filter_values(batch: ExperienceBatch, extras: dict[str, torch.Tensor], metric: str) -> torch.Tensor:
+def _filter_values(batch: Scored, extras: dict[str, torch.Tensor], metric: str) -> torch.Tensor:
     if metric in SCORE_METRICS:
-        assert batch.token_scores is not None, "filtering follows scoring"
         return batch.token_scores.sum(-1)
     if metric not in extras:
         raise UserError(
@@ -148,7 +162,7 @@ def _filter_values(batch: ExperienceBatch, extras: dict[str, torch.Tensor], metr
 
 def collect_experience(
     c: RunComponents, prompts: PromptBatch, step: int, metrics: dict[str, float]
-) -> ExperienceBatch:
+) -> Scored:
     """Generate and score `prompts`; with DAPO's dynamic sampling, keep only groups whose responses
     differ and draw more prompts from the loader until `data.train_batch_size` groups are kept."""
     batch, extras = generate_and_score(c, prompts, sampling_params(c, step), metrics=metrics)
@@ -165,18 +179,18 @@ def collect_experience(
 def _fill_with_varied_groups(
     c: RunComponents,
     prompts: PromptBatch,
-    batch: ExperienceBatch,
+    batch: Scored,
     extras: dict[str, torch.Tensor],
     step: int,
     metrics: dict[str, float],
-) -> tuple[ExperienceBatch, dict[str, torch.Tensor]]:
+) -> tuple[Scored, dict[str, torch.Tensor]]:
     filt, n = c.cfg.algorithm.filter_groups, c.cfg.actor_rollout_ref.rollout.n
     wanted = c.cfg.data.train_batch_size * n
     pad = c.tokenizer.pad_token_id
     kept, dropped = [], []
     rounds = 0
     while True:
-        keep = groups_with_variance(batch.group_ids, _filter_values(batch, extras, filt.metric))
+        keep = groups_with_variance(batch.rollout.group_ids, _filter_values(batch, extras, filt.metric))
         kept.append((batch.select(torch.nonzero(keep).squeeze(-1)), {k: v[keep] for k, v in extras.items()}))
         dropped.append(
             (batch.select(torch.nonzero(~keep).squeeze(-1)), {k: v[~keep] for k, v in extras.items()})
@@ -197,10 +211,10 @@ def _fill_with_varied_groups(
             )
             kept.extend(dropped)
             break
-        offset = int(batch.group_ids.max()) + 1
+        offset = int(batch.rollout.group_ids.max()) + 1
         batch, extras = generate_and_score(c, c.loader.next_batch(), sampling_params(c, step, rounds), offset)
     metrics["train/num_gen_batches"] = float(rounds)
-    merged = ExperienceBatch.concat([b for b, _ in kept if len(b)], pad)
+    merged = Scored.concat([b for b, _ in kept if len(b)], pad)
     merged_extras = {k: torch.cat([e[k] for b, e in kept if len(b)]) for k in kept[0][1]}
     rows = torch.arange(min(wanted, len(merged)))
     return merged.select(rows), {k: v[rows] for k, v in merged_extras.items()}

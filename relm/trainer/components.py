@@ -71,7 +71,7 @@ from relm.rewards.model_reward import ModelScorer, build_reward_model
 from relm.rewards.registry import default_compute_score
 from relm.rollout.base import RolloutEngine
 from relm.rollout.hf_engine import HFRolloutEngine
-from relm.rollout.multi_turn.records import ConversationRollout
+from relm.rollout.multi_turn.conversations import ConversationRollout
 from relm.rollout.multi_turn.setup import (
     build_multi_turn,
     load_run_interactions,
@@ -283,10 +283,10 @@ def build_components(
     actor = load_trained_model(cfg, "actor", model_dir, device, precision.master)
     # Taken before sharding: the engine generates with whole weights (a copy when data-parallel).
     # vLLM keeps its own copy of the weights (in rollout.dtype), so no HF copy is made for it.
-    generator = (
+    engine_model = (
         actor
         if arr.rollout.name == "vllm"
-        else generator_model(actor, arr.rollout, device, precision, separate=dist.is_distributed)
+        else engine_model_of(actor, arr.rollout, device, precision, separate=dist.is_distributed)
     )
     layouts: dict[str, Layout] = {}
     if dist.is_distributed:
@@ -311,14 +311,14 @@ def build_components(
         memory.plan,
         device,
         ref=ref,
-        generator=generator if generator is not actor else None,
+        engine_copy=engine_model if engine_model is not actor else None,
         trained={name: (t.module, t.optimizer) for name, t in trainees.items()},
     )
     kl = cfg.algorithm.kl_ctrl
     # vLLM takes a LoRA actor's adapter through its LoRA support (or merged weights where it cannot).
     lora = vllm_lora(actor) if arr.rollout.name == "vllm" else None
     engine = build_run_engine(
-        cfg, generator, model_dir, tokenizer, dist=dist, device=device, precision=precision, lora=lora
+        cfg, engine_model, model_dir, tokenizer, dist=dist, device=device, precision=precision, lora=lora
     )
     return RunComponents(
         cfg=cfg,
@@ -344,14 +344,14 @@ def build_components(
         # vLLM keeps its own copy of the weights, out of reach: a LoRA sync is checked by what it computes.
         weight_sync=WeightSync(
             actor,
-            engine_model=None if arr.rollout.name == "vllm" else generator,
+            engine_model=None if arr.rollout.name == "vllm" else engine_model,
             vllm=lora,
             check=LogprobCheck(engine.probe, engine.settings.dtype) if lora is not None else None,  # type: ignore[attr-defined]  # the vLLM engine's, reached through WatchedEngine
         ),
         reward_model=build_reward_model(cfg.reward_model, device=device, seed=cfg.seed)
         if cfg.reward_model.enable
         else None,
-        multi_turn=_multi_turn(cfg, tools, engine, tokenizer, generator)
+        multi_turn=_multi_turn(cfg, tools, engine, tokenizer, engine_model)
         if cfg.actor_rollout_ref.rollout.multi_turn.enable
         else None,
     )
@@ -393,7 +393,7 @@ def _multi_turn(
     tools: dict[str, Tool],
     engine: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
-    generator: nn.Module,
+    engine_model: nn.Module,
 ) -> ConversationRollout:
     """Drives `engine` through conversations with `tools` and the config's interactions
     (`rollout.multi_turn.enable`). Data-parallel, the conversations are shared out, not the turns:
@@ -408,7 +408,7 @@ def _multi_turn(
         tokenizer,
         chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
         chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
-        eos_token_ids=eos_token_ids_of(tokenizer, generator),
+        eos_token_ids=eos_token_ids_of(tokenizer, engine_model),
         interactions=load_run_interactions(cfg.actor_rollout_ref.rollout.multi_turn),
     )
     return DataParallelMultiTurn(rollout, engine) if isinstance(engine, DataParallelEngine) else rollout
@@ -540,7 +540,7 @@ def build_trainee(
 
 def build_run_engine(
     cfg: RelmConfig,
-    generator: nn.Module,
+    engine_model: nn.Module,
     model_dir: str,
     tokenizer: PreTrainedTokenizerBase,
     *,
@@ -552,7 +552,7 @@ def build_run_engine(
     """The run's engine (`build_engine`), watched for stalls, and shared out over the ranks when
     data-parallel."""
     arr = cfg.actor_rollout_ref
-    eos_ids = eos_token_ids_of(tokenizer, generator)
+    eos_ids = eos_token_ids_of(tokenizer, engine_model)
     logger.info(
         "responses end at %s; no id at or past %d (the tokenizer's length) is sampled",
         ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in eos_ids) or "no token",
@@ -563,7 +563,7 @@ def build_run_engine(
     engine: RolloutEngine = WatchedEngine(
         build_engine(
             arr.rollout,
-            generator,
+            engine_model,
             model_dir=model_dir,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_ids=eos_ids,
@@ -608,7 +608,7 @@ def generation_dtype(rollout: RolloutConfig, device: torch.device, precision: Pr
     return pick_dtype(rollout.dtype, device) if device.type == "cuda" else precision.master
 
 
-def generator_model(
+def engine_model_of(
     actor: nn.Module,
     rollout: RolloutConfig,
     device: torch.device,
@@ -654,7 +654,7 @@ def build_engine(
     `vocab_limit` (the tokenizer's length).
 
     `native` and `hf` generate with `model`: the actor's own module, or its copy in the generation dtype
-    (`generator_model`). `vllm` takes the actor as `model` and keeps its own copy of the weights, built
+    (`engine_model_of`). `vllm` takes the actor as `model` and keeps its own copy of the weights, built
     from `model_dir`'s config and loaded from the actor (for a LoRA actor, as `lora` says).
     """
     if rollout.name == "vllm":

@@ -1,6 +1,6 @@
 """The PPO step's data-parallel glue: which rows this rank computes on, and putting results back together.
 
-Every rank holds the step's whole `ExperienceBatch` (the rollout engine gathers it, see
+Every rank holds the step's whole experience (the rollout engine gathers it, see
 `relm.distributed.rollout`). Forward passes (old/reference logprobs, values) and updates run on this
 rank's rows only (`rank_rows`); forward results are gathered back into the whole batch, so advantage
 estimation runs on the global batch on every rank and needs no distributed statistics: GRPO groups,
@@ -24,7 +24,7 @@ from relm.config.schema import RelmConfig
 from relm.distributed.balance import partition_rows
 from relm.distributed.context import DistContext
 from relm.distributed.layout import Layout, decide_layout, describe_layouts
-from relm.learner.batch import ExperienceBatch
+from relm.learner.batch import Advantaged, Rollout
 from relm.learner.minibatch import ADDITIVE_METRICS
 from relm.learner.trainee import Trainee
 from relm.memory.choices import MemoryChoices, data_parallel_choices, data_parallel_plan
@@ -97,7 +97,7 @@ def data_parallel_memory(
 
 
 def rank_rows(
-    batch: ExperienceBatch, dist: DistContext, trainees: list[Trainee], *, balance: bool
+    batch: Rollout, dist: DistContext, trainees: list[Trainee], *, balance: bool
 ) -> torch.Tensor | None:
     """This rank's rows of the step (see `relm.distributed.balance`), or None in a single-process run.
 
@@ -119,9 +119,9 @@ def rank_rows(
 
 def on_rank_rows(
     dist: DistContext,
-    batch: ExperienceBatch,
+    batch: Rollout,
     rows: torch.Tensor | None,
-    compute: Callable[[ExperienceBatch], torch.Tensor],
+    compute: Callable[[Rollout], torch.Tensor],
 ) -> torch.Tensor:
     """`compute` over this rank's `rows`, gathered into the whole batch's [N, ...] result on every rank."""
     if rows is None:
@@ -143,7 +143,7 @@ def gather_rows(
     return merged
 
 
-def local_rows(batch: ExperienceBatch, rows: torch.Tensor | None) -> ExperienceBatch:
+def local_rows(batch: Advantaged, rows: torch.Tensor | None) -> Advantaged:
     """The rows this rank updates with (the whole batch in a single-process run)."""
     return batch if rows is None else batch.select(rows)
 

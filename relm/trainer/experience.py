@@ -1,4 +1,5 @@
-"""Turning prompts into scored, annotated experience: the first half of a PPO step."""
+"""The rollout record of a step's responses, and the no-grad forward passes over it (old and reference
+logprobs, values) that annotate it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.distributed.balance import same_group_count
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import gathered_for_passes, passes_are_collective
-from relm.learner.batch import ExperienceBatch
+from relm.learner.batch import Rollout
 from relm.learner.forward import response_logprobs, response_values
 from relm.learner.minibatch import forward_token_counts, microbatch_indices
 from relm.rollout.base import GenerationOutput
@@ -21,10 +22,11 @@ from relm.rollout.padding import left_pad
 logger = logging.getLogger("relm")
 
 
-def build_experience(
-    prompts: PromptBatch, gen: GenerationOutput, *, n: int, pad_token_id: int
-) -> ExperienceBatch:
-    """Join each prompt with its `n` responses (engines return them grouped prompt by prompt)."""
+def build_rollout(
+    prompts: PromptBatch, gen: GenerationOutput, *, n: int, pad_token_id: int, group_offset: int = 0
+) -> Rollout:
+    """Join each prompt with its `n` responses (engines return them grouped prompt by prompt); the
+    prompts' group ids start at `group_offset` (a later DAPO round's rows join the earlier ones')."""
     num_rows = len(prompts) * n
     if gen.response_ids.shape[0] != num_rows:
         raise RuntimeError(
@@ -36,14 +38,15 @@ def build_experience(
     def rep(values: list) -> list:
         return [v for v in values for _ in range(n)]
 
-    return ExperienceBatch(
+    response_mask = gen.response_mask.cpu()
+    return Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         response_ids=gen.response_ids.cpu(),
         # A multi-turn rollout's tool results are attended to but not trained on.
-        response_mask=(gen.response_mask if gen.model_mask is None else gen.model_mask).cpu(),
-        response_attention_mask=None if gen.model_mask is None else gen.response_mask.cpu(),
-        group_ids=torch.arange(len(prompts)).repeat_interleave(n),
+        response_mask=response_mask if gen.model_mask is None else gen.model_mask.cpu(),
+        response_attention_mask=response_mask,
+        group_ids=torch.arange(len(prompts)).repeat_interleave(n) + group_offset,
         data_sources=rep(prompts.data_sources),
         ground_truths=rep(prompts.ground_truths),
         # A multi-turn rollout's `turn_scores` and `tool_rewards` reach the reward function, as in verl.
@@ -60,7 +63,7 @@ def build_experience(
 @torch.no_grad()
 def batched_logprobs(
     model: nn.Module,
-    batch: ExperienceBatch,
+    batch: Rollout,
     *,
     rows_per_forward: int,
     temperature: float,
@@ -75,7 +78,7 @@ def batched_logprobs(
     rows) every rank makes as many passes, and when the model is sharded an out-of-memory pass is not
     retried on one rank alone. `vocab_limit`: as in `response_logprobs`."""
 
-    def logprobs_of(mb: ExperienceBatch) -> torch.Tensor:
+    def logprobs_of(mb: Rollout) -> torch.Tensor:
         logprobs, _ = response_logprobs(
             model,
             mb.input_ids,
@@ -104,7 +107,7 @@ def batched_logprobs(
 @torch.no_grad()
 def batched_values(
     value_model: nn.Module,
-    batch: ExperienceBatch,
+    batch: Rollout,
     *,
     rows_per_forward: int,
     device: torch.device,
@@ -114,7 +117,7 @@ def batched_values(
 ) -> torch.Tensor:
     """[N, R] critic values V(s_t) before each response token (`dist` as in `batched_logprobs`)."""
 
-    def values_of(mb: ExperienceBatch) -> torch.Tensor:
+    def values_of(mb: Rollout) -> torch.Tensor:
         return response_values(
             value_model,
             mb.input_ids,
@@ -139,8 +142,8 @@ def batched_values(
 
 def _in_forward_passes(
     model: nn.Module,
-    batch: ExperienceBatch,
-    compute: Callable[[ExperienceBatch], torch.Tensor],
+    batch: Rollout,
+    compute: Callable[[Rollout], torch.Tensor],
     what: str,
     *,
     rows_per_forward: int,
@@ -192,7 +195,7 @@ def run_halving_on_oom(
 
 
 def _forward_groups(
-    batch: ExperienceBatch, rows_per_forward: int, max_tokens: int | None, remove_padding: bool
+    batch: Rollout, rows_per_forward: int, max_tokens: int | None, remove_padding: bool
 ) -> list[torch.Tensor]:
     token_counts = forward_token_counts(batch.attention_mask, remove_padding)
     return list(

@@ -1,10 +1,10 @@
-"""Step metrics under verl's names, computed from the finished `ExperienceBatch`."""
+"""Step metrics under verl's names, computed from the finished `Advantaged` record."""
 
 from __future__ import annotations
 
 import torch
 
-from relm.learner.batch import ExperienceBatch
+from relm.learner.batch import Advantaged
 from relm.memory.choices import MemoryChoices
 from relm.memory.host import peak_rss_bytes
 from relm.rollout.base import FINISH_LENGTH
@@ -27,21 +27,24 @@ def _token_stats(prefix: str, values: torch.Tensor | None, mask: torch.Tensor) -
     return _stats(prefix, values[mask.bool()])
 
 
-def data_metrics(batch: ExperienceBatch) -> dict[str, float]:
+def data_metrics(batch: Advantaged) -> dict[str, float]:
     """Scores, rewards, advantages, returns, values and lengths, as verl's `compute_data_metrics`."""
-    mask = batch.response_mask
-    response_length = batch.response_tokens.sum(-1)  # a conversation's tool results count, as in verl
-    prompt_length = batch.prompt_mask.sum(-1)
+    rollout = batch.rollout
+    mask = batch.loss_mask
+    response_length = rollout.response_attention_mask.sum(
+        -1
+    )  # a conversation's tool results count, as in verl
+    prompt_length = rollout.prompt_mask.sum(-1)
     metrics: dict[str, float] = {}
-    if batch.token_scores is not None:
-        metrics.update(_stats("critic/score", batch.token_scores.sum(-1)))
-    if batch.token_rewards is not None:
-        metrics.update(_stats("critic/rewards", batch.token_rewards.sum(-1)))
+    metrics.update(_stats("critic/score", batch.annotated.scored.token_scores.sum(-1)))
+    metrics.update(_stats("critic/rewards", batch.token_rewards.sum(-1)))
     metrics.update(_token_stats("critic/advantages", batch.advantages, mask))
     metrics.update(_token_stats("critic/returns", batch.returns, mask))
-    metrics.update(_token_stats("critic/values", batch.values, mask))
+    metrics.update(_token_stats("critic/values", batch.annotated.values, mask))
     metrics.update(_stats("response_length", response_length))
-    metrics["response_length/clip_ratio"] = sum(r == FINISH_LENGTH for r in batch.finish_reasons) / len(batch)
+    metrics["response_length/clip_ratio"] = sum(r == FINISH_LENGTH for r in rollout.finish_reasons) / len(
+        batch
+    )
     metrics.update(_stats("prompt_length", prompt_length))
     return metrics
 

@@ -17,6 +17,7 @@ Three sources, decided once from the config (`old_logprob_source`):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -24,7 +25,7 @@ import torch
 from relm.algorithms.rollout_correction import correct, offpolicy_metrics
 from relm.config.rollout_correction import RolloutCorrection, parse_rollout_correction
 from relm.config.schema import RelmConfig
-from relm.learner.batch import ExperienceBatch
+from relm.learner.batch import Rollout
 
 OldLogprobSource = Literal["actor", "engine", "update"]
 
@@ -42,40 +43,44 @@ def old_logprob_source(cfg: RelmConfig) -> OldLogprobSource:
     return "update" if one_pass and not read_before_update else "actor"
 
 
-def apply_rollout_correction(
-    batch: ExperienceBatch, spec: RolloutCorrection, metrics: dict[str, float]
-) -> None:
-    """Decoupled mode: importance weights into `batch.rollout_is_weights`, rejection out of `batch.response_mask`
-    (attention keeps every token: the model still reads a rejected one), the `rollout_corr/` metrics.
+@dataclass(frozen=True)
+class Correction:
+    """What decoupled mode's rollout correction gives a batch (`rollout_correction`)."""
+
+    loss_mask: torch.Tensor
+    """[N, R] the sampled tokens less the rejected ones (all of them without `rollout_rs`)."""
+    weights: torch.Tensor | None
+    """[N, R] importance weights; absent without `rollout_is`."""
+    metrics: dict[str, float]
+    """verl's `rollout_corr/` metrics."""
+
+
+def rollout_correction(old_logprobs: torch.Tensor, rollout: Rollout, spec: RolloutCorrection) -> Correction:
+    """Decoupled mode: importance weights and rejection from the actor's old logprobs [N, R] against the
+    engine's. Rejection leaves a token out of the loss mask only: the model still attends to it.
 
     Called before the advantages, as verl does, so a rejected token leaves GAE's and the critic's masks too.
     """
-    assert batch.old_logprobs is not None and batch.rollout_logprobs is not None, "both logprobs are in"
-    if not batch.response_mask.any():
-        return  # nothing sampled to compare (verl raises here)
-    corrected = correct(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask, spec)
-    metrics.update({name: float(value) for name, value in corrected.metrics.items()})
-    batch.rollout_is_weights = corrected.weights
-    if spec.rejection:
-        batch.response_attention_mask = batch.response_tokens
-        batch.response_mask = corrected.response_mask
+    if not rollout.response_mask.any():  # nothing sampled to compare (verl raises here)
+        return Correction(loss_mask=rollout.response_mask, weights=None, metrics={})
+    corrected = correct(old_logprobs, rollout.rollout_logprobs, rollout.response_mask, spec)
+    return Correction(
+        loss_mask=corrected.response_mask if spec.rejection else rollout.response_mask,
+        weights=corrected.weights,
+        metrics={name: float(value) for name, value in corrected.metrics.items()},
+    )
 
 
-def gap_metrics(batch: ExperienceBatch, with_offpolicy: bool) -> dict[str, float]:
-    """`rollout/logprob_diff_max|mean` (the engine's logprobs against the trainer's, docs/rollout.md) and, with
-    `with_offpolicy`, verl's `rollout_corr/` gap metrics (which `apply_rollout_correction` logs otherwise)."""
-    assert batch.old_logprobs is not None and batch.rollout_logprobs is not None, "both logprobs are in"
-    valid = batch.response_mask.bool()
-    diff = (batch.old_logprobs - batch.rollout_logprobs).abs()[valid]
+def gap_metrics(old_logprobs: torch.Tensor, rollout: Rollout, with_offpolicy: bool) -> dict[str, float]:
+    """`rollout/logprob_diff_max|mean` (the engine's logprobs against the trainer's `old_logprobs` [N, R],
+    docs/rollout.md) and, with `with_offpolicy`, verl's `rollout_corr/` gap metrics (which
+    `rollout_correction` gives otherwise)."""
+    valid = rollout.response_mask.bool()
+    diff = (old_logprobs - rollout.rollout_logprobs).abs()[valid]
     if not diff.numel():
         return {}
     metrics = {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item()}
     if with_offpolicy:
-        gap = offpolicy_metrics(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask)
+        gap = offpolicy_metrics(old_logprobs, rollout.rollout_logprobs, rollout.response_mask)
         metrics.update({f"rollout_corr/{name}": float(value) for name, value in gap.items()})
     return metrics
-
-
-def empty_like_responses(batch: ExperienceBatch) -> torch.Tensor:
-    """[N, R] fp32 zeros on the CPU for the update to write its first forward's logprobs into."""
-    return torch.zeros(len(batch), batch.response_width)

@@ -14,55 +14,40 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
 from relm.config.rollout_correction import parse_rollout_correction
-from relm.data.records import PromptBatch
-from relm.errors import UserError
+from relm.data.prompt_batch import PromptBatch
 from relm.learner.actor import update_actor
-from relm.learner.batch import ExperienceBatch
-from relm.learner.critic import update_critic
-from relm.memory.choices import host_budget_bytes
-from relm.memory.host import HostWatchdog, watching
-from relm.rollout.watchdog import engine_stage
-from relm.trainer.checkpoint import (
-    find_resume_checkpoint,
-    load_checkpoint,
-    prune_checkpoints,
-    remove_stale_staging,
-    save_checkpoint,
+from relm.learner.batch import (
+    ActorForward,
+    Advantaged,
+    Annotated,
+    EngineLogprobs,
+    OldLogprobs,
+    Rollout,
+    Scored,
+    UpdateForward,
 )
+from relm.learner.critic import update_critic
+from relm.rollout.watchdog import engine_stage
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
-from relm.trainer.cpu_threads import CpuThreads
 from relm.trainer.data_parallel import gather_rows, local_rows, on_rank_rows, rank_rows, reduce_update_metrics
 from relm.trainer.experience import batched_logprobs, batched_values
 from relm.trainer.flops import peak_flops, training_flops
-from relm.trainer.guards import DegenerateBatchReporter, SkipGuard
-from relm.trainer.loggers import make_loggers
 from relm.trainer.metrics import (
     data_metrics,
     mean_of_lists,
     memory_metrics,
-    memory_report,
     plan_metrics,
-    rollout_gap_report,
 )
-from relm.trainer.old_logprobs import (
-    ON_POLICY_MESSAGE,
-    apply_rollout_correction,
-    empty_like_responses,
-    gap_metrics,
-    old_logprob_source,
-)
-from relm.trainer.plot import CURVES_FILE, plot_curves
-from relm.trainer.samples import ValidationSamples, dump_rollout
-from relm.trainer.signals import stop_on_signals
-from relm.trainer.validation import build_val_params, is_validation_step, make_val_dataset, run_validation
+from relm.trainer.objectives import actor_objective_of, critic_objective_of
+from relm.trainer.old_logprobs import gap_metrics, old_logprob_source, rollout_correction
+from relm.trainer.run import Run
+from relm.trainer.samples import dump_rollout
 
 logger = logging.getLogger("relm")
 
@@ -86,19 +71,22 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
         engine_stage(c.engine, f"rollout of step {step}"),
     ):
         # Generation and scoring (and DAPO's resampling rounds) are one phase; scoring is cheap beside it.
-        batch: ExperienceBatch = collect_experience(c, prompts, step, metrics)
+        scored = collect_experience(c, prompts, step, metrics)
         if c.cfg.actor_rollout_ref.rollout.free_cache_engine:
             c.engine.release_memory()
     if c.dist.is_main and c.cfg.trainer.rollout_data_dir:
-        dump_rollout(c.cfg.trainer.rollout_data_dir, c.tokenizer, batch, step)  # every rank holds every row
+        dump_rollout(c.cfg.trainer.rollout_data_dir, c.tokenizer, scored, step)  # every rank holds every row
 
     # Forward and backward passes compute in bf16 on a GPU; weights and optimizer states stay fp32.
     # There the layers' norms, MLPs and rotary embeddings also run as compiled, fused kernels.
     with c.precision.autocast(), c.fused.applied():
-        annotate(c, batch, metrics)
+        annotated, annotate_metrics = annotate(c, scored)
+        metrics.update(annotate_metrics)
         with timed(metrics, "adv"):
-            estimate_advantages(c, batch, metrics)
-        skipped = update_models(c, batch, step, metrics)
+            batch, advantage_metrics = estimate_advantages(c, annotated)
+        metrics.update(advantage_metrics)
+        skipped, update_metrics = update_models(c, batch, step)
+        metrics.update(update_metrics)
     if skipped:
         logger.warning(
             "step %d: %d optimizer update(s) skipped for a non-finite gradient norm", step, skipped
@@ -106,19 +94,21 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
     metrics["training/skipped_updates"] = float(skipped)
 
     metrics["timing_s/step"] = time.perf_counter() - step_start
-    metrics.update(perf_metrics(c, batch, metrics))
+    metrics.update(perf_metrics(c, batch.rollout, metrics))
     metrics.update(data_metrics(batch))
     metrics.update(memory_metrics(c.device))
     metrics.update(plan_metrics(c.memory, c.actor.microbatch.largest_tokens))
     return metrics
 
 
-def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> None:
-    """Old logprobs (actor), reference logprobs and values, each in forward passes of a few rows.
+def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, float]]:
+    """Old logprobs (actor), reference logprobs and values, each in forward passes of a few rows; their metrics.
 
     Data-parallel, each rank computes them for its own rows and every rank gets them for all rows.
     """
-    rows = rank_rows(batch, c.dist, c.trainees, balance=c.cfg.trainer.balance_batch)
+    metrics: dict[str, float] = {}
+    rollout = scored.rollout
+    rows = rank_rows(rollout, c.dist, c.trainees, balance=c.cfg.trainer.balance_batch)
     actor = c.actor
     # The actor's token budget (made smaller by an update that ran out of memory) also cuts the
     # reference's forwards: the two models have one shape.
@@ -130,40 +120,43 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
         dist=c.dist,
         vocab_limit=len(c.tokenizer),  # the engines never sample past the tokenizer's ids
     )
-    assert batch.rollout_logprobs is not None, "every engine returns the logprobs of what it sampled"
+    old_logprobs: OldLogprobs
     source = old_logprob_source(c.cfg)  # relm.trainer.old_logprobs says which and why
     if source == "engine":
         # verl's bypass mode: the engine's logprobs stand for the old policy's; no actor forward, so no
         # gap to measure here (the update's rollout_corr/ metrics and actor/ppo_kl show it instead).
-        batch.old_logprobs = batch.rollout_logprobs.clone()
+        old_logprobs = EngineLogprobs(rollout.rollout_logprobs)
     elif source == "update":
-        batch.old_logprobs = None  # on-policy: the update's first forward stands for them (`update_models`)
+        old_logprobs = UpdateForward()  # on-policy: the update's first forward stands for them
     else:
         with timed(metrics, "old_log_prob"), c.residency.phase("old_log_prob"):
-            batch.old_logprobs = on_rank_rows(
+            computed = on_rank_rows(
                 c.dist,
-                batch,
+                rollout,
                 rows,
                 lambda b: batched_logprobs(
                     actor.module, b, rows_per_forward=actor.batching.rows_per_forward, **logprobs
                 ),
             )
-        metrics.update(gap_metrics(batch, with_offpolicy=False))
+        old_logprobs = ActorForward(computed)
+        metrics.update(gap_metrics(computed, rollout, with_offpolicy=False))
+    ref_logprobs = None
     reference = c.reference()
     if reference is not None:
         with timed(metrics, "ref"), c.residency.phase("reference"), reference as ref:
-            batch.ref_logprobs = on_rank_rows(
+            ref_logprobs = on_rank_rows(
                 c.dist,
-                batch,
+                rollout,
                 rows,
                 lambda b: batched_logprobs(ref, b, rows_per_forward=c.sizes.rows_per_ref_forward, **logprobs),
             )
+    values = None
     critic = c.critic
     if critic is not None:
         with timed(metrics, "values"), c.residency.phase("values"):
-            batch.values = on_rank_rows(
+            values = on_rank_rows(
                 c.dist,
-                batch,
+                rollout,
                 rows,
                 lambda b: batched_values(
                     critic.module,
@@ -175,40 +168,61 @@ def annotate(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]
                     dist=c.dist,
                 ),
             )
+    annotated = Annotated(scored=scored, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values)
+    return annotated, metrics
 
 
-def estimate_advantages(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> None:
-    """Token rewards (scores minus the in-reward KL penalty, if any), then advantages and returns."""
+def estimate_advantages(c: RunComponents, annotated: Annotated) -> tuple[Advantaged, dict[str, float]]:
+    """Token rewards (scores minus the in-reward KL penalty, if any), the loss mask (less the tokens the rollout
+    correction rejects), then advantages and returns; the metrics of each."""
     algo = c.cfg.algorithm
-    assert batch.token_scores is not None, "the batch is scored"
+    metrics: dict[str, float] = {}
+    rollout, token_scores, old = annotated.rollout, annotated.scored.token_scores, annotated.old_logprobs
     if algo.use_kl_in_reward:
-        assert batch.old_logprobs is not None and batch.ref_logprobs is not None, "both forwards ran"
-        batch.token_rewards, kl_metrics = apply_kl_penalty(
-            batch.token_scores, batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
+        if isinstance(old, UpdateForward) or annotated.ref_logprobs is None:
+            raise RuntimeError(
+                "a KL penalty in the reward needs old logprobs before the update and a reference"
+            )
+        token_rewards, kl_metrics = apply_kl_penalty(
+            token_scores, old.logprobs, annotated.ref_logprobs, rollout.response_mask,
             c.kl_ctrl.value, algo.kl_penalty,
         )  # fmt: skip
         metrics["actor/reward_kl_penalty"] = float(kl_metrics["reward_kl"])
         metrics["actor/reward_kl_penalty_coeff"] = c.kl_ctrl.value
-        c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(batch))
+        c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(annotated))
     else:
-        batch.token_rewards = batch.token_scores
-    correction = parse_rollout_correction(algo.rollout_correction)
-    if batch.old_logprobs is not None and not correction.bypass:  # verl's decoupled mode
-        apply_rollout_correction(batch, correction, metrics)
-    batch.advantages, batch.returns = compute_advantages(
+        token_rewards = token_scores
+    if isinstance(old, ActorForward):  # verl's decoupled mode
+        correction = rollout_correction(
+            old.logprobs, rollout, parse_rollout_correction(algo.rollout_correction)
+        )
+        loss_mask, weights = correction.loss_mask, correction.weights
+        metrics.update(correction.metrics)
+    else:
+        loss_mask, weights = rollout.response_mask, None
+    advantages, returns = compute_advantages(
         algo.adv_estimator,
-        token_rewards=batch.token_rewards,
-        response_mask=batch.response_mask,
-        values=batch.values,
-        group_ids=batch.group_ids,
+        token_rewards=token_rewards,
+        response_mask=loss_mask,
+        values=annotated.values,
+        group_ids=rollout.group_ids,
         gamma=algo.gamma,
         lam=algo.lam,
         norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-        baseline_scores=batch.baseline_scores,
+        baseline_scores=annotated.scored.baseline_scores,
     )
+    advantaged = Advantaged(
+        annotated=annotated,
+        token_rewards=token_rewards,
+        loss_mask=loss_mask,
+        rollout_is_weights=weights,
+        advantages=advantages,
+        returns=returns,
+    )
+    return advantaged, metrics
 
 
-def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: dict[str, float]) -> int:
+def update_models(c: RunComponents, batch: Advantaged, step: int) -> tuple[int, dict[str, float]]:
     """Critic update, then (after `trainer.critic_warmup` steps) actor update and weight sync.
 
     Data-parallel, each rank updates with its own rows (`rank_rows`), a 1/world share of every
@@ -216,37 +230,36 @@ def update_models(c: RunComponents, batch: ExperienceBatch, step: int, metrics: 
     memory leaves its trainee's micro-batches smaller for the rest of the run (`Trainee.microbatch`).
 
     Returns:
-        How many optimizer steps were skipped for a non-finite gradient norm.
+        How many optimizer steps were skipped for a non-finite gradient norm, and the updates' metrics.
     """
+    metrics: dict[str, float] = {}
     skipped = 0
-    rows = rank_rows(batch, c.dist, c.trainees, balance=c.cfg.trainer.balance_batch)
+    rows = rank_rows(batch.rollout, c.dist, c.trainees, balance=c.cfg.trainer.balance_batch)
     mine = local_rows(batch, rows)
-    shared: dict[str, Any] = dict(device=c.device, generator=c.generator, dist=c.dist)
+    shared: dict[str, Any] = dict(device=c.device, rng=c.generator, dist=c.dist)
     if c.critic is not None:
         with timed(metrics, "update_critic"), c.residency.phase("update_critic"):
-            result = update_critic(c.critic, mine, **shared)
+            result = update_critic(c.critic, mine, critic_objective_of(c.cfg), **shared)
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
     if step > c.cfg.trainer.critic_warmup:
-        correction = parse_rollout_correction(c.cfg.algorithm.rollout_correction)
-        first_forward = empty_like_responses(mine) if batch.old_logprobs is None else None
         with timed(metrics, "update_actor"), c.residency.phase("update_actor"):
             result = update_actor(
-                c.actor, mine, temperature=c.sizes.logprob_temperature,
-                bypass=correction if correction.bypass else None, first_forward_out=first_forward, **shared,
-            )  # fmt: skip
+                c.actor, mine, actor_objective_of(c.cfg), temperature=c.sizes.logprob_temperature, **shared
+            )
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
-        if first_forward is not None:  # on-policy: the gap to the engine, measured on the update's forward
-            batch.old_logprobs = gather_rows(c.dist, len(batch), rows, first_forward)
-            metrics.update(gap_metrics(batch, with_offpolicy=True))
+        if isinstance(batch.annotated.old_logprobs, UpdateForward):
+            # on-policy: the gap to the engine, measured on the update's forward
+            first_forward = gather_rows(c.dist, len(batch), rows, result.first_forward)
+            metrics.update(gap_metrics(first_forward, batch.rollout, with_offpolicy=True))
         skipped += result.num_skipped_updates
         with timed(metrics, "sync"), c.residency.phase("sync"):
             c.engine.sync_weights(c.weight_sync.tensors())
             c.weight_sync.verify()
-    return skipped
+    return skipped, metrics
 
 
-def perf_metrics(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, float]) -> dict[str, float]:
+def perf_metrics(c: RunComponents, batch: Rollout, metrics: dict[str, float]) -> dict[str, float]:
     """Throughput over the whole step (verl's `perf/throughput`, per GPU) and actor MFU where the peak is known."""
     trainer = c.cfg.trainer
     num_tokens = int(batch.attention_mask.sum())
@@ -266,156 +279,26 @@ def perf_metrics(c: RunComponents, batch: ExperienceBatch, metrics: dict[str, fl
 
 
 def train(c: RunComponents) -> None:
-    """Run `total_training_steps` steps, logging every step and saving every `save_freq`.
+    """Run `total_training_steps` steps, logging every step and saving every `save_freq` (`Run` does all but
+    the steps).
 
     SIGTERM or SIGINT stops the run after the step in progress, with a checkpoint of that step and
     exit code 0 (a second signal aborts at once; see `trainer/signals.py`). More than
     `trainer.max_skipped_steps` steps in a row with skipped updates raise `TrainingDiverged`.
 
-    Data-parallel, every rank runs this loop on the same prompts (see `relm.trainer.data_parallel`);
-    only rank 0 writes logs and plots, and a stop signal seen by any rank stops all after the same step.
+    Data-parallel, every rank runs this loop on the same prompts (see `relm.trainer.data_parallel`).
     """
-    total, trainer_cfg = c.sizes.total_training_steps, c.cfg.trainer
-    if c.dist.is_main:
-        remove_stale_staging(c.run_dir)
-    c.dist.barrier()
-    start, guard = 0, SkipGuard(trainer_cfg.max_skipped_steps)
-    checkpoint = find_resume_checkpoint(c.run_dir, trainer_cfg.resume_mode, trainer_cfg.resume_from_path)
-    if checkpoint is not None:
-        logger.info("loading checkpoint %s", checkpoint)
-        restored = load_checkpoint(c, checkpoint)
-        for trainee in c.trainees:
-            if trainee.optimizer_offload is not None:
-                trainee.optimizer_offload.to_host()  # loading put the moments on the GPU
-        start = restored.step
-        guard.load_state_dict(restored.loop_state.get("skip_guard", {}))
-        if start >= total and not trainer_cfg.val_only:  # evaluating a finished run is fine
-            logger.info(
-                "the run in %s is finished (step %d of %d): nothing to train; raise "
-                "trainer.total_training_steps to go on, or use a new trainer.default_local_dir",
-                c.run_dir, start, total,
-            )  # fmt: skip
-            return
-        logger.info("resumed from %s: continuing at step %d of %d", checkpoint, start + 1, total)
-    val_dataset = make_val_dataset(c.cfg, c.tokenizer, c.multi_turn.schemas if c.multi_turn else None)
-    if trainer_cfg.val_only and val_dataset is None:
-        raise UserError("`trainer.val_only=true` has nothing to validate: set `data.val_files`")
-    loggers = make_loggers(
-        trainer_cfg.logger, c.run_dir, total, resume_step=start if checkpoint else None,
-        project=trainer_cfg.project_name, experiment=trainer_cfg.experiment_name, config=asdict(c.cfg),
-    ) if c.dist.is_main else []  # fmt: skip
-    save_freq = trainer_cfg.save_freq
-    val_params = build_val_params(
-        c.cfg.actor_rollout_ref.rollout.val_kwargs, c.cfg.data.max_response_length, seed=c.cfg.seed
-    )
-    degenerate = DegenerateBatchReporter()
-    num_responses = c.cfg.data.train_batch_size * c.cfg.actor_rollout_ref.rollout.n
-
-    val_samples = ValidationSamples(trainer_cfg, c.run_dir)
-
-    def validate(step: int) -> dict[str, float]:
-        assert val_dataset is not None, "called only with a validation set"
-        with c.residency.phase("generate"), engine_stage(c.engine, f"validation after step {step}"):
-            result = run_validation(
-                c.engine, c.reward, val_dataset, params=val_params, batch_size=c.cfg.data.val_batch_size,
-                keep_samples=val_samples.wanted, multi_turn=c.multi_turn,
-            )  # fmt: skip
-        if c.dist.is_main:
-            val_samples.write(step, result.samples)
-        return result.metrics
-
-    def save(step: int) -> None:
-        c.residency.current = "checkpoint save"
-        save_checkpoint(c, step, loop_state={"skip_guard": guard.state_dict()})
-        if c.dist.is_main:
-            prune_checkpoints(
-                c.run_dir, step,
-                max_actor=trainer_cfg.max_actor_ckpt_to_keep, max_critic=trainer_cfg.max_critic_ckpt_to_keep,
-            )  # fmt: skip
-
-    if trainer_cfg.val_only:  # an evaluation of the model or of the resumed checkpoint's weights
-        try:
-            val_metrics = validate(start)
-            for sink in loggers:
-                sink.log(start, val_metrics)
-        finally:
-            for sink in loggers:
-                sink.close()
-            val_samples.close()
-        logger.info("validation only (trainer.val_only): metrics in %s", c.run_dir / "metrics.jsonl")
+    run = Run.open(c)
+    if run is None:  # resumed a finished run
         return
-    last_step = last_saved = start
-    if old_logprob_source(c.cfg) == "update":
-        logger.info(ON_POLICY_MESSAGE)
-    cpu_threads = CpuThreads(c.device)  # fewer torch threads while other processes hold cores
-    running = {"step": start}
-    watchdog = HostWatchdog(
-        lambda: f"{c.residency.current} of step {running['step']}", budget_bytes=host_budget_bytes(c.cfg)
-    )
-    try:
-        with stop_on_signals() as stop, watching(watchdog):
-            if val_dataset is not None and trainer_cfg.val_before_train and start == 0:
-                val_metrics = validate(0)  # on every rank: generation is shared out over the ranks
-                for sink in loggers:
-                    sink.log(0, val_metrics)
-            for step in range(start + 1, total + 1):
-                if c.dist.any_true(stop.requested):
-                    break
-                cpu_threads.adjust()
-                running["step"] = step
-                metrics = ppo_step(c, c.loader.next_batch(), step)
-                if step == start + 1 and c.dist.is_main and (report := memory_report(metrics)):
-                    logger.info("%s", report)
-                quantization = c.cfg.actor_rollout_ref.rollout.quantization
-                if (
-                    step == start + 1
-                    and c.dist.is_main
-                    and (gap := rollout_gap_report(metrics, quantization))
-                ):
-                    logger.info("%s", gap)
-                metrics["training/epoch"] = float(c.loader.epoch)
-                diverged = guard.update(step, metrics)
-                if val_dataset is not None and is_validation_step(step, total, trainer_cfg.test_freq):
-                    metrics.update(validate(step))
-                if c.dist.is_main:
-                    degenerate.check(step, metrics, num_responses)
-                for sink in loggers:
-                    sink.log(step, metrics)
-                if diverged is not None:
-                    raise diverged
-                last_step = step
-                if save_freq > 0 and (step % save_freq == 0 or step == total):
-                    save(step)
-                    last_saved = step
-            if c.dist.any_true(stop.requested) and last_step > last_saved:
-                save(last_step)  # whatever save_freq says: the steps since the last save must not be lost
-    except Exception:  # not KeyboardInterrupt: a second signal leaves at once, without the plot
-        if c.dist.is_main:
-            _write_curves(
-                c.run_dir
-            )  # the curves up to a divergence or a failure are what the user looks at next
-        raise
-    finally:
-        for sink in loggers:
-            sink.close()
-        val_samples.close()
-    if c.dist.is_main:
-        _write_curves(c.run_dir)
-    if last_step < total:
-        saved = f"checkpoint in {c.run_dir / f'global_step_{last_step}'}" if last_step else "no step to save"
-        logger.info(
-            "stopped by %s after step %d of %d (%s); run the same command again to resume",
-            stop.signal_name or "a signal to another rank", last_step, total, saved,
-        )  # fmt: skip
+    if c.cfg.trainer.val_only:
+        run.validate_only()
         return
-    logger.info("training finished after %d steps; metrics in %s", total, c.run_dir / "metrics.jsonl")
-
-
-def _write_curves(run_dir: Path) -> None:
-    """curves.png in the run folder; a failure here must not turn a finished run into a failed one."""
-    try:
-        logger.info("curves in %s", plot_curves(run_dir))
-    except UserError:
-        pass  # no step logged yet: nothing to draw
-    except Exception as exc:  # noqa: BLE001 - the plot is a convenience beside metrics.jsonl
-        logger.warning("could not draw %s: %s: %s", run_dir / CURVES_FILE, type(exc).__name__, exc)
+    with run.running() as stop:
+        for step in range(run.start + 1, run.total + 1):
+            if c.dist.any_true(stop.requested):
+                break
+            run.begin_step(step)
+            metrics = ppo_step(c, c.loader.next_batch(), step)
+            run.end_step(step, metrics)
+    run.report_end()

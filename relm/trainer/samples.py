@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from relm.config.schema import TrainerConfig
 from relm.errors import UserError
-from relm.learner.batch import ExperienceBatch
+from relm.learner.batch import Scored
 from relm.trainer.durable import write_atomic_text
 
 logger = logging.getLogger("relm")
@@ -86,15 +86,16 @@ def decode_rows(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor, mask: tor
     return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
-def rollout_samples(tokenizer: PreTrainedTokenizerBase, batch: ExperienceBatch) -> list[GenerationSample]:
-    """A step's responses from its scored batch (`token_scores` set), in the batch's row order."""
-    inputs = decode_rows(tokenizer, batch.prompt_ids, batch.prompt_mask)
-    outputs = decode_rows(tokenizer, batch.response_ids, batch.response_tokens)  # tool results included
-    assert batch.token_scores is not None, "rollout_samples takes a scored batch"
+def rollout_samples(tokenizer: PreTrainedTokenizerBase, batch: Scored) -> list[GenerationSample]:
+    """A step's responses from its scored batch, in the batch's row order."""
+    rollout = batch.rollout
+    inputs = decode_rows(tokenizer, rollout.prompt_ids, rollout.prompt_mask)
+    # tool results included
+    outputs = decode_rows(tokenizer, rollout.response_ids, rollout.response_attention_mask)
     scores = batch.token_scores.sum(-1).tolist()
-    extras = batch.reward_extras or [{} for _ in range(len(batch))]
+    extras = batch.reward_extras
     return [
-        GenerationSample(inputs[row], outputs[row], batch.ground_truths[row], scores[row], extras[row])
+        GenerationSample(inputs[row], outputs[row], rollout.ground_truths[row], scores[row], extras[row])
         for row in range(len(batch))
     ]
 
@@ -277,7 +278,7 @@ class ValidationSamples:
             self._tensorboard.close()
 
 
-def dump_rollout(setting: str, tokenizer: PreTrainedTokenizerBase, batch: ExperienceBatch, step: int) -> Path:
+def dump_rollout(setting: str, tokenizer: PreTrainedTokenizerBase, batch: Scored, step: int) -> Path:
     """`trainer.rollout_data_dir`: the step's responses into `{step}.jsonl`; returns its path."""
     folder = dump_folder(setting)
     assert folder is not None, "called only when trainer.rollout_data_dir is set"

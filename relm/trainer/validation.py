@@ -28,7 +28,7 @@ from relm.data.demo_task import write_demo_parquet
 from relm.models.zoo import default_cache_dir
 from relm.rewards.manager import RewardManager, RewardResult
 from relm.rollout.base import RolloutEngine, SamplingParams
-from relm.rollout.multi_turn.records import ConversationRollout, row_kwargs
+from relm.rollout.multi_turn.conversations import ConversationRollout, row_kwargs
 from relm.trainer.samples import GenerationSample
 
 CORE_VARIABLES = ("acc", "reward")

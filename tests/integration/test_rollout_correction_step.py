@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,25 +31,29 @@ CORRECTION = (
 def test_decoupled_mode_weighs_and_rejects_before_the_advantages(tmp_path: Path) -> None:
     cfg = load_config([*TINY_OVERRIDES, *CORRECTION, f"trainer.default_local_dir={tmp_path}"])
     c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
-    metrics: dict[str, float] = {}
-    batch = collect_experience(c, c.loader.next_batch(), 1, metrics)
+    scored = collect_experience(c, c.loader.next_batch(), 1, {})
     # The engine gave the first token of response 0 a logprob 1 lower than the trainer's: r = e there,
     # truncated to 2, and k1 = -1 < log 0.5, rejected. Elsewhere the engine is the actor (CPU): r = 1.
-    batch.rollout_logprobs[0, 0] -= 1.0
-    mask_before, attention_before = batch.response_mask.clone(), batch.attention_mask.clone()
+    engine_logprobs = scored.rollout.rollout_logprobs.clone()
+    engine_logprobs[0, 0] -= 1.0
+    rollout = replace(scored.rollout, rollout_logprobs=engine_logprobs)
+    mask_before, attention_before = rollout.response_mask.clone(), rollout.attention_mask.clone()
 
-    annotate(c, batch, metrics)
-    estimate_advantages(c, batch, metrics)
+    annotated, _ = annotate(c, replace(scored, rollout=rollout))
+    batch, metrics = estimate_advantages(c, annotated)
 
     expected = mask_before.clone()
     expected[0, 0] = 0
-    assert torch.equal(batch.response_mask, expected)
-    assert torch.equal(batch.attention_mask, attention_before)  # the model still reads the rejected token
+    assert torch.equal(batch.loss_mask, expected)
+    assert torch.equal(batch.rollout.response_mask, mask_before)  # the rollout's record is as it was made
+    assert torch.equal(
+        batch.rollout.attention_mask, attention_before
+    )  # the model still reads the rejected token
     assert batch.rollout_is_weights is not None and batch.rollout_is_weights[0, 0] == 2.0
     valid = mask_before.bool()
     valid[0, 0] = False
     assert (batch.rollout_is_weights[valid] - 1.0).abs().max() < 1e-4
-    assert batch.advantages is not None and batch.advantages[0, 0] == 0.0  # out of the mask
+    assert batch.advantages[0, 0] == 0.0  # out of the mask
     num_valid = int(mask_before.sum())
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1 / num_valid)
     assert metrics["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(1 / num_valid)

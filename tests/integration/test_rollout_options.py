@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from relm.config.loader import load_config
+from relm.learner.batch import ActorForward, EngineLogprobs
 from relm.models.loading import resolve_model_dir
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import build_components
@@ -32,19 +34,21 @@ def test_old_logprobs_come_from_the_actor_or_in_bypass_mode_from_the_engine(
         ]
     )
     c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
-    metrics: dict[str, float] = {}
-    batch = collect_experience(c, c.loader.next_batch(), 1, metrics)
+    scored = collect_experience(c, c.loader.next_batch(), 1, {})
     # A distinct engine value: were old logprobs recomputed, they could not equal it.
-    batch.rollout_logprobs = batch.rollout_logprobs - 0.25 * batch.response_mask
+    rollout = scored.rollout
+    rollout = replace(rollout, rollout_logprobs=rollout.rollout_logprobs - 0.25 * rollout.response_mask)
 
-    annotate(c, batch, metrics)
+    batch, metrics = annotate(c, replace(scored, rollout=rollout))
 
-    mask = batch.response_mask.bool()
+    mask = rollout.response_mask.bool()
     if bypass:
-        assert torch.equal(batch.old_logprobs, batch.rollout_logprobs)
+        assert isinstance(batch.old_logprobs, EngineLogprobs)
+        assert torch.equal(batch.old_logprobs.logprobs, rollout.rollout_logprobs)
         assert "timing_s/old_log_prob" not in metrics and "rollout/logprob_diff_max" not in metrics
     else:
-        assert (batch.old_logprobs - batch.rollout_logprobs)[mask].sub(0.25).abs().max() < 1e-4
+        assert isinstance(batch.old_logprobs, ActorForward)
+        assert (batch.old_logprobs.logprobs - rollout.rollout_logprobs)[mask].sub(0.25).abs().max() < 1e-4
         assert metrics["rollout/logprob_diff_max"] == pytest.approx(0.25, abs=1e-4)
         assert metrics["rollout/logprob_diff_mean"] == pytest.approx(0.25, abs=1e-4)
 
@@ -72,9 +76,7 @@ def test_max_num_seqs_continuously_batches_the_native_engine_and_matches_the_act
         ]
     )
     c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
-    metrics: dict[str, float] = {}
-    batch = collect_experience(c, c.loader.next_batch(), 1, metrics)
-    annotate(c, batch, metrics)
+    _, metrics = annotate(c, collect_experience(c, c.loader.next_batch(), 1, {}))
 
     engine = c.engine.engine  # inside the stall watchdog
     assert engine.max_num_seqs == 3 and engine.max_prefill_tokens == 4

@@ -146,8 +146,8 @@ def test_fp8_engine_generates_valid_tokens_with_logprobs_near_the_trainers():
 
 
 @torch.no_grad()
-def test_fused_generator_copy_runs_one_fp8_product_per_group():
-    model = zoo_model(HD64).requires_grad_(False)  # the GPU's frozen generator copy: q/k/v fused
+def test_fused_engine_copy_runs_one_fp8_product_per_group():
+    model = zoo_model(HD64).requires_grad_(False)  # the GPU's frozen engine copy: q/k/v fused
     engine = native(model, eos=[], quantization="fp8")
     grouped = [unit for unit in engine.fp8.units if unit.group is not None]
     assert len(grouped) == 2 * model.config.num_hidden_layers  # q/k/v and gate/up in each layer
@@ -160,11 +160,11 @@ def test_fused_generator_copy_runs_one_fp8_product_per_group():
 
 @torch.no_grad()
 def test_sync_requantizes_in_place():
-    actor, generator = zoo_model(HD64), zoo_model(HD64)  # a separate engine copy, as on a GPU
-    engine = native(generator, eos=[], quantization="fp8")
-    prompts, params = prompts_for(generator), SamplingParams(max_new_tokens=8, seed=0)
+    actor, engine_copy = zoo_model(HD64), zoo_model(HD64)  # a separate engine copy, as on a GPU
+    engine = native(engine_copy, eos=[], quantization="fp8")
+    prompts, params = prompts_for(engine_copy), SamplingParams(max_new_tokens=8, seed=0)
     before = engine.generate(prompts, params)
-    up = generator.model.layers[1].mlp.up_proj
+    up = engine_copy.model.layers[1].mlp.up_proj
     held = getattr(up, WEIGHT_BUFFER)
     address, old = held.data_ptr(), held.clone()
 

@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up products (`relm.rollout.native.fused_projections`) in a frozen generator copy.
+"""Fused q/k/v and gate/up products (`relm.rollout.native.fused_projections`) in a frozen engine copy.
 
 The fused product computes every output element from the same weights and inputs as the separate
 ones, so in fp32 the native engine's greedy tokens stay those of the HF engine on the unfused model.
@@ -26,7 +26,7 @@ from tests.unit.test_native_engine import (
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
-def test_fused_generator_copy_generates_what_the_hf_engine_does(name):
+def test_fused_engine_copy_generates_what_the_hf_engine_does(name):
     model = zoo_model(name).requires_grad_(False)
     engine = native(model, eos=[])
     # At least q/k/v in every layer (gate/up too where the MLP is dense); Phi-3 stores both fused already.

@@ -5,8 +5,8 @@ one layer's activations 2 * (12 * 1000 + 6 * 4000) = 72,000 B; logits and their 
 40,000 B; without checkpointing 10 * 72,000 + 40,000 = 760,000 B; with it 10 * 4 * 1000 + 72,000 +
 40,000 = 152,000 B. Through its update an fp32 actor holds 18e9 B (weights, gradients, AdamW moments,
 autocast's bf16 copies), or 10e9 + a 2 GiB chunk of moments when they are offloaded; reference and
-generator copy 2e9 B each. With bf16 moments the moments are 4e9; with bf16 weights the actor holds
-2e9 + 2e9 + 4e9 and there is no generator copy. Plans fill 85% of the GPU and keep 2 GiB for the
+engine copy 2e9 B each. With bf16 moments the moments are 4e9; with bf16 weights the actor holds
+2e9 + 2e9 + 4e9 and there is no engine copy. Plans fill 85% of the GPU and keep 2 GiB for the
 log-softmax chunks; pinned host memory is at most 70% of the machine's. One checkpointed sequence of
 1024 tokens needs 155,648,000 B + 2 GiB = 2,303,131,648 B; a comfortable micro-batch (8192 more
 tokens) 3,548,315,648 B.
@@ -69,8 +69,8 @@ def test_large_gpu_keeps_everything_and_turns_checkpointing_off():
     plan = plan_memory(request(100))
     # free = 0.85 * 100 GiB - 22e9 - 2 GiB = 67,120,571,392 B -> 88,316 tokens without checkpointing, capped
     assert not plan.policy.checkpointing and plan.max_tokens_per_microbatch == 65536
-    assert not (plan.park_reference or plan.park_generator or plan.policy.offload_optimizer)
-    assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.generator_copy and not plan.given_up
+    assert not (plan.park_reference or plan.park_engine_copy or plan.policy.offload_optimizer)
+    assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.engine_copy and not plan.given_up
     assert plan.update_peak_bytes == 22 * 10**9 + 2 * GIB + 65536 * 760_000 and plan.host_bytes == 0
 
 
@@ -89,16 +89,16 @@ def test_tight_gpu_turns_checkpointing_on():
 def test_parks_the_reference_first():
     # int(0.85 * 27 GiB) = 24,642,374,860 < 22e9 + 3,548,315,648; without the reference (20e9) it fits
     plan = plan_memory(request(27))
-    assert plan.park_reference and not plan.park_generator and not plan.policy.offload_optimizer
+    assert plan.park_reference and not plan.park_engine_copy and not plan.policy.offload_optimizer
     assert plan.host_bytes == 2 * 10**9
-    assert "reference" in plan.describe() and "generator copy" not in plan.describe()
+    assert "reference" in plan.describe() and "engine copy" not in plan.describe()
 
 
 def test_offloads_the_moments_before_running_out():
     # int(0.85 * 22 GiB) = 20,078,972,108: even with both copies parked 18e9 + 3,548,315,648 is over;
     # with the moments offloaded 10e9 + 2 GiB + 4e9 + 3,548,315,648 = 19,695,799,296 fits, nothing parked
     plan = plan_memory(request(22))
-    assert plan.policy.offload_optimizer and not (plan.park_reference or plan.park_generator)
+    assert plan.policy.offload_optimizer and not (plan.park_reference or plan.park_engine_copy)
     assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.host_bytes == 8 * 10**9
     assert "actor's AdamW moments: fp32, in CPU memory, stepped in chunks" in plan.describe()
 
@@ -123,7 +123,7 @@ def test_bf16_weights_when_nothing_else_fits():
     # 9,695,799,296 fits, with 2e9 + 4e9 pinned
     plan = plan_memory(request(12))
     assert plan.rung == Rung(BF16, {"actor": BF16}) and plan.policy.offload_optimizer and plan.park_reference
-    assert not plan.generator_copy and plan.host_bytes == 6 * 10**9
+    assert not plan.engine_copy and plan.host_bytes == 6 * 10**9
     assert plan.given_up[0].startswith("weights trained in bf16 with stochastically rounded updates")
     assert "trained weights: bf16, AdamW updates stochastically rounded" in plan.describe()
     # free = 10,952,166,604 - 6,147,483,648 - 2 GiB = 2,657,199,308 -> 17,481 checkpointed tokens
@@ -150,9 +150,9 @@ def test_explicit_settings_win():
 
 
 def test_a_critic_is_parked_and_its_update_checked_beside_the_actor():
-    # PPO: critic of the same shape, no reference, generator copy. int(0.85 * 30 GiB) = 27,380,416,512.
+    # PPO: critic of the same shape, no reference, engine copy. int(0.85 * 30 GiB) = 27,380,416,512.
     # fp32, nothing offloaded: the actor's phase is 18e9 + 2e9 + 12e9 (idle critic) = 32e9, too much; parking
-    # the generator copy and the critic leaves 18e9, but the critic's own update then holds the actor's 12e9
+    # the engine copy and the critic leaves 18e9, but the critic's own update then holds the actor's 12e9
     # beside its 18e9. With the actor's moments offloaded and both parked: actor phase 10e9 + 2 GiB =
     # 12,147,483,648 (+ 3,548,315,648 fits); critic phase 4e9 + 18e9 = 22e9 (+ 155,648,000 fits); pinned
     # 8e9 + 2e9 + 12e9 = 22e9 of int(0.7 * 64 GiB) = 48,103,633,715
@@ -162,7 +162,7 @@ def test_a_critic_is_parked_and_its_update_checked_beside_the_actor():
         and plan.policy.offload_optimizer
         and not plan.trainees["critic"].offload_optimizer
     )
-    assert plan.park_generator and plan.trainees["critic"].parked and plan.host_bytes == 22 * 10**9
+    assert plan.park_engine_copy and plan.trainees["critic"].parked and plan.host_bytes == 22 * 10**9
     assert "critic's AdamW moments: fp32, on the GPU" in plan.describe()
 
 
@@ -210,12 +210,12 @@ def test_shapes_come_from_configs_without_weights():
 def test_qwen25_7b_grpo_keeps_fp32_with_its_moments_offloaded():
     # P = 7,615,616,512. Per checkpointed token 28 * 4 * 3584 + 2 * (12 * 3584 + 6 * 18944) + 4 * 152,064 =
     # 1,323,008 B; comfortable: 8704 tokens + 2 GiB = 13,662,945,280 B. fp32 with the reference and
-    # generator copy resident: 18P + 4P is far over; moments offloaded: 10P + 2 GiB + 4P = 108,766,114,816,
+    # engine copy resident: 18P + 4P is far over; moments offloaded: 10P + 2 GiB + 4P = 108,766,114,816,
     # + 13,662,945,280 = 122.4e9 fits; 8P = 60,924,932,096 B pinned
     actor, _ = published("Qwen/Qwen2.5-7B-Instruct")
     plan = plan_memory(PlanRequest(trainees(actor), has_reference=True, **H200))
     assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.policy.offload_optimizer and not plan.given_up
-    assert not (plan.park_reference or plan.park_generator) and plan.host_bytes == 8 * actor.num_params
+    assert not (plan.park_reference or plan.park_engine_copy) and plan.host_bytes == 8 * actor.num_params
     # free = 128,141,597,081 - 108,766,114,816 - 2 GiB = 17,227,998,617 -> 13,021 tokens
     assert plan.policy.checkpointing and plan.max_tokens_per_microbatch == 12288
 
@@ -223,8 +223,8 @@ def test_qwen25_7b_grpo_keeps_fp32_with_its_moments_offloaded():
 def test_qwen25_7b_ppo_stores_moments_in_bf16():
     # critic C = 7,070,622,721, no reference. fp32: the leanest pinning that fits the GPU offloads both
     # models' moments, 8P + 8C = 117,489,913,864 B, over 94.7e9. bf16 moments: offloading only the actor's
-    # leaves the critic's update at 4P + 10C + 4C = 129,451,184,142 B even with the generator copy parked;
-    # offloading both, parking the generator copy: actor phase 10P + 2 GiB + 4C = 106,586,139,652
+    # leaves the critic's update at 4P + 10C + 4C = 129,451,184,142 B even with the engine copy parked;
+    # offloading both, parking the engine copy: actor phase 10P + 2 GiB + 4C = 106,586,139,652
     # (+ 13,662,945,280 fits), critic phase 4P + 10C + 2 GiB = 103,316,176,906, pinned 4P + 4C + 2P =
     # 73,976,189,956 B
     actor, critic = published("Qwen/Qwen2.5-7B-Instruct")
@@ -234,7 +234,7 @@ def test_qwen25_7b_ppo_stores_moments_in_bf16():
         and plan.policy.offload_optimizer
         and plan.trainees["critic"].offload_optimizer
     )
-    assert plan.park_generator and not plan.trainees["critic"].parked and plan.host_bytes == 73_976_189_956
+    assert plan.park_engine_copy and not plan.trainees["critic"].parked and plan.host_bytes == 73_976_189_956
     assert plan.given_up == ["actor and critic AdamW moments stored in bf16 instead of fp32"]
     # free = 128,141,597,081 - 106,586,139,652 - 2 GiB = 19,407,973,781 -> 14,669 tokens
     assert plan.max_tokens_per_microbatch == 14336
@@ -244,12 +244,12 @@ def test_gemma2_9b_grpo_keeps_fp32_by_parking_the_reference():
     # P = 9,241,705,984; per checkpointed token 42 * 4 * 3584 + 2 * (12 * 3584 + 6 * 14336) + 4 * 256,000 =
     # 1,884,160 B; one sequence 3,112,173,568 B, comfortable 18,547,212,288 B. fp32, moments offloaded:
     # 14P + 2 GiB = 131.5e9 is over; reference parked 12P + 2 GiB = 113,047,955,456 holds one sequence, not a
-    # comfortable batch; that needs the generator copy parked too, 12P = 110.9e9 pinned, over 94.7e9. So the
+    # comfortable batch; that needs the engine copy parked too, 12P = 110.9e9 pinned, over 94.7e9. So the
     # first layout that fits: reference parked, 8P + 2P = 92,417,059,840 B pinned
     actor, _ = published("google/gemma-2-9b-it")
     plan = plan_memory(PlanRequest(trainees(actor), has_reference=True, **H200))
     assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.policy.offload_optimizer and plan.park_reference
-    assert not plan.park_generator and plan.host_bytes == 92_417_059_840 and not plan.given_up
+    assert not plan.park_engine_copy and plan.host_bytes == 92_417_059_840 and not plan.given_up
     # free = 128,141,597,081 - 113,047,955,456 - 2 GiB = 12,946,158,977 -> 6,871 tokens
     assert plan.max_tokens_per_microbatch == 6144
 
@@ -257,7 +257,7 @@ def test_gemma2_9b_grpo_keeps_fp32_by_parking_the_reference():
 def test_gemma2_9b_ppo_trains_bf16_weights():
     # C = 9,241,709,569. fp32 moments: pinning both 8P + 8C = 147.9e9. bf16 moments with fp32 weights: the
     # critic's update alone is 10C + 2 GiB beside the actor's 4P: 131,531,403,274 B, over 128.1e9. bf16
-    # weights (2P + 2P + 4P, no generator copy): moments resident, critic parked, the critic's update holds
+    # weights (2P + 2P + 4P, no engine copy): moments resident, critic parked, the critic's update holds
     # 2P + 4P + 2C + 2C + 4C = 129,383,912,456, over; the actor's moments offloaded, nothing parked: actor
     # phase 4P + 2 GiB + 6C = 94,564,564,998 (+ 18,547,212,288 fits), critic phase 2P + 8C = 92,417,088,520,
     # pinned 4P = 36,966,823,936 B
@@ -268,7 +268,7 @@ def test_gemma2_9b_ppo_trains_bf16_weights():
         and plan.policy.offload_optimizer
         and not plan.trainees["critic"].offload_optimizer
     )
-    assert not (plan.trainees["critic"].parked or plan.park_generator or plan.generator_copy)
+    assert not (plan.trainees["critic"].parked or plan.park_engine_copy or plan.engine_copy)
     assert plan.host_bytes == 36_966_823_936 and len(plan.given_up) == 2
     # free = 128,141,597,081 - 94,564,564,998 - 2 GiB = 31,429,548,435 -> 16,680 tokens
     assert plan.max_tokens_per_microbatch == 16384
@@ -310,7 +310,7 @@ def test_cpu_runs_follow_the_users_settings_without_a_plan():
             None,
             torch.device("cpu"),
             ref=tiny_lm(seed=0),
-            generator=None,
+            engine_copy=None,
             trained={"critic": (tiny_lm(seed=1), None)},
         ).models
         == {}
@@ -341,7 +341,7 @@ def test_lora_counts_only_adapter_gradients_and_moments_and_no_reference():
     # 15,462 tokens without checkpointing, rounded to 15,360 (>= 8,192: checkpointing off)
     assert plan.rung == Rung(FP32, {"actor": FP32}) and not plan.policy.checkpointing and not plan.given_up
     assert (
-        not (plan.park_reference or plan.park_generator or plan.policy.offload_optimizer)
+        not (plan.park_reference or plan.park_engine_copy or plan.policy.offload_optimizer)
         and plan.host_bytes == 0
     )
     assert plan.max_tokens_per_microbatch == 15360
@@ -372,7 +372,7 @@ def test_qwen25_7b_lora_and_full_peaks_within_10_percent_of_the_h200s():
         trainees(TraineeRequest(actor, lora=lora)), has_reference=True, compiled_layers=True, **H200
     )
     plan = plan_memory(lora_request)
-    assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.generator_copy and plan.policy.checkpointing
+    assert plan.rung == Rung(FP32, {"actor": FP32}) and plan.engine_copy and plan.policy.checkpointing
     assert plan.update_fixed_bytes == 50_747_835_392 and plan.update_bytes_per_token == 1_403_904
     assert plan.update_peak_at(3853) == 56_157_077_504
     assert plan.startup_peak_bytes == 6 * 7_615_616_512 + 4 * 161_480_704 + 2_179_989_504 == 48_519_611_392
@@ -397,9 +397,7 @@ def test_qwen25_7b_lora_and_full_peaks_within_10_percent_of_the_h200s():
     # 44.6 GiB making the old fp32 copy
     small = plan_memory(replace(lora_request, gpu_bytes=48 * 10**9))
     assert (
-        small.rung == Rung(BF16, {"actor": FP32})
-        and not small.generator_copy
-        and not small.startup_peak_bytes
+        small.rung == Rung(BF16, {"actor": FP32}) and not small.engine_copy and not small.startup_peak_bytes
     )
 
 
@@ -441,7 +439,7 @@ def test_does_not_fit_offers_lora_with_its_rank_and_figures():
     assert "~0 GiB of pinned host memory" in offer
     plan = plan_memory(with_lora(small, {"actor": Lora(64, 7_680_000)}))
     assert plan.given_up == ["the LoRA base held in bf16 instead of fp32 (the adapters train in fp32)"]
-    assert plan.rung == Rung(BF16, {"actor": FP32}) and not plan.generator_copy
+    assert plan.rung == Rung(BF16, {"actor": FP32}) and not plan.engine_copy
     assert lora_offer(request(1, actor=shape)) is None  # not even LoRA fits 1 GiB
 
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.models.lookup_tokenizer import LOOKUP_CALL, LOOKUP_LETTERS, build_lookup_tokenizer
 from relm.models.tokenizer import _template_turn_end
 from relm.models.zoo import materialize_zoo
@@ -21,7 +21,7 @@ from relm.rollout.multi_turn.driver import MultiTurnLimits, MultiTurnRollout
 from relm.rollout.multi_turn.lookup import LOOKUP_DATA_SOURCE, Lookup, write_lookup_task
 from relm.rollout.multi_turn.render import ToolTurnRenderer
 from relm.rollout.multi_turn.tools import ToolContext, ToolResult, load_tools, run_tool
-from relm.trainer.experience import build_experience
+from relm.trainer.experience import build_rollout
 
 
 @pytest.fixture(scope="module")
@@ -161,9 +161,9 @@ def test_turns_calls_errors_time_and_token_split_are_counted_and_reach_the_rewar
     # verl's extra_info["num_turns"] reaches the reward function, per response (the rows stay unshared).
     rows = [{"index": i} for i in range(3)]
     prompts = PromptBatch([prompt] * 3, [LOOKUP_DATA_SOURCE] * 3, ["c", "a", "f"], rows, list(range(3)))
-    batch = build_experience(prompts, out.generation, n=1, pad_token_id=tok.pad_token_id)
+    batch = build_rollout(prompts, out.generation, n=1, pad_token_id=tok.pad_token_id)
     assert [info["num_turns"] for info in batch.extra_infos] == [6, 2, 4] and "num_turns" not in rows[0]
-    texts = tok.batch_decode(batch.response_ids * batch.response_tokens, skip_special_tokens=True)
+    texts = tok.batch_decode(batch.response_ids * batch.response_attention_mask, skip_special_tokens=True)
     scores = [
         default_compute_score(s, t, g, i)
         for s, t, g, i in zip(batch.data_sources, texts, batch.ground_truths, batch.extra_infos, strict=True)

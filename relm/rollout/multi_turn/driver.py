@@ -20,14 +20,14 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, RolloutEngine, SamplingParams
-from relm.rollout.multi_turn.hermes import ToolCall, parse_tool_calls
-from relm.rollout.multi_turn.interactions import InteractionReply, InteractionRunner, InteractionSession
-from relm.rollout.multi_turn.records import (
+from relm.rollout.multi_turn.conversations import (
     ConversationRecord,
     MultiTurnOutput,
     ToolCallTally,
     multi_turn_metrics,
 )
+from relm.rollout.multi_turn.hermes import ToolCall, parse_tool_calls
+from relm.rollout.multi_turn.interactions import InteractionReply, InteractionRunner, InteractionSession
 from relm.rollout.multi_turn.render import ToolTurnRenderer
 from relm.rollout.multi_turn.tools import Tool, ToolContext, ToolResult, run_tool
 
@@ -68,7 +68,7 @@ class MultiTurnRollout:
     """Runs conversations with `tools` through any `RolloutEngine`.
 
     Args:
-        engine: The generator; its `eos_token_ids` must include the template's turn end.
+        engine: The rollout engine; its `eos_token_ids` must include the template's turn end.
         tokenizer: Decodes each turn to find its tool calls (the ids themselves are kept).
         renderer: Renders tool results as ids.
         tools: Tools by name.
@@ -304,7 +304,7 @@ class MultiTurnRollout:
 def _record(
     i: int, row: _Conversation, stats: ToolCallTally, session: InteractionSession | None
 ) -> ConversationRecord:
-    """Conversation `i`'s record, from which the step's metrics are computed (records.py)."""
+    """Conversation `i`'s record, from which the step's metrics are computed (conversations.py)."""
     model_tokens = sum(row.model_mask)
     return stats.record_of(
         i,

@@ -136,23 +136,23 @@ class NativeRolloutEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.max_num_seqs = max_num_seqs
         self.eos_check_interval = eos_check_interval or (8 if self.device.type == "cuda" else 1)
-        # The reference engine on the same module and generator: the fallback for architectures
+        # The HF engine on the same module and sampling generator: the fallback for architectures
         # the native path cannot run, and the owner of weight syncing.
-        self.reference = HFRolloutEngine(
+        self.hf_fallback = HFRolloutEngine(
             model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, device=self.device,
             vocab_limit=vocab_limit,
         )  # fmt: skip
-        self.reference.generator = self.generator
+        self.hf_fallback.generator = self.generator
         self.heartbeat: Callable[[], None] = lambda: None
         """Called once per decoding step; the trainer's stall watchdog points it at its clock."""
-        self.reference.heartbeat = lambda: self.heartbeat()  # the fallback reports through this engine
+        self.hf_fallback.heartbeat = lambda: self.heartbeat()  # the fallback reports through this engine
         use_cuda_graphs = self.device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
         if use_cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
         self.graphs = DecodeGraphs(self._decode_step, self._weight_tensors) if use_cuda_graphs else None
         compile_layers = self.device.type == "cuda" if compile_layers is None else compile_layers
         self.fused = FusedLayers(model, enabled=compile_layers, mode=compile_mode)
-        # A frozen generator copy (the trainer's on GPU) gets its q/k/v and gate/up weights fused.
+        # A frozen engine copy (the trainer's on GPU) gets its q/k/v and gate/up weights fused.
         self.projections = FusedProjections(model, enabled=fuse_projections)
         # FP8 copies of the linear weights (a fused group is one), quantized before the first call and
         # again at every sync; the actor's own weights are never touched.
@@ -205,9 +205,9 @@ class NativeRolloutEngine:
     def _generate_on_fallback(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """The HF engine's call, with the FP8 weights when they are on (fused groups included)."""
         if self.fp8 is None:
-            return self.reference.generate(prompts, params)
+            return self.hf_fallback.generate(prompts, params)
         with self.projections.applied(), self.fp8.applied():
-            return self.reference.generate(prompts, params)
+            return self.hf_fallback.generate(prompts, params)
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         started = time.perf_counter()
@@ -503,7 +503,7 @@ class NativeRolloutEngine:
         """Load the actor's weights by HF name, in place (see `HFRolloutEngine.sync_weights`), and
         re-quantize the FP8 copies from them; in-place copies keep every address, so captured graphs
         stay valid."""
-        self.reference.sync_weights(named_tensors)
+        self.hf_fallback.sync_weights(named_tensors)
         if self.fp8 is not None:
             self.fp8.quantize()
 

@@ -14,10 +14,10 @@ whole group's product and hands the other members their columns when they are ca
 input; any other call computes its own product as before, so an architecture that calls its
 projections differently gets the same numbers, just unfused.
 
-Only a model nobody trains is fused (every parameter frozen: the GPU generator copy). A trained
+Only a model nobody trains is fused (every parameter frozen: the GPU engine copy). A trained
 model's parameters are what its optimizer, sharding and checkpoints hold; re-pointing them at one
 shared buffer would change their storage under all of those. Nothing here holds the buffer between
-calls: `applied()` finds it again from the members' storage, so parking the generator in CPU memory
+calls: `applied()` finds it again from the members' storage, so parking the engine copy in CPU memory
 (which replaces each parameter's `.data`) frees it, and the next `applied()` fuses the returned
 weights again.
 """

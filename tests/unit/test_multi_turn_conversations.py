@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from relm.rollout.multi_turn.records import ConversationRecord, ToolCallTally, multi_turn_metrics, row_kwargs
+from relm.rollout.multi_turn.conversations import (
+    ConversationRecord,
+    ToolCallTally,
+    multi_turn_metrics,
+    row_kwargs,
+)
 from relm.rollout.multi_turn.tools import ToolResult
 
 

@@ -1,0 +1,118 @@
+"""The actor's objective on one micro-batch: policy loss, entropy bonus and KL loss, as a pure function.
+
+`actor_objective` takes the policy's logprobs and entropy of a micro-batch (from the update's forward),
+that micro-batch's tensors and the objective's settings, and returns the loss to backpropagate and its
+metrics; it reads no model, config or global state, so a test can work its numbers out by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from relm.algorithms.kl import kl_estimate
+from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
+from relm.algorithms.rollout_correction import bypass_policy_loss
+from relm.config.rollout_correction import RolloutCorrection
+from relm.learner.batch import ActorForward, EngineLogprobs, OldLogprobs
+
+Metrics = dict[str, torch.Tensor | float]
+
+
+@dataclass(frozen=True)
+class KLLoss:
+    """verl's `use_kl_loss`: a KL penalty to the reference policy inside the actor's loss (GRPO)."""
+
+    kind: str
+    """`actor.kl_loss_type`: the estimator (`relm.algorithms.kl.kl_estimate`)."""
+    coef: float
+    """`actor.kl_loss_coef`."""
+
+
+@dataclass(frozen=True)
+class ActorObjective:
+    """The actor loss's settings (verl's `actor_rollout_ref.actor` keys of the same names)."""
+
+    loss_mode: str
+    """`policy_loss.loss_mode`: the registered policy loss (`relm.algorithms.losses`)."""
+    loss_agg_mode: str
+    """How per-token losses reduce to a scalar (`relm.algorithms.losses.agg_loss`)."""
+    clip_ratio_low: float
+    clip_ratio_high: float
+    clip_ratio_c: float
+    """Dual-clip bound for negative advantages."""
+    entropy_coeff: float
+    """Weight of the entropy bonus (0: entropy is a metric only, kept out of backward)."""
+    kl_loss: KLLoss | None
+    """The KL loss to the reference; absent when `use_kl_loss` is off."""
+    correction: RolloutCorrection
+    """`algorithm.rollout_correction`, applied in the loss when the old logprobs are the engine's."""
+
+
+@dataclass(frozen=True)
+class PolicyTensors:
+    """A micro-batch's tensors the objective reads, all [n, R] on the forward's device."""
+
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_logprobs: OldLogprobs
+    ref_logprobs: torch.Tensor | None
+    """Present when the run has a reference model; `ActorObjective.kl_loss` needs it."""
+    rollout_is_weights: torch.Tensor | None
+    """Decoupled mode's importance weights; absent when `rollout_is` is off."""
+
+
+def actor_objective(
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor,
+    batch: PolicyTensors,
+    spec: ActorObjective,
+    scale: AggScale,
+) -> tuple[torch.Tensor, Metrics]:
+    """Loss = policy loss - entropy_coeff * entropy + kl_coef * KL(pi || ref), each aggregated by
+    `spec.loss_agg_mode` over `batch.loss_mask` with the mini-batch's counts `scale`.
+
+    The policy loss's old logprobs come from `batch.old_logprobs`: an `ActorForward`'s tensor (with the
+    importance weights, decoupled mode); the engine's, through `bypass_policy_loss` with `spec.correction`
+    (bypass mode); or, `UpdateForward` (on-policy), `logprobs` itself, detached, so the ratio is 1.
+
+    Args:
+        logprobs: [n, R] the policy's logprobs of the responses, with gradient.
+        entropy: [n, R] the policy's entropy at each response position.
+
+    Returns:
+        (loss, metrics): `pg_loss`, `entropy`, the policy loss's own metrics and, with a KL loss,
+        `kl_loss` and `kl_coef`.
+    """
+    mask = batch.loss_mask
+    clips = dict(
+        clip_ratio_low=spec.clip_ratio_low,
+        clip_ratio_high=spec.clip_ratio_high,
+        clip_ratio_c=spec.clip_ratio_c,
+    )
+    old = batch.old_logprobs
+    if isinstance(old, EngineLogprobs):
+        pg_loss, pg_metrics = bypass_policy_loss(
+            spec.loss_mode, spec.correction, rollout_logprobs=old.logprobs, logprobs=logprobs,
+            advantages=batch.advantages, response_mask=mask, loss_agg_mode=spec.loss_agg_mode, agg_scale=scale,
+            **clips,
+        )  # fmt: skip
+    else:
+        old_logprobs = old.logprobs if isinstance(old, ActorForward) else logprobs.detach()
+        pg_loss, pg_metrics = compute_policy_loss(
+            spec.loss_mode, old_logprobs=old_logprobs, logprobs=logprobs, advantages=batch.advantages,
+            response_mask=mask, loss_agg_mode=spec.loss_agg_mode, agg_scale=scale,
+            rollout_is_weights=batch.rollout_is_weights, **clips,
+        )  # fmt: skip
+    entropy_loss = agg_loss(entropy, mask, spec.loss_agg_mode, scale)
+    loss = pg_loss - spec.entropy_coeff * entropy_loss
+    metrics: Metrics = {"pg_loss": pg_loss.detach(), "entropy": entropy_loss.detach(), **pg_metrics}
+    if spec.kl_loss is not None:
+        if batch.ref_logprobs is None:
+            raise RuntimeError("a KL loss needs the reference's logprobs: the run builds a reference model")
+        kl = kl_estimate(logprobs, batch.ref_logprobs, spec.kl_loss.kind)
+        kl_loss = agg_loss(kl, mask, spec.loss_agg_mode, scale)
+        loss = loss + spec.kl_loss.coef * kl_loss
+        metrics.update(kl_loss=kl_loss.detach(), kl_coef=spec.kl_loss.coef)
+    return loss, metrics
