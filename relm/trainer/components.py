@@ -19,16 +19,14 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from relm.algorithms.kl import KLController, make_kl_controller
-from relm.config.remote_code import model_trust
 from relm.config.schema import (
     ActorConfig,
     CriticConfig,
-    CriticModelConfig,
-    FSDPConfig,
-    ModelConfig,
     RelmConfig,
     RolloutConfig,
 )
+from relm.config.specs import RunSpec, TrainedModelSpec
+from relm.config.translate import translate
 from relm.data.dataset import PromptDataset
 from relm.data.demo_task import DEMO_DATA_SOURCE, write_demo_parquet
 from relm.data.loader import PromptLoader
@@ -112,6 +110,8 @@ class RunComponents:
     """Everything a PPO run holds; built by `build_components`."""
 
     cfg: RelmConfig
+    spec: RunSpec
+    """Every component's spec, translated once from `cfg` (`relm.config.translate`)."""
     device: torch.device
     run_dir: Path
     tokenizer: PreTrainedTokenizerBase
@@ -234,24 +234,22 @@ class _Sections:
     """The config sections that describe one trained model."""
 
     train: ActorConfig | CriticConfig
-    model: ModelConfig | CriticModelConfig
-    fsdp: FSDPConfig
-    seed_offset: int
-    """Added to `seed` for its optimizer's stochastic rounding, so the models draw different streams."""
+    """What the learner's update reads (`Trainee.cfg`)."""
 
 
 def _sections(cfg: RelmConfig, name: str) -> _Sections:
     """The one place that tells the trained models' config sections apart by name."""
     arr = cfg.actor_rollout_ref
     if name == "actor":
-        return _Sections(arr.actor, arr.model, arr.actor.fsdp_config, seed_offset=0)
-    return _Sections(cfg.critic, cfg.critic.model, cfg.critic.model.fsdp_config, seed_offset=1)
+        return _Sections(arr.actor)
+    return _Sections(cfg.critic)
 
 
 def build_components(
     cfg: RelmConfig,
     model_dir: str,
     *,
+    spec: RunSpec | None = None,
     compute_score: ComputeScore | None = None,
     dist: DistContext | None = None,
 ) -> RunComponents:
@@ -260,8 +258,10 @@ def build_components(
     `model_dir` is the resolved local folder of `actor_rollout_ref.model.path`; `compute_score` the
     already-loaded reward function (loaded from `custom_reward_function` when not given); `dist` the
     context of a torchrun process (`relm.distributed.context.init_distributed`): with it the models are
-    sharded with FSDP2 and the engine generates this rank's share of each batch.
+    sharded with FSDP2 and the engine generates this rank's share of each batch. `spec` is `cfg` translated
+    (`relm.config.translate.translate`; translated here when not given).
     """
+    spec = spec or translate(cfg)[0]
     arr = cfg.actor_rollout_ref
     dist = dist or DistContext()
     device = dist.device if dist.is_distributed else pick_device(cfg.trainer.device)
@@ -273,14 +273,15 @@ def build_components(
     precision = memory.precision
     torch.manual_seed(cfg.seed)
 
-    tokenizer = _load_run_tokenizer(cfg, model_dir)
+    tokenizer = _load_run_tokenizer(spec, model_dir)
     tools = load_run_tools(cfg.actor_rollout_ref.rollout.multi_turn)
     loader = _prompt_loader(cfg, tokenizer, tool_schemas(tools))
     sizes = compute_sizes(cfg, loader.batches_per_epoch)
     # Started before the models load, so the reward workers' imports overlap with it.
     reward = _reward_manager(cfg, tokenizer, loader, compute_score)
     sources = _trained_sources(cfg, model_dir)
-    actor = load_trained_model(cfg, "actor", model_dir, device, precision.master)
+    models = {"actor": spec.actor, "critic": spec.critic}
+    actor = load_trained_model(spec.actor, model_dir, device, precision.master)
     # Taken before sharding: the engine generates with whole weights (a copy when data-parallel).
     # vLLM keeps its own copy of the weights (in rollout.dtype), so no HF copy is made for it.
     engine_model = (
@@ -301,9 +302,19 @@ def build_components(
     )
     trainees: dict[str, Trainee] = {}
     for name, source in sources.items():
-        module = actor if name == "actor" else load_trained_model(cfg, name, source, device, precision.master)
+        module = (
+            actor if name == "actor" else load_trained_model(models[name], source, device, precision.master)
+        )
         trainees[name] = build_trainee(
-            cfg, name, module, sizes, memory, device=device, dist=dist, layout=layouts.get(name)
+            models[name],
+            _sections(cfg, name).train,
+            module,
+            sizes,
+            memory,
+            rows_per_step=spec.data.prompts_per_step * spec.engine.sampling.n,
+            device=device,
+            dist=dist,
+            layout=layouts.get(name),
         )
     trainees["actor"].vocab_limit = len(tokenizer)  # the policy's logprobs cover only ids it can sample
     actor, critic = trainees["actor"].module, trainees.get("critic")
@@ -322,6 +333,7 @@ def build_components(
     )
     return RunComponents(
         cfg=cfg,
+        spec=spec,
         device=device,
         run_dir=Path(cfg.trainer.default_local_dir),
         tokenizer=tokenizer,
@@ -430,11 +442,14 @@ def reference_model(
     )
 
 
-def _load_run_tokenizer(cfg: RelmConfig, model_dir: str) -> PreTrainedTokenizerBase:
-    model = cfg.actor_rollout_ref.model
+def _load_run_tokenizer(spec: RunSpec, model_dir: str) -> PreTrainedTokenizerBase:
+    """The one tokenizer of the run (prompts, rewards, engine). verl loads its trainer's tokenizer, the one
+    that reads the data, with `data.trust_remote_code` and the actor's with the model's key; relm has one
+    tokenizer for both roles, so either key allows its code."""
+    model = spec.actor.source
     return load_tokenizer(
         model.tokenizer_path or model_dir,
-        trust_remote_code=model.trust_remote_code,
+        trust_remote_code=model.trust_remote_code or spec.data.trust_remote_code,
         path_key="actor_rollout_ref.model.tokenizer_path"
         if model.tokenizer_path
         else "actor_rollout_ref.model.path",
@@ -459,26 +474,25 @@ def _prompt_loader(
 
 
 def load_trained_model(
-    cfg: RelmConfig, name: str, model_dir: str, device: torch.device, dtype: torch.dtype
+    spec: TrainedModelSpec, model_dir: str, device: torch.device, dtype: torch.dtype
 ) -> nn.Module:
     """The actor (a causal LM) or the critic (a `ValueModel`) from `model_dir`, in eval mode, with
-    packed forwards attending through the flash varlen kernel where the config packs them."""
-    model_cfg = _sections(cfg, name).model
+    packed forwards attending through the flash varlen kernel where the spec packs them."""
+    name, source = spec.name, spec.source
     load = load_causal_lm if name == "actor" else load_value_model
     logger.info("loading the %s from %s (%s on %s)", name, model_dir, dtype, device)
-    trusted, trust_key = model_trust(cfg, name)
     module = load(
         model_dir,
-        override_config=model_cfg.override_config,
+        override_config=dict(source.override_config),
         dtype=dtype,
         device=device,
-        trust_remote_code=trusted,
-        trust_key=trust_key,
-        seed=cfg.seed,
+        trust_remote_code=source.trust_remote_code,
+        trust_key=source.trust_key,
+        seed=source.init_seed,
     )
-    if model_cfg.use_remove_padding:
+    if source.remove_padding:
         use_varlen_attention(getattr(module, "backbone", module), device)
-    settings = lora_settings(model_cfg)
+    settings = lora_settings(source.lora)
     if settings is not None:
         # The critic's backbone gets the adapters; its value head stays fully trained.
         trainable = add_lora(getattr(module, "backbone", module), settings)
@@ -491,38 +505,41 @@ def load_trained_model(
 
 
 def build_trainee(
-    cfg: RelmConfig,
-    name: str,
+    spec: TrainedModelSpec,
+    train_section: ActorConfig | CriticConfig,
     module: nn.Module,
     sizes: Sizes,
     memory: MemoryChoices,
     *,
+    rows_per_step: int,
     device: torch.device,
     dist: DistContext,
     layout: Layout | None,
 ) -> Trainee:
     """Shard `module` (data parallel, by `layout`), give it its optimizer and schedule, and apply its
-    memory choices (gradient checkpointing, AdamW moments in CPU memory)."""
-    sections, choice, precision = _sections(cfg, name), memory.models[name], memory.precision
+    memory choices (gradient checkpointing, AdamW moments in CPU memory).
+
+    `rows_per_step` counts the responses of one training step; the schedule spans `optim.total_training_steps`
+    training steps where the user set it (a set value wins), else the run's."""
+    name, choice, precision = spec.name, memory.models[spec.name], memory.precision
     batching = sizes.batching[name]
     if layout is not None:
         module = shard_model(
-            module, dist, precision, offload=sections.fsdp.offload_policy, shard_size=layout.shard_size
+            module, dist, precision, offload=spec.sharding.offload_policy, shard_size=layout.shard_size
         )
     # CompactAdamW where a moment or weight is bf16 (one process); torch's AdamW otherwise.
     compact = not dist.is_distributed and precision.master in (torch.float32, torch.bfloat16)
     compact_moments = compact and (
         precision.master == torch.bfloat16 or choice.moments_dtype != torch.float32
     )
-    minibatches_per_step = max(
-        1, cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // batching.rows_per_minibatch
-    )
+    minibatches_per_step = max(1, rows_per_step // batching.rows_per_minibatch)
+    training_steps = spec.optim.total_training_steps or sizes.total_training_steps
     optimizer, scheduler = build_optimizer(
         module,
-        sections.train.optim,
-        sizes.total_training_steps * minibatches_per_step * batching.num_epochs,
+        spec.optim,
+        training_steps * minibatches_per_step * batching.num_epochs,
         moments_dtype=choice.moments_dtype if compact_moments else None,
-        seed=cfg.seed + sections.seed_offset,
+        seed=spec.seed,
     )
     if choice.checkpointing:
         module.gradient_checkpointing_enable()  # type: ignore[operator]  # nn.Module hides the HF model's API
@@ -531,7 +548,7 @@ def build_trainee(
         module=module,
         optimizer=optimizer,
         scheduler=scheduler,
-        cfg=sections.train,
+        cfg=train_section,
         batching=batching,
         microbatch=MicroBatchSize(rows=batching.rows_per_microbatch, max_tokens=choice.max_tokens),
         optimizer_offload=OffloadedOptimizerStates(optimizer, device) if choice.offload_optimizer else None,
@@ -579,13 +596,7 @@ def build_run_engine(
     if dist.is_distributed:
         # The native and HF engines hold the whole model on every rank, so every rank is its own
         # generation group; an engine that shards the model (vLLM) would pass its tensor-parallel size.
-        if arr.rollout.tensor_model_parallel_size > 1:
-            logger.warning(
-                "actor_rollout_ref.rollout.tensor_model_parallel_size=%d has no effect with the %s engine: "
-                "each rank generates with the whole model",
-                arr.rollout.tensor_model_parallel_size,
-                arr.rollout.name,
-            )
+        # (A `tensor_model_parallel_size` above 1 is reported at start: `relm.config.key_table`.)
         engine = DataParallelEngine(engine, dist, tp_size=1)
     return engine
 

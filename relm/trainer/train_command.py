@@ -18,6 +18,8 @@ from transformers import PretrainedConfig
 from relm.config.context_fit import fitted_lengths, fitted_micro_batches, require_named_model
 from relm.config.loader import load_config_with_warnings, user_set_keys
 from relm.config.schema import RelmConfig
+from relm.config.specs import RunSpec
+from relm.config.translate import translate
 from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
 from relm.distributed.context import in_torchrun, init_distributed
 from relm.distributed.launcher import launch, needs_torchrun, world_size_of
@@ -70,6 +72,10 @@ def train_command(argv: list[str], cfg: RelmConfig) -> int:
             ", ".join(argv[-len(micro_batches) :]),
         )
     validate_config(cfg, max_position_embeddings=max_positions)
+    spec, unused = translate(cfg)  # once: every component is built from its part of `spec`
+    for line in unused:
+        logger.warning("%s", line)
+    import_external_lib(spec.critic.source.external_lib)  # verl imports it before building the critic
     reward = cfg.custom_reward_function
     compute_score = resolve_compute_score(
         reward.path, reward.name, batched=cfg.reward_model.reward_manager == "batch"
@@ -83,11 +89,12 @@ def train_command(argv: list[str], cfg: RelmConfig) -> int:
         if holds_folder:
             claim_run_folder(run_dir)
             claim_dump_folders(cfg.trainer, run_dir)
-        return _train_in_folder(cfg, argv, run_dir, model_config, model_dir, compute_score)
+        return _train_in_folder(cfg, spec, argv, run_dir, model_config, model_dir, compute_score)
 
 
 def _train_in_folder(
     cfg: RelmConfig,
+    spec: RunSpec,
     argv: list[str],
     run_dir: Path,
     model_config: PretrainedConfig,
@@ -115,7 +122,7 @@ def _train_in_folder(
             print(CONFIG_OK_MESSAGE, flush=True)
             record_run_config(cfg)
 
-        components = build_components(cfg, model_dir, compute_score=compute_score, dist=dist)
+        components = build_components(cfg, model_dir, spec=spec, compute_score=compute_score, dist=dist)
         try:
             train(components)
         finally:
