@@ -1,0 +1,66 @@
+"""Components built from their specs alone (issue 28): the actor model and its optimizer from `TrainedModelSpec`,
+with the schedule spanning `optim.total_training_steps` when the user set it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from relm.config.loader import load_config
+from relm.config.translate import translate
+from relm.distributed.context import DistContext
+from relm.memory.choices import user_choices
+from relm.models.loading import resolve_model_dir
+from relm.models.precision import pick_precision
+from relm.trainer.components import build_trainee, compute_sizes, load_trained_model
+
+CPU = torch.device("cpu")
+RATIO = "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.5"
+
+
+def _multipliers(*overrides: str) -> list[float]:
+    cfg = load_config(["trainer.device=cpu", "trainer.total_training_steps=40", RATIO, *overrides])
+    spec, _ = translate(cfg)
+    sizes = compute_sizes(cfg, batches_per_epoch=4)
+    precision = pick_precision("auto", CPU)
+    trainee = build_trainee(
+        spec.actor,
+        cfg.actor_rollout_ref.actor,
+        nn.Linear(2, 2),
+        sizes,
+        user_choices(cfg, precision),
+        rows_per_step=spec.data.prompts_per_step * spec.engine.sampling.n,
+        device=CPU,
+        dist=DistContext(),
+        layout=None,
+    )
+    return [trainee.scheduler.lr_lambdas[0](step) for step in range(0, 400, 10)]  # type: ignore[attr-defined]
+
+
+def test_a_set_total_training_steps_wins_over_the_runs_length():
+    run = _multipliers()
+    assert _multipliers("actor_rollout_ref.actor.optim.total_training_steps=-1") == run  # verl's "unset"
+    shorter = _multipliers("actor_rollout_ref.actor.optim.total_training_steps=4")
+    assert shorter != run
+    assert (
+        max(shorter[1:]) == 1.0 and min(run[1:]) < 1.0
+    )  # warmup over 2 of 4 steps ends; of 20 of 40 not yet
+
+
+def test_the_actor_model_builds_from_its_spec_alone():
+    cfg = load_config(["trainer.device=cpu", "actor_rollout_ref.model.lora_rank=4"])
+    spec = translate(cfg)[0].actor
+    model = load_trained_model(spec, resolve_model_dir(spec.source.path or ""), CPU, torch.float32)
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
+    other = dataclasses.replace(
+        spec, source=dataclasses.replace(spec.source, lora=dataclasses.replace(spec.source.lora, rank=0))
+    )
+    assert all(
+        p.requires_grad
+        for p in load_trained_model(
+            other, resolve_model_dir(spec.source.path or ""), CPU, torch.float32
+        ).parameters()
+    )
