@@ -128,7 +128,7 @@ class Run:
         """The loop's surroundings: stop signals (yielded), the host watchdog, validation before training,
         the loggers closed and the curves drawn however the loop ends."""
         c = self.c
-        if old_logprob_source(c.cfg) == "update":
+        if old_logprob_source(c.spec) == "update":
             logger.info(ON_POLICY_MESSAGE)
         watchdog = HostWatchdog(
             lambda: f"{c.residency.current} of step {self.step}", budget_bytes=host_budget_bytes(c.cfg)

@@ -30,7 +30,6 @@ PENDING = {
     "relm.rollout.multi_turn.setup",
     "relm.trainer.components",
     "relm.trainer.data_parallel",
-    "relm.trainer.old_logprobs",
     "relm.trainer.run_config",
     "relm.trainer.samples",
     "relm.trainer.validation",
