@@ -157,8 +157,9 @@ SPEC_KEYS: dict[str, str] = {
     f"{_ROLLOUT}.ignore_eos": "engine.ignore_eos",
     f"{_ROLLOUT}.prompt_length": "engine.prompt_length",
     f"{_ROLLOUT}.response_length": "engine.response_length",
-    f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu": "engine.rows_per_logprob_forward",
-    f"{_ROLLOUT}.log_prob_micro_batch_size": "engine.rows_per_logprob_forward",
+    # verl's rollout worker computes the old logprobs: relm's actor does, cutting them by this size
+    f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu": "actor.update.rows_per_forward",
+    f"{_ROLLOUT}.log_prob_micro_batch_size": "actor.update.rows_per_forward",
     f"{_ROLLOUT}.tensor_model_parallel_size": "engine.tensor_parallel_size",
     f"{_ROLLOUT}.enforce_eager": "engine.enforce_eager",
     f"{_ROLLOUT}.enable_chunked_prefill": "engine.enable_chunked_prefill",

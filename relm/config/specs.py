@@ -235,8 +235,6 @@ class EngineSpec:
     ignore_eos: bool
     prompt_length: int
     response_length: int
-    rows_per_logprob_forward: int | None
-    """`rollout.log_prob_micro_batch_size_per_gpu`: responses per old-logprob forward."""
     gpu_memory_utilization: float
     free_cache_engine: bool
     tensor_parallel_size: int
@@ -310,6 +308,11 @@ class RewardSpec:
     overlong: OverlongSpec
     max_response_length: int
     model: RewardModelSpec
+
+    @property
+    def uses_builtin_scorers(self) -> bool:
+        """The rule scorers score the run (no custom function, no reward model): each row needs its answer."""
+        return not self.custom_function_path and not self.model.enable
 
 
 @dataclass(frozen=True)

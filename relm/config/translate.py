@@ -246,7 +246,6 @@ def engine_spec(cfg: RelmConfig) -> EngineSpec:
         ignore_eos=rollout.ignore_eos,
         prompt_length=rollout.prompt_length,
         response_length=rollout.response_length,
-        rows_per_logprob_forward=rollout.log_prob_micro_batch_size_per_gpu,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         free_cache_engine=rollout.free_cache_engine,
         tensor_parallel_size=rollout.tensor_model_parallel_size,

@@ -88,7 +88,7 @@ def train_command(argv: list[str], cfg: RelmConfig) -> int:
     with run_folder_lock(run_dir) if holds_folder else nullcontext():
         if holds_folder:
             claim_run_folder(run_dir)
-            claim_dump_folders(cfg.trainer, run_dir)
+            claim_dump_folders(spec.loop, run_dir)
         return _train_in_folder(cfg, spec, argv, run_dir, model_config, model_dir, compute_score)
 
 
@@ -113,9 +113,9 @@ def _train_in_folder(
         problem = cpu_head_size_problem(model_config, torch.device(device))
         if problem:
             raise UserError(problem)
-    if needs_torchrun(cfg, device) and not in_torchrun():
-        return launch(cfg, argv, device)
-    dist = init_distributed(device, expected_world_size=world_size_of(cfg))
+    if needs_torchrun(spec, device) and not in_torchrun():
+        return launch(spec, argv, device)
+    dist = init_distributed(device, expected_world_size=world_size_of(spec))
     finished = False
     try:
         if dist.is_main:

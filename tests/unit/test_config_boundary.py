@@ -19,20 +19,11 @@ ENTRY_POINTS = {
 """The commands: they load the config, check it and translate it."""
 
 PENDING = {
-    "relm.data.dataset",
-    "relm.distributed.launcher",
     "relm.learner.actor",
     "relm.learner.critic",
     "relm.learner.trainee",
-    "relm.memory.choices",
-    "relm.rewards.manager",
-    "relm.rewards.model_reward",
-    "relm.rollout.multi_turn.setup",
     "relm.trainer.components",
-    "relm.trainer.data_parallel",
     "relm.trainer.run_config",
-    "relm.trainer.samples",
-    "relm.trainer.validation",
 }
 """Modules still reading `RelmConfig` or a schema section, to be moved onto specs; an entry leaves this set
 when its module stops importing the schema (the test below fails until it does)."""

@@ -23,14 +23,14 @@ RATIO = "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.5"
 def _multipliers(*overrides: str) -> list[float]:
     cfg = load_config(["trainer.device=cpu", "trainer.total_training_steps=40", RATIO, *overrides])
     spec, _ = translate(cfg)
-    sizes = compute_sizes(cfg, batches_per_epoch=4)
+    sizes = compute_sizes(spec, batches_per_epoch=4)
     precision = pick_precision("auto", CPU)
     trainee = build_trainee(
         spec.actor,
         cfg.actor_rollout_ref.actor,
         nn.Linear(2, 2),
         sizes,
-        user_choices(cfg, precision),
+        user_choices(spec, precision),
         rows_per_step=spec.data.prompts_per_step * spec.engine.sampling.n,
         device=CPU,
         dist=DistContext(),
