@@ -45,7 +45,7 @@ def test_the_update_of_the_skipped_forward_equals_the_one_with_it(tmp_path: Path
     cfg = load_config([*TINY_OVERRIDES, *ON_POLICY])
     assert old_logprob_source(translate(cfg)[0]) == "update"
     skipped, skipped_weights = one_step(tmp_path, "skipped")
-    monkeypatch.setattr(ppo, "old_logprob_source", lambda cfg: "actor")  # the path with the forward
+    monkeypatch.setattr(ppo, "old_logprob_source", lambda spec: "actor")  # the path with the forward
     forward, forward_weights = one_step(tmp_path, "forward")
 
     assert "timing_s/old_log_prob" not in skipped and "timing_s/old_log_prob" in forward

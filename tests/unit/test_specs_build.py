@@ -1,5 +1,6 @@
-"""Components built from their specs alone (issue 28): the actor model and its optimizer from `TrainedModelSpec`,
-with the schedule spanning `optim.total_training_steps` when the user set it."""
+"""Components built from their specs alone (issue 28): the actor model and its optimizer from `TrainedModelSpec`
+(the schedule spanning `optim.total_training_steps` when the user set it), the engine from `EngineSpec`, the
+reward from `RewardSpec`."""
 
 from __future__ import annotations
 
@@ -9,12 +10,19 @@ import torch
 from torch import nn
 
 from relm.config.loader import load_config
+from relm.config.specs import RewardSpec
 from relm.config.translate import translate
 from relm.distributed.context import DistContext
 from relm.memory.choices import user_choices
+from relm.models.char_tokenizer import build_char_tokenizer
 from relm.models.loading import resolve_model_dir
 from relm.models.precision import pick_precision
-from relm.trainer.components import build_trainee, compute_sizes, load_trained_model
+from relm.rewards.manager import build_reward_manager
+from relm.rewards.registry import default_compute_score
+from relm.rollout.hf_engine import HFRolloutEngine
+from relm.rollout.native.engine import NativeRolloutEngine
+from relm.trainer.components import build_engine, build_trainee, compute_sizes, load_trained_model
+from tests.tiny_models import tiny_lm
 
 CPU = torch.device("cpu")
 RATIO = "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.5"
@@ -64,3 +72,33 @@ def test_the_actor_model_builds_from_its_spec_alone():
             other, resolve_model_dir(spec.source.path or ""), CPU, torch.float32
         ).parameters()
     )
+
+
+def test_the_engine_builds_from_its_spec_alone():
+    spec = translate(load_config(["trainer.device=cpu", "actor_rollout_ref.rollout.max_num_seqs=3"]))[
+        0
+    ].engine
+    settings = dict(model_dir="unused", pad_token_id=0, eos_token_ids=[1], device=CPU, seed=spec.seed)
+    precision = pick_precision("auto", CPU)
+    native = build_engine(spec, tiny_lm(), precision=precision, **settings)
+    assert isinstance(native, NativeRolloutEngine) and native.max_num_seqs == 3
+    hf = build_engine(dataclasses.replace(spec, name="hf"), tiny_lm(), precision=precision, **settings)
+    assert isinstance(hf, HFRolloutEngine)
+
+
+def test_the_reward_builds_from_its_spec_alone():
+    keys = [
+        "reward_model.num_workers=0",
+        "reward_model.reward_manager=batch",
+        "reward_model.failure_score=-1",
+    ]
+    spec = translate(load_config(keys))[0].reward
+    manager = build_reward_manager(build_char_tokenizer(), default_compute_score, spec)
+    assert manager.pool is None and manager.batched and manager.policy.failure_score == -1
+    assert not build_reward_manager(
+        build_char_tokenizer(), default_compute_score, replace_manager(spec)
+    ).batched
+
+
+def replace_manager(spec: RewardSpec) -> RewardSpec:
+    return dataclasses.replace(spec, manager="naive")
