@@ -15,15 +15,16 @@ ENTRY_POINTS = {
     "relm.compat.cli",
     "relm.bench.update",
     "relm.bench.peer_trl",
+    "relm.trainer.run_config",
 }
-"""The commands: they load the config, check it and translate it."""
+"""The commands: they load the config, check it and translate it (`trainer.run_config` is `relm train`'s record
+of the config as the user wrote it, for the run folder and the checks of a resume)."""
 
 PENDING = {
     "relm.learner.actor",
     "relm.learner.critic",
     "relm.learner.trainee",
     "relm.trainer.components",
-    "relm.trainer.run_config",
 }
 """Modules still reading `RelmConfig` or a schema section, to be moved onto specs; an entry leaves this set
 when its module stops importing the schema (the test below fails until it does)."""
