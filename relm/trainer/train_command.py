@@ -51,7 +51,9 @@ def train_command(argv: list[str], cfg: RelmConfig) -> int:
     model = cfg.actor_rollout_ref.model
     # Cheap checks of the model (its config only: architecture, positions) and of the reward file
     # (imported once here, used by the run) come before the success line, so it means what it says.
-    import_external_lib(model.external_lib)  # may register an architecture the next line needs
+    import_external_lib(
+        model.external_lib, "actor_rollout_ref.model.external_lib"
+    )  # may register an architecture the next line needs
     model_dir, model_config, _ = load_model_config(
         model.path, override_config=model.override_config, trust_remote_code=model.trust_remote_code
     )
@@ -75,7 +77,8 @@ def train_command(argv: list[str], cfg: RelmConfig) -> int:
     spec, unused = translate(cfg)  # once: every component is built from its part of `spec`
     for line in unused:
         logger.warning("%s", line)
-    import_external_lib(spec.critic.source.external_lib)  # verl imports it before building the critic
+    # verl imports it before building the critic (its model config does)
+    import_external_lib(spec.critic.source.external_lib, "critic.model.external_lib")
     reward = cfg.custom_reward_function
     compute_score = resolve_compute_score(
         reward.path, reward.name, batched=cfg.reward_model.reward_manager == "batch"

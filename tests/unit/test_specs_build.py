@@ -21,7 +21,9 @@ from relm.rewards.manager import build_reward_manager
 from relm.rewards.registry import default_compute_score
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.engine import NativeRolloutEngine
+from relm.trainer import components
 from relm.trainer.components import build_engine, build_trainee, compute_sizes, load_trained_model
+from relm.trainer.main_ppo import main
 from tests.tiny_models import tiny_lm
 
 CPU = torch.device("cpu")
@@ -102,3 +104,26 @@ def test_the_reward_builds_from_its_spec_alone():
 
 def replace_manager(spec: RewardSpec) -> RewardSpec:
     return dataclasses.replace(spec, manager="naive")
+
+
+def test_data_trust_remote_code_allows_the_run_tokenizers_code(monkeypatch):
+    """verl's trainer loads the tokenizer that reads the data with `data.trust_remote_code`; relm's one
+    tokenizer follows it (or the model's key)."""
+    asked: list[bool] = []
+    monkeypatch.setattr(
+        components,
+        "load_tokenizer",
+        lambda path, trust_remote_code, path_key: asked.append(trust_remote_code),
+    )
+    for keys in ([], ["data.trust_remote_code=true"], ["actor_rollout_ref.model.trust_remote_code=true"]):
+        components._load_run_tokenizer(translate(load_config(keys))[0], "unused")
+    assert asked == [False, True, True]
+
+
+def test_the_critics_external_lib_is_imported_before_the_run(capsys):
+    """verl imports `critic.model.external_lib` when it builds the critic's model config; relm at start."""
+    code = main(
+        ["trainer.device=cpu", "algorithm.adv_estimator=gae", "critic.model.external_lib=relm_no_such_lib"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "error: `critic.model.external_lib=relm_no_such_lib` cannot be imported" in err
