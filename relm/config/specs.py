@@ -298,8 +298,6 @@ class RewardSpec:
     """`naive`, `batch`, `prime` or `dapo`."""
     custom_function_path: str | None
     custom_function_name: str
-    score_key: str
-    """The prompt column that selects the rule scorer (`data.reward_fn_key`)."""
     num_workers: int | None
     timeout_s: float
     failure_score: float

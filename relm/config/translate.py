@@ -280,7 +280,6 @@ def reward_spec(cfg: RelmConfig) -> RewardSpec:
         manager=rm.reward_manager,
         custom_function_path=custom.path,
         custom_function_name=custom.name,
-        score_key=cfg.data.reward_fn_key,
         num_workers=rm.num_workers,
         timeout_s=rm.timeout,
         failure_score=rm.failure_score,
