@@ -237,13 +237,13 @@ def update_models(c: RunComponents, batch: Advantaged, step: int) -> tuple[int, 
     shared: dict[str, Any] = dict(device=c.device, rng=c.generator, dist=c.dist)
     if c.critic is not None:
         with timed(metrics, "update_critic"), c.residency.phase("update_critic"):
-            result = update_critic(c.critic, mine, critic_objective_of(c.cfg), **shared)
+            result = update_critic(c.critic, mine, critic_objective_of(c.spec), **shared)
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
     if step > c.cfg.trainer.critic_warmup:
         with timed(metrics, "update_actor"), c.residency.phase("update_actor"):
             result = update_actor(
-                c.actor, mine, actor_objective_of(c.cfg), temperature=c.sizes.logprob_temperature, **shared
+                c.actor, mine, actor_objective_of(c.spec), temperature=c.sizes.logprob_temperature, **shared
             )
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         if isinstance(batch.annotated.old_logprobs, UpdateForward):

@@ -21,8 +21,6 @@ ENTRY_POINTS = {
 of the config as the user wrote it, for the run folder and the checks of a resume)."""
 
 PENDING = {
-    "relm.learner.actor",
-    "relm.learner.critic",
     "relm.learner.trainee",
     "relm.trainer.components",
 }

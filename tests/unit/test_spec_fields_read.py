@@ -23,7 +23,6 @@ RELM = Path(relm.__file__).parent
 READ_THROUGH_CFG = {
     "RewardSpec.overlong": "DAPO's shaping is applied in trainer/collect.py, which reads `reward_model.overlong_buffer`",
     "AlgorithmSpec.filter_metric": "trainer/collect.py reads `algorithm.filter_groups.metric`",
-    "RunSpec.critic_loss": "the critic's update reads `Trainee.cfg.cliprange_value` (learner/critic.py)",
 }
 """Spec fields whose keys still act through `RunComponents.cfg` or `Trainee.cfg` (the loop's and the learner's
 files, being reworked on their own branch); an entry leaves when its field is read."""
