@@ -131,7 +131,8 @@ class Run:
         if old_logprob_source(c.spec) == "update":
             logger.info(ON_POLICY_MESSAGE)
         watchdog = HostWatchdog(
-            lambda: f"{c.residency.current} of step {self.step}", budget_bytes=host_budget_bytes(c.spec.memory)
+            lambda: f"{c.residency.current} of step {self.step}",
+            budget_bytes=host_budget_bytes(c.spec.memory),
         )
         try:
             with stop_on_signals() as stop, watching(watchdog):
