@@ -150,7 +150,13 @@ def bench_update(argv: list[str]) -> int:
         remove_padding=not args.padded,
     )
     actor = Trainee(
-        "actor", model, optimizer, scheduler, cfg, batching, MicroBatchSize(args.rows, args.max_tokens)
+        "actor",
+        model,
+        optimizer,
+        scheduler,
+        cfg.grad_clip,
+        batching,
+        MicroBatchSize(args.rows, args.max_tokens),
     )
 
     def one_update() -> float:

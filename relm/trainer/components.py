@@ -1,9 +1,10 @@
-"""Building everything one run needs from a validated config: models, optimizers, engine, data, reward.
+"""Building everything one run needs from its specs: models, optimizers, engine, data, reward.
 
 Kept apart from the loop so that `trainer/ppo.py` reads as the algorithm alone, and so tests can build
 a run's parts and drive one step by hand. Each trained model (the actor, the critic when the estimator
 reads values) is loaded, sharded and given its optimizer by the same code (`load_trained_model`,
-`build_trainee`); the config sections that tell them apart are looked up in one place (`_sections`).
+`build_trainee`) from its own `TrainedModelSpec`; every builder takes its part of the `RunSpec` that
+`relm.config.translate` made once from the config (`RunComponents.cfg` stays for the loop's remaining reads).
 """
 
 from __future__ import annotations
@@ -19,11 +20,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from relm.algorithms.kl import KLController, make_kl_controller
-from relm.config.schema import (
-    ActorConfig,
-    CriticConfig,
-    RelmConfig,
-)
+from relm.config.schema import RelmConfig
 from relm.config.specs import DataSpec, EngineSpec, RewardSpec, RunSpec, TrainedModelSpec
 from relm.config.translate import translate
 from relm.data.dataset import PromptDataset
@@ -219,22 +216,6 @@ def compute_sizes(spec: RunSpec, batches_per_epoch: int) -> Sizes:
     )
 
 
-@dataclass(frozen=True)
-class _Sections:
-    """The config sections that describe one trained model."""
-
-    train: ActorConfig | CriticConfig
-    """What the learner's update reads (`Trainee.cfg`)."""
-
-
-def _sections(cfg: RelmConfig, name: str) -> _Sections:
-    """The one place that tells the trained models' config sections apart by name."""
-    arr = cfg.actor_rollout_ref
-    if name == "actor":
-        return _Sections(arr.actor)
-    return _Sections(cfg.critic)
-
-
 def build_components(
     cfg: RelmConfig,
     model_dir: str,
@@ -296,7 +277,6 @@ def build_components(
         )
         trainees[name] = build_trainee(
             models[name],
-            _sections(cfg, name).train,
             module,
             sizes,
             memory,
@@ -502,7 +482,6 @@ def load_trained_model(
 
 def build_trainee(
     spec: TrainedModelSpec,
-    train_section: ActorConfig | CriticConfig,
     module: nn.Module,
     sizes: Sizes,
     memory: MemoryChoices,
@@ -544,7 +523,7 @@ def build_trainee(
         module=module,
         optimizer=optimizer,
         scheduler=scheduler,
-        cfg=train_section,
+        grad_clip=spec.update.grad_clip,
         batching=batching,
         microbatch=MicroBatchSize(rows=batching.rows_per_microbatch, max_tokens=choice.max_tokens),
         optimizer_offload=OffloadedOptimizerStates(optimizer, device) if choice.offload_optimizer else None,

@@ -21,7 +21,6 @@ ENTRY_POINTS = {
 of the config as the user wrote it, for the run folder and the checks of a resume)."""
 
 PENDING = {
-    "relm.learner.trainee",
     "relm.trainer.components",
 }
 """Modules still reading `RelmConfig` or a schema section, to be moved onto specs; an entry leaves this set

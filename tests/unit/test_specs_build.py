@@ -37,7 +37,6 @@ def _multipliers(*overrides: str) -> list[float]:
     precision = pick_precision("auto", CPU)
     trainee = build_trainee(
         spec.actor,
-        cfg.actor_rollout_ref.actor,
         nn.Linear(2, 2),
         sizes,
         user_choices(spec, precision),
