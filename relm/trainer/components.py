@@ -298,7 +298,14 @@ def build_components(
     # vLLM takes a LoRA actor's adapter through its LoRA support (or merged weights where it cannot).
     lora = vllm_lora(actor) if spec.engine.name == "vllm" else None
     engine = build_run_engine(
-        spec.engine, engine_model, model_dir, tokenizer, dist=dist, device=device, precision=precision, lora=lora
+        spec.engine,
+        engine_model,
+        model_dir,
+        tokenizer,
+        dist=dist,
+        device=device,
+        precision=precision,
+        lora=lora,
     )
     return RunComponents(
         cfg=cfg,
