@@ -42,7 +42,7 @@ def run(args, train_file: Path, run_dir: Path) -> dict[str, float]:
     """One warm-up step and `args.steps` measured ones; the mean of each reported metric."""
     cfg = bench_config(args, "grpo", train_file, run_dir)
     c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
-    source = ppo.old_logprob_source(cfg)
+    source = ppo.old_logprob_source(c.spec)
     measured = []
     for step in range(1, args.steps + 2):
         metrics = ppo.ppo_step(c, c.loader.next_batch(), step)

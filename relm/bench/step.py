@@ -165,7 +165,8 @@ def run_algo(
     measured: list[dict[str, float]] = []
     running = {"step": 0}
     watchdog = HostWatchdog(
-        lambda: f"{c.residency.current} of step {running['step']}", budget_bytes=host_budget_bytes(cfg)
+        lambda: f"{c.residency.current} of step {running['step']}",
+        budget_bytes=host_budget_bytes(c.spec.memory),
     )
     for step in range(1, args.steps + 2):
         running["step"] = step

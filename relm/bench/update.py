@@ -99,6 +99,7 @@ def bench_update(argv: list[str]) -> int:
 
     from relm.config.rollout_correction import parse_rollout_correction
     from relm.config.schema import ActorConfig, RolloutCorrectionConfig
+    from relm.config.translate import optim_spec
     from relm.learner.actor import update_actor
     from relm.learner.actor_objective import ActorObjective
     from relm.learner.microbatch_retry import MicroBatchSize
@@ -132,7 +133,7 @@ def bench_update(argv: list[str]) -> int:
         loss_mode="vanilla", loss_agg_mode="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
         entropy_coeff=args.entropy_coeff, kl_loss=None, correction=parse_rollout_correction(RolloutCorrectionConfig()),
     )  # fmt: skip
-    optimizer, scheduler = build_optimizer(model, cfg.optim, 10 * (args.repeats + 1))
+    optimizer, scheduler = build_optimizer(model, optim_spec(cfg.optim), 10 * (args.repeats + 1))
     fused = FusedLayers(
         model, enabled=not args.no_compile and device.type == "cuda", functions=compiled_pieces()
     )
@@ -149,7 +150,13 @@ def bench_update(argv: list[str]) -> int:
         remove_padding=not args.padded,
     )
     actor = Trainee(
-        "actor", model, optimizer, scheduler, cfg, batching, MicroBatchSize(args.rows, args.max_tokens)
+        "actor",
+        model,
+        optimizer,
+        scheduler,
+        cfg.grad_clip,
+        batching,
+        MicroBatchSize(args.rows, args.max_tokens),
     )
 
     def one_update() -> float:

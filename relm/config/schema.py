@@ -59,7 +59,8 @@ class DataConfig:
     return_raw_chat: bool = False
     """Keep each prompt's raw chat messages on the prompt batch beside the token ids (for rewards that read them)."""
     trust_remote_code: bool = False
-    """Allow the tokenizer's own code from its folder."""
+    """Allow the tokenizer's own code from its folder (relm's one tokenizer reads the data too, so this key or the
+    model's allows it)."""
     seed: int | None = None
     """Seed for the shuffle; unset uses the top-level `seed`."""
     custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
@@ -123,7 +124,8 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
     total_training_steps: int = -1
-    """Filled in by the trainer from the data and epochs; a set value wins."""
+    """Training steps the learning-rate schedule spans (warmup ratio, cosine decay); -1 (or 0) is the run's
+    length from the data and epochs, a set value wins (verl overwrites it with the run's length)."""
     moments_dtype: str | None = None
     """relm: storage of AdamW's two moments, `float32` or `bfloat16` (the step computes in fp32 either way);
     unset lets the memory plan decide on one GPU (fp32 unless it does not fit) and is fp32 elsewhere."""
@@ -301,7 +303,8 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: int | None = None
     """Responses per old-logprob forward; unset uses the actor's micro-batch size."""
     tensor_model_parallel_size: int = 1
-    """Tensor-parallel size of the engine (1: every engine generates within one process)."""
+    """Tensor-parallel size of the engine (1: every engine generates within one process); above 1 the native and
+    HF engines warn at start that they generate with the whole model on each GPU, vLLM's is an error."""
     enforce_eager: bool = True
     """vLLM: no CUDA graphs or compilation (faster start, slower decoding)."""
     enable_chunked_prefill: bool = True
@@ -349,8 +352,6 @@ class CriticModelConfig:
 
     path: str | None = None
     """Model for the critic backbone; unset uses the actor's `model.path`."""
-    tokenizer_path: str | None = None
-    """Tokenizer of the critic; unset uses the actor's."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Values set on the critic's HF config before loading."""
     enable_gradient_checkpointing: bool | None = None
@@ -360,7 +361,7 @@ class CriticModelConfig:
     trust_remote_code: bool = False
     """Allow model code shipped inside the model folder."""
     external_lib: str | None = None
-    """A module imported before loading."""
+    """A module imported before loading the critic (as the actor's), for architectures registered outside transformers."""
     lora_rank: int = 0
     """LoRA adapters of this rank on the critic's backbone; its value head trains whole (0: no LoRA)."""
     lora_alpha: float = 16

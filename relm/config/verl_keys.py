@@ -178,7 +178,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "reward_model.forward_max_token_len_per_gpu": _RM,
     "reward_model.profiler.*": _PROFILER,
     "reward_model.rollout.*": _RM_ROLLOUT,
-    "reward_model.num_workers": "the reward model scores in the training process",
     "reward_model.enable_resource_pool": _RM,
     "reward_model.n_gpus_per_node": _RM,
     "reward_model.nnodes": _RM,
@@ -253,6 +252,9 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "critic.data_loader_seed": _SEED,
     "critic.loss_scale_factor": "a constant loss divisor is not implemented; `critic.loss_agg_mode` decides",
     "critic.fsdp.*": _CRITIC_ENGINE,
+    "critic.model.tokenizer_path": (
+        "the critic reads the actor's token ids, so its tokenizer is the actor's (`actor_rollout_ref.model.tokenizer_path`)"
+    ),
     "critic.model.custom_chat_template": "the critic scores the actor's token ids; it applies no chat template",
     "critic.model.hf_config_path": "relm reads the critic's config from `critic.model.path`",
     "critic.model.lora.*": _LORA,

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 from transformers import PreTrainedTokenizerBase
 
-from relm.config.schema import RelmConfig
+from relm.config.specs import DataSpec
 from relm.config.validate import TRUNCATION_MODES
 from relm.data.sources import load_table
 from relm.errors import UserError
@@ -184,26 +184,28 @@ class PromptDataset:
             )
 
     @classmethod
-    def from_config(
+    def from_spec(
         cls,
-        cfg: RelmConfig,
+        data: DataSpec,
         files: list[str],
         tokenizer: PreTrainedTokenizerBase,
         *,
+        chat_template: str | None = None,
+        builtin_scorers: bool = True,
         files_key: str = "data.train_files",
         tools: list[dict[str, Any]] | None = None,
     ) -> PromptDataset:
-        """The dataset the run's `data.*` keys and `actor_rollout_ref.model.custom_chat_template` describe,
-        so training and validation prompts are rendered and cut the same way. `tools`: the function
-        schemas a multi-turn run's chat template lists in every prompt (as verl's agent loop does).
+        """The dataset the run's data spec (`data.*`) and `chat_template` (the actor's
+        `custom_chat_template`) describe, so training and validation prompts are rendered and cut the same
+        way. `builtin_scorers`: the rule scorers score the run (no custom function, no reward model), so
+        each row needs its answer. `tools`: the function schemas a multi-turn run's chat template lists in
+        every prompt (as verl's agent loop does).
 
         Validation (`files_key="data.val_files"`) takes `data.val_max_samples` and a Hub dataset's
         `test` split; training `data.train_max_samples` and `train` (TRL's default splits). Both draw
         their subset with `data.shuffle` and `data.seed`, as verl's `RLHFDataset` does."""
-        data = cfg.data
         validation = files_key == "data.val_files"
-        builtin_scorers = not cfg.custom_reward_function.path and not cfg.reward_model.enable
-        template_kwargs = dict(data.apply_chat_template_kwargs)
+        template_kwargs = dict(data.chat_template_kwargs)
         if tools:
             template_kwargs["tools"] = tools
         return cls(
@@ -212,7 +214,7 @@ class PromptDataset:
             prompt_key=data.prompt_key,
             reward_fn_key=data.reward_fn_key,
             max_prompt_length=data.max_prompt_length,
-            custom_chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
+            custom_chat_template=chat_template,
             chat_template_kwargs=template_kwargs,
             filter_overlong_prompts=data.filter_overlong_prompts,
             truncation=data.truncation,
@@ -221,9 +223,7 @@ class PromptDataset:
             split="test" if validation else "train",
             max_samples=data.val_max_samples if validation else data.train_max_samples,
             shuffle=data.shuffle,
-            seed=cfg.seed
-            if data.seed is None
-            else data.seed,  # the loader fills data.seed; a hand-built config may not
+            seed=data.seed,
             answer_needed_by="the built-in scorers (no custom_reward_function.path)"
             if builtin_scorers
             else None,

@@ -37,7 +37,7 @@ from types import FrameType
 
 import torch
 
-from relm.config.schema import RelmConfig
+from relm.config.specs import RunSpec
 from relm.distributed.context import STORE_FILE_ENV
 from relm.errors import UserError
 from relm.processes import list_processes
@@ -50,30 +50,28 @@ EXTRA_ARGS_ENV = "RELM_TORCHRUN_ARGS"
 """More torchrun options for `relm train` to pass, e.g. "--log-dir logs --redirects 3 --tee 3"."""
 
 
-def world_size_of(cfg: RelmConfig) -> int:
+def world_size_of(spec: RunSpec) -> int:
     """Processes of the run: `trainer.n_gpus_per_node * trainer.nnodes`."""
-    return cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    return spec.loop.n_gpus_per_node * spec.loop.nnodes
 
 
-def offloads(cfg: RelmConfig) -> bool:
+def offloads(spec: RunSpec) -> bool:
     """FSDP2's CPU offload asked for the actor (and reference) or the critic."""
-    return (
-        cfg.actor_rollout_ref.actor.fsdp_config.offload_policy or cfg.critic.model.fsdp_config.offload_policy
-    )
+    return spec.actor.sharding.offload_policy or spec.critic.sharding.offload_policy
 
 
-def needs_torchrun(cfg: RelmConfig, device: torch.device) -> bool:
+def needs_torchrun(spec: RunSpec, device: torch.device) -> bool:
     """More than one process, or FSDP2's CPU offload (which needs a process group even on one GPU).
 
     Raises:
         UserError: offload asked for a run that computes on the CPU already.
     """
-    if offloads(cfg) and device.type != "cuda":
+    if offloads(spec) and device.type != "cuda":
         raise UserError(
             "`fsdp_config.offload_policy=true` moves a GPU run's shards to the CPU; this run computes on "
             f"{device.type}: set it to false"
         )
-    return world_size_of(cfg) > 1 or offloads(cfg)
+    return world_size_of(spec) > 1 or offloads(spec)
 
 
 def torchrun_command(
@@ -113,14 +111,14 @@ def torchrun_command(
     return [*command, "-m", "relm.trainer.main_ppo", *argv]
 
 
-def launch(cfg: RelmConfig, argv: list[str], device: torch.device) -> int:
+def launch(spec: RunSpec, argv: list[str], device: torch.device) -> int:
     """Run `relm train argv` under torchrun on this node and return its exit code (see module docstring).
 
     Raises:
         UserError: more GPUs per node than this machine shows, or several nodes (the command to run
             on each is printed first).
     """
-    trainer = cfg.trainer
+    trainer = spec.loop
     visible = torch.cuda.device_count() if device.type == "cuda" else None
     if visible is not None and trainer.n_gpus_per_node > visible:
         raise UserError(

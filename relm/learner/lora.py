@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from relm.config.specs import LoraSpec
 from relm.errors import UserError
 from relm.models.precision import copy_in_dtype
 
@@ -55,19 +56,17 @@ class LoraSettings:
     """A saved PEFT adapter folder to start from instead of a fresh adapter."""
 
 
-def lora_settings(model_cfg: Any) -> LoraSettings | None:
-    """A model section's LoRA keys (`actor_rollout_ref.model` or `critic.model`), or None at rank 0."""
-    if not model_cfg.lora_rank:
+def lora_settings(spec: LoraSpec) -> LoraSettings | None:
+    """A trained model's LoRA spec as peft's settings, or None at rank 0."""
+    if not spec.rank:
         return None
-    target = [target] if isinstance(target := model_cfg.target_modules, str) else target
-    exclude = model_cfg.exclude_modules
+    target = list(spec.target_modules)
     return LoraSettings(
-        rank=int(model_cfg.lora_rank),
-        alpha=float(model_cfg.lora_alpha),
-        # verl writes `all-linear` as one string; the schema holds a list.
-        target_modules="all-linear" if list(target) == ["all-linear"] else list(target),
-        exclude_modules=None if exclude is None else list(exclude),
-        adapter_path=model_cfg.lora_adapter_path,
+        rank=spec.rank,
+        alpha=spec.alpha,
+        target_modules="all-linear" if target == ["all-linear"] else target,
+        exclude_modules=None if spec.exclude_modules is None else list(spec.exclude_modules),
+        adapter_path=spec.adapter_path,
     )
 
 

@@ -8,15 +8,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from relm.config.schema import OptimConfig
+from relm.config.specs import OptimSpec
 from relm.learner.compact_adamw import CompactAdamW
 
 
-def num_warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
+def num_warmup_steps(spec: OptimSpec, total_steps: int) -> int:
     """Explicit `lr_warmup_steps` wins; otherwise the ratio of the total."""
-    if cfg.lr_warmup_steps >= 0:
-        return cfg.lr_warmup_steps
-    return int(cfg.lr_warmup_steps_ratio * total_steps)
+    if spec.warmup_steps >= 0:
+        return spec.warmup_steps
+    return int(spec.warmup_steps_ratio * total_steps)
 
 
 def lr_multiplier(
@@ -37,7 +37,7 @@ def lr_multiplier(
 
 def build_optimizer(
     model: nn.Module,
-    cfg: OptimConfig,
+    spec: OptimSpec,
     total_steps: int,
     *,
     moments_dtype: torch.dtype | None = None,
@@ -51,7 +51,7 @@ def build_optimizer(
     torch's own AdamW (fp32 weights and moments, and sharded runs).
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    settings: dict[str, Any] = dict(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    settings: dict[str, Any] = dict(lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
     optimizer: torch.optim.Optimizer
     if moments_dtype is None:
         # One fused kernel per parameter group instead of foreach's dozen passes over every fp32 tensor
@@ -60,15 +60,15 @@ def build_optimizer(
         optimizer = torch.optim.AdamW(params, **settings, fused=fused or None)
     else:
         optimizer = CompactAdamW(params, **settings, moments_dtype=moments_dtype, seed=seed)
-    warmup = num_warmup_steps(cfg, total_steps)
+    warmup = num_warmup_steps(spec, total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda step: lr_multiplier(
             step,
             warmup_steps=warmup,
             total_steps=total_steps,
-            style=cfg.warmup_style,
-            min_lr_ratio=cfg.min_lr_ratio or 0.0,  # null: no floor (the schema says so)
+            style=spec.schedule,
+            min_lr_ratio=spec.min_lr_ratio,
         ),
     )
     return optimizer, scheduler

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from relm.config.schema import ActorConfig, CriticConfig
 from relm.learner.microbatch_retry import MicroBatchSize
 from relm.memory.offload import OffloadedOptimizerStates
 
@@ -47,8 +46,8 @@ class Trainee:
     """The model (a causal LM, or a `ValueModel`); FSDP-sharded in a data-parallel run."""
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    cfg: ActorConfig | CriticConfig
-    """Its config section: the loss settings and `grad_clip`."""
+    grad_clip: float
+    """The global gradient norm its updates clip to (`grad_clip`); the loss settings are the objective's."""
     batching: Batching
     microbatch: MicroBatchSize
     """How updates cut mini-batches now: the config's or the plan's size, made smaller (and kept so for

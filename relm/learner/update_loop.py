@@ -109,7 +109,7 @@ def run_update(
                     if epoch == 0:
                         first_forward[micro.rows] = micro.forward
                 accumulation.end_minibatch()
-                grad_norm, stepped = clip_and_step(model, optimizer, scheduler, trainee.cfg.grad_clip)
+                grad_norm, stepped = clip_and_step(model, optimizer, scheduler, trainee.grad_clip)
                 skipped += int(not stepped)
                 stats.end_minibatch({"grad_norm": grad_norm})
     model.eval()

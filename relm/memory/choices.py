@@ -20,14 +20,12 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from relm.algorithms.advantages import estimator_needs
-from relm.config.remote_code import model_trust
-from relm.config.schema import RelmConfig
+from relm.config.specs import MemorySpec, RunSpec, TrainedModelSpec
 from relm.errors import UserError
 from relm.memory.host import available_host_bytes, host_room, process_rss_bytes
 from relm.memory.model_shape import ModelShape
@@ -85,18 +83,16 @@ class MemoryChoices:
     None where nothing was predicted."""
 
 
-def builds_critic(cfg: RelmConfig) -> bool:
+def builds_critic(spec: RunSpec) -> bool:
     """A critic is built only for an estimator that reads values (`relm.algorithms.advantages`)."""
-    return estimator_needs(cfg.algorithm.adv_estimator).critic
+    return estimator_needs(spec.algorithm.adv_estimator).critic
 
 
-def builds_reference(cfg: RelmConfig) -> bool:
+def builds_reference(spec: RunSpec) -> bool:
     """The reference model is built only when a KL term, or the estimator, reads it."""
-    algo = cfg.algorithm
+    algo = spec.algorithm
     return (
-        algo.use_kl_in_reward
-        or cfg.actor_rollout_ref.actor.use_kl_loss
-        or estimator_needs(algo.adv_estimator).reference
+        algo.use_kl_in_reward or spec.actor_loss.use_kl_loss or estimator_needs(algo.adv_estimator).reference
     )
 
 
@@ -124,22 +120,22 @@ def device_memory(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_properties(device).total_memory, host
 
 
-def gpu_budget_bytes(cfg: RelmConfig) -> int | None:
+def gpu_budget_bytes(memory: MemorySpec) -> int | None:
     """`trainer.max_gpu_memory_gb` in bytes (None: the whole GPU)."""
-    budget = cfg.trainer.max_gpu_memory_gb
+    budget = memory.max_gpu_memory_gb
     return None if budget is None else int(budget * 1e9)
 
 
-def host_budget_bytes(cfg: RelmConfig) -> int | None:
+def host_budget_bytes(memory: MemorySpec) -> int | None:
     """`trainer.max_host_memory_gb` in bytes (None: what the machine has available)."""
-    budget = cfg.trainer.max_host_memory_gb
+    budget = memory.max_host_memory_gb
     return None if budget is None else int(budget * 1e9)
 
 
-def cap_gpu_memory(cfg: RelmConfig, device: torch.device) -> None:
+def cap_gpu_memory(memory: MemorySpec, device: torch.device) -> None:
     """Hold torch's allocator to `trainer.max_gpu_memory_gb` on `device`: one large GPU then behaves like
     the smaller card the budget names (an allocation past it raises torch's out-of-memory error)."""
-    cap_gpu_bytes(gpu_budget_bytes(cfg), device)
+    cap_gpu_bytes(gpu_budget_bytes(memory), device)
 
 
 def cap_gpu_bytes(budget_bytes: int | None, device: torch.device) -> None:
@@ -153,12 +149,12 @@ def cap_gpu_bytes(budget_bytes: int | None, device: torch.device) -> None:
 
 
 def choose_memory(
-    cfg: RelmConfig, model_dir: str, *, device: torch.device, sharded: bool = False
+    spec: RunSpec, model_dir: str, *, device: torch.device, sharded: bool = False
 ) -> MemoryChoices:
     """The plan on a single GPU (raising `UserError` when the run cannot fit), else the user's settings.
 
     Args:
-        cfg: the validated config.
+        spec: the run's specs (the plan prices every model of the run).
         model_dir: the resolved folder of `actor_rollout_ref.model.path` (its config gives the shapes).
         device: where the run trains.
         sharded: a torchrun run (FSDP2 sizes it; nothing is planned).
@@ -167,14 +163,14 @@ def choose_memory(
         UserError: the planner finds no arrangement that fits (the message names what does not), or
             a moment dtype is set where relm cannot honour it.
     """
-    arr = cfg.actor_rollout_ref
-    actor_cfg, critic_cfg = arr.actor, cfg.critic
     user_moments = {
-        "actor": _moments_dtype(actor_cfg.optim.moments_dtype, "actor_rollout_ref.actor.optim.moments_dtype"),
-        "critic": _moments_dtype(critic_cfg.optim.moments_dtype, "critic.optim.moments_dtype"),
+        "actor": _moments_dtype(
+            spec.actor.optim.moments_dtype, "actor_rollout_ref.actor.optim.moments_dtype"
+        ),
+        "critic": _moments_dtype(spec.critic.optim.moments_dtype, "critic.optim.moments_dtype"),
     }
-    precision = pick_precision(arr.model.dtype, device)
-    explicit = [f"{key}={value}" for key, value in _explicit_precision(cfg).items()]
+    precision = pick_precision(spec.memory.weights_dtype, device)
+    explicit = [f"{key}={value}" for key, value in _explicit_precision(spec).items()]
     # Sharded runs step with torch's AdamW (fp32 moments): asking for exactly that is fine.
     compact_moments = any(dtype not in (None, torch.float32) for dtype in user_moments.values())
     unsupported_weights = precision.master not in (torch.float32, torch.bfloat16)
@@ -183,21 +179,21 @@ def choose_memory(
             f"`{explicit[-1]}` applies to single-process runs with float32 or bfloat16 weights; "
             "remove it (sharded runs and float16 weights step with torch's AdamW)"
         )
-    choices = user_choices(cfg, precision, user_moments)
-    single = not sharded and cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes == 1
+    choices = user_choices(spec, precision, user_moments)
+    single = not sharded and spec.memory.num_gpus == 1
     memory = device_memory(device) if single else None
     if memory is None:
         if single and device.type == "cpu":
-            choices.host_peak_bytes = check_cpu_host_memory(cfg, model_dir, precision, user_moments)
+            choices.host_peak_bytes = check_cpu_host_memory(spec, model_dir, precision, user_moments)
         return choices
-    request = _plan_request(cfg, model_dir, device, precision, memory, user_moments)
+    request = _plan_request(spec, model_dir, device, precision, memory, user_moments)
     try:
         plan = plan_memory(request)
     except PlanDoesNotFit as exc:
         settings = f" with {', '.join(explicit)}" if explicit else ""
         offer = lora_offer(request, OFFERED_LORA_RANK)
         raise RunDoesNotFit(
-            f"`{arr.model.path}` does not fit one GPU for this run{settings}{_budgets(cfg)}: {exc}; "
+            f"`{spec.actor.source.path}` does not fit one GPU for this run{settings}{_budgets(spec.memory)}: {exc}; "
             + (f"{offer}; or " if offer else "")
             + "use more GPUs (trainer.n_gpus_per_node) or shorter data.max_prompt_length / "
             "data.max_response_length",
@@ -208,49 +204,45 @@ def choose_memory(
         logger.warning("memory plan: to fit one GPU, %s", "; ".join(plan.given_up))
     if plan.rung.weights != precision.master:  # the last rung: bf16 weights, computed in bf16
         precision = Precision(master=plan.rung.weights, compute=plan.rung.weights, device_type=device.type)
-    choices = planned_choices(cfg, plan, precision)
+    choices = planned_choices(spec, plan, precision)
     choices.host_peak_bytes = plan.host_peak_bytes
     return choices
 
 
+_DEFAULT_MAX_TOKENS = {"actor": 16384, "critic": 32768}
+"""verl's default token budget of a dynamic micro-batch, per trained model."""
+
+
 def user_choices(
-    cfg: RelmConfig, precision: Precision, user_moments: dict[str, torch.dtype | None] | None = None
+    spec: RunSpec, precision: Precision, user_moments: dict[str, torch.dtype | None] | None = None
 ) -> MemoryChoices:
     """What the config says, without a plan: unset checkpointing is off, unset budgets verl's defaults."""
-    arr = cfg.actor_rollout_ref
-    actor_cfg, critic_cfg = arr.actor, cfg.critic
     user_moments = user_moments or {}
     return MemoryChoices(
         models={
-            "actor": ModelMemory(
-                checkpointing=bool(arr.model.enable_gradient_checkpointing),
-                max_tokens=(actor_cfg.ppo_max_token_len_per_gpu or 16384)
-                if actor_cfg.use_dynamic_bsz
+            model.name: ModelMemory(
+                checkpointing=bool(model.source.gradient_checkpointing),
+                max_tokens=(model.update.max_tokens_per_microbatch or _DEFAULT_MAX_TOKENS[model.name])
+                if model.update.dynamic_batch
                 else None,
-                moments_dtype=user_moments.get("actor") or torch.float32,
-            ),
-            "critic": ModelMemory(
-                checkpointing=bool(critic_cfg.model.enable_gradient_checkpointing),
-                max_tokens=(critic_cfg.ppo_max_token_len_per_gpu or 32768)
-                if critic_cfg.use_dynamic_bsz
-                else None,
-                moments_dtype=user_moments.get("critic") or torch.float32,
-            ),
+                moments_dtype=user_moments.get(model.name) or torch.float32,
+            )
+            for model in _trained(spec).values()
         },
         precision=precision,
     )
 
 
-def planned_choices(cfg: RelmConfig, plan: MemoryPlan, precision: Precision) -> MemoryChoices:
+def planned_choices(spec: RunSpec, plan: MemoryPlan, precision: Precision) -> MemoryChoices:
     """The plan's checkpointing, token budgets, moment dtypes and offload (micro-batches by the plan's
     token budget unless the user fixed their row count); a model the plan does not train keeps the user's
     settings."""
-    models = user_choices(cfg, precision).models
+    models = user_choices(spec, precision).models
     for name, planned in plan.trainees.items():
-        section = _trained_sections(cfg)[name]
-        by_tokens = section.use_dynamic_bsz or section.ppo_micro_batch_size_per_gpu is None
+        update = _trained(spec)[name].update
+        by_tokens = update.dynamic_batch or update.rows_per_microbatch is None
         # the policy's budget is the plan's; another model's is its own key where the user set it
-        own = section.ppo_max_token_len_per_gpu if name != "actor" else None
+        own = update.max_tokens_per_microbatch if name != "actor" else None
         models[name] = ModelMemory(
             checkpointing=planned.checkpointing,
             max_tokens=(own or plan.max_tokens_per_microbatch) if by_tokens else None,
@@ -260,21 +252,19 @@ def planned_choices(cfg: RelmConfig, plan: MemoryPlan, precision: Precision) -> 
     return MemoryChoices(models=models, precision=precision, plan=plan)
 
 
-def _trained_sections(cfg: RelmConfig) -> dict[str, Any]:
-    """The config section that sizes each trained model's updates (`ppo_max_token_len_per_gpu`, ...)."""
-    return {"actor": cfg.actor_rollout_ref.actor, "critic": cfg.critic}
+def _trained(spec: RunSpec) -> dict[str, TrainedModelSpec]:
+    """The specs of the models a run may train, by name (the critic's whether or not it is built)."""
+    return {"actor": spec.actor, "critic": spec.critic}
 
 
-def data_parallel_plan(
-    cfg: RelmConfig, model_dir: str, device: torch.device
-) -> tuple[MemoryPlan | None, str]:
-    """`whole_model_plan` for the plan a single-GPU run of `cfg` would make on `device`."""
+def data_parallel_plan(spec: RunSpec, model_dir: str, device: torch.device) -> tuple[MemoryPlan | None, str]:
+    """`whole_model_plan` for the plan a single-GPU run of `spec` would make on `device`."""
     memory = device_memory(device)
     if memory is None:
         return None, f"no memory plan on {device.type}"
-    precision = pick_precision(cfg.actor_rollout_ref.model.dtype, device)
+    precision = pick_precision(spec.memory.weights_dtype, device)
     return whole_model_plan(
-        _plan_request(cfg, model_dir, device, precision, memory, {"actor": None, "critic": None})
+        _plan_request(spec, model_dir, device, precision, memory, {"actor": None, "critic": None})
     )
 
 
@@ -305,15 +295,15 @@ def whole_model_plan(request: PlanRequest) -> tuple[MemoryPlan | None, str]:
 
 
 def data_parallel_choices(
-    cfg: RelmConfig, plan: MemoryPlan | None, precision: Precision, *, replicated: dict[str, bool]
+    spec: RunSpec, plan: MemoryPlan | None, precision: Precision, *, replicated: dict[str, bool]
 ) -> MemoryChoices:
     """Per model: the single-GPU plan's checkpointing and token budget when the model is replicated
     (`replicated[name]`) and the plan holds every model whole (`data_parallel_plan`), else the user's
     settings. Moments stay fp32 and on the GPU (torch's AdamW steps sharded models)."""
-    user = user_choices(cfg, precision)
+    user = user_choices(spec, precision)
     if plan is None:
         return user
-    planned = planned_choices(cfg, plan, precision)
+    planned = planned_choices(spec, plan, precision)
     models = {
         name: ModelMemory(
             checkpointing=source.models[name].checkpointing, max_tokens=source.models[name].max_tokens
@@ -325,7 +315,7 @@ def data_parallel_choices(
 
 
 def _plan_request(
-    cfg: RelmConfig,
+    spec: RunSpec,
     model_dir: str,
     device: torch.device,
     precision: Precision,
@@ -333,38 +323,40 @@ def _plan_request(
     user_moments: dict[str, torch.dtype | None],
 ) -> PlanRequest:
     """The run's side of the arithmetic, with the shapes read from the configs (no weights exist yet)."""
-    arr, critic_cfg = cfg.actor_rollout_ref, cfg.critic
+    actor_source, critic_source = spec.actor.source, spec.critic.source
     _, config, _ = load_config(
-        model_dir, override_config=arr.model.override_config, trust_remote_code=arr.model.trust_remote_code
+        model_dir,
+        override_config=dict(actor_source.override_config),
+        trust_remote_code=actor_source.trust_remote_code,
     )
-    actor = ModelShape.from_config(config, trust_remote_code=arr.model.trust_remote_code)
+    actor = ModelShape.from_config(config, trust_remote_code=actor_source.trust_remote_code)
     critic = None
-    if builds_critic(cfg):
-        critic_dir = resolve_model_dir(critic_cfg.model.path) if critic_cfg.model.path else model_dir
-        trust, trust_key = model_trust(cfg, "critic")
+    if builds_critic(spec):
+        critic_dir = resolve_model_dir(critic_source.path) if critic_source.path else model_dir
+        trust = critic_source.trust_remote_code
         _, critic_config, _ = load_config(
             critic_dir,
-            override_config=critic_cfg.model.override_config,
+            override_config=dict(critic_source.override_config),
             trust_remote_code=trust,
-            trust_key=trust_key,
+            trust_key=critic_source.trust_key,
         )
         critic = ModelShape.from_config(critic_config, value_model=True, trust_remote_code=trust)
     # The engine copies the actor into rollout.dtype on a GPU (CPU runs generate in the training
     # dtype); vLLM keeps its own weights outside this arithmetic.
-    copies = arr.rollout.name != "vllm" and device.type == "cuda"
+    copies = spec.engine.name != "vllm" and device.type == "cuda"
     gpu_bytes, host_bytes = memory
     rss = process_rss_bytes()
-    if (gpu_budget := gpu_budget_bytes(cfg)) is not None:
+    if (gpu_budget := gpu_budget_bytes(spec.memory)) is not None:
         gpu_bytes = min(gpu_bytes, gpu_budget)
-    if (host_budget := host_budget_bytes(cfg)) is not None:
+    if (host_budget := host_budget_bytes(spec.memory)) is not None:
         host_bytes = min(host_bytes, max(host_budget - rss, 0))
-    lora = _lora(cfg, actor, critic)
+    lora = _lora(spec, actor, critic)
     trainees = {
         "actor": TraineeRequest(
             actor,
             moments_dtype=user_moments["actor"],
-            checkpointing=arr.model.enable_gradient_checkpointing,
-            max_tokens=arr.actor.ppo_max_token_len_per_gpu,
+            checkpointing=actor_source.gradient_checkpointing,
+            max_tokens=spec.actor.update.max_tokens_per_microbatch,
             lora=lora.get("actor"),
         )
     }
@@ -372,46 +364,45 @@ def _plan_request(
         trainees["critic"] = TraineeRequest(
             critic,
             moments_dtype=user_moments["critic"],
-            checkpointing=critic_cfg.model.enable_gradient_checkpointing,
+            checkpointing=critic_source.gradient_checkpointing,
             lora=lora.get("critic"),
         )
     return PlanRequest(
         trainees=trainees,
-        has_reference=builds_reference(cfg),
-        max_sequence_length=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        has_reference=builds_reference(spec),
+        max_sequence_length=spec.data.max_prompt_length + spec.data.max_response_length,
         gpu_bytes=gpu_bytes,
         host_bytes=host_bytes,
-        generation_dtype=pick_dtype(arr.rollout.dtype, device) if copies else None,
-        weights_dtype=None if arr.model.dtype == "auto" else precision.master,
+        generation_dtype=pick_dtype(spec.engine.dtype, device) if copies else None,
+        weights_dtype=None if spec.memory.weights_dtype == "auto" else precision.master,
         autocast=precision.compute != precision.master,
-        compiled_layers=arr.actor.use_torch_compile and device.type == "cuda",
+        compiled_layers=spec.actor_loss.use_torch_compile and device.type == "cuda",
         host_baseline_bytes=rss,
-        saves_checkpoints=cfg.trainer.save_freq > 0,
+        saves_checkpoints=spec.loop.save_freq > 0,
     )
 
 
-def _lora(cfg: RelmConfig, actor: ModelShape, critic: ModelShape | None) -> dict[str, Lora]:
+def _lora(spec: RunSpec, actor: ModelShape, critic: ModelShape | None) -> dict[str, Lora]:
     """The trained models with LoRA (`model.lora_rank` > 0) and their trainable parameter counts."""
     lora = {}
-    for name, shape, model_cfg in (
-        ("actor", actor, cfg.actor_rollout_ref.model),
-        ("critic", critic, cfg.critic.model),
+    for name, shape, adapters in (
+        ("actor", actor, spec.actor.source.lora),
+        ("critic", critic, spec.critic.source.lora),
     ):
-        if shape is not None and model_cfg.lora_rank > 0:
-            count = shape.lora_params(
-                model_cfg.lora_rank, model_cfg.target_modules, model_cfg.exclude_modules
-            )
-            lora[name] = Lora(model_cfg.lora_rank, count)
+        if shape is not None and adapters.rank > 0:
+            exclude = None if adapters.exclude_modules is None else list(adapters.exclude_modules)
+            count = shape.lora_params(adapters.rank, list(adapters.target_modules), exclude)
+            lora[name] = Lora(adapters.rank, count)
     return lora
 
 
-def _budgets(cfg: RelmConfig) -> str:
+def _budgets(memory: MemorySpec) -> str:
     """The budgets the user set, for the "does not fit" line."""
     keys = [
         f"trainer.{key}={value:g}"
         for key, value in (
-            ("max_gpu_memory_gb", cfg.trainer.max_gpu_memory_gb),
-            ("max_host_memory_gb", cfg.trainer.max_host_memory_gb),
+            ("max_gpu_memory_gb", memory.max_gpu_memory_gb),
+            ("max_host_memory_gb", memory.max_host_memory_gb),
         )
         if value is not None
     ]
@@ -419,7 +410,7 @@ def _budgets(cfg: RelmConfig) -> str:
 
 
 def check_cpu_host_memory(
-    cfg: RelmConfig, model_dir: str, precision: Precision, user_moments: dict[str, torch.dtype | None]
+    spec: RunSpec, model_dir: str, precision: Precision, user_moments: dict[str, torch.dtype | None]
 ) -> int | None:
     """On CPU every model lives in host memory: stop before loading when the run's models, one sequence's
     activations and a checkpoint's staging need more than the process may take.
@@ -431,17 +422,17 @@ def check_cpu_host_memory(
     Raises:
         UserError: it does not fit; the line gives the figures and, where it would fit, LoRA's.
     """
-    room = host_room(host_budget_bytes(cfg))
+    room = host_room(host_budget_bytes(spec.memory))
     if room is None:
         return None
     device = torch.device("cpu")
-    request = _plan_request(cfg, model_dir, device, precision, (0, room), user_moments)
+    request = _plan_request(spec, model_dir, device, precision, (0, room), user_moments)
     need = cpu_host_need(request)
     if need <= room:
         return request.host_baseline_bytes + need
-    budget = host_budget_bytes(cfg)
+    budget = spec.memory.max_host_memory_gb
     where = (
-        f"trainer.max_host_memory_gb={cfg.trainer.max_host_memory_gb:g} less the "
+        f"trainer.max_host_memory_gb={budget:g} less the "
         f"{_size(request.host_baseline_bytes)} the process holds"
         if budget is not None
         else "the host memory available (MemAvailable, cgroup limit)"
@@ -452,7 +443,7 @@ def check_cpu_host_memory(
         if lora_need <= room:
             offer = f"; LoRA would fit: actor_rollout_ref.model.lora_rank={rank} needs ~{_size(lora_need)}"
     raise RunDoesNotFit(
-        f"`{cfg.actor_rollout_ref.model.path}` does not fit this process's host memory for this run: training on "
+        f"`{spec.actor.source.path}` does not fit this process's host memory for this run: training on "
         f"CPU needs ~{_size(need)} (models, optimizer states, one sequence's activations, checkpoint "
         f"staging), over the {_size(room)} left within {where}{offer}; raise "
         "trainer.max_host_memory_gb, free host memory, or train on a GPU (docs/memory.md)",
@@ -478,12 +469,12 @@ def _moments_dtype(value: str | None, key: str) -> torch.dtype | None:
     return MOMENTS_DTYPES[value]
 
 
-def _explicit_precision(cfg: RelmConfig) -> dict[str, str]:
+def _explicit_precision(spec: RunSpec) -> dict[str, str]:
     """The precision keys the user set, as they wrote them (for error messages)."""
     settings = {
-        "actor_rollout_ref.model.dtype": cfg.actor_rollout_ref.model.dtype,
-        "actor_rollout_ref.actor.optim.moments_dtype": cfg.actor_rollout_ref.actor.optim.moments_dtype,
-        "critic.optim.moments_dtype": cfg.critic.optim.moments_dtype,
+        "actor_rollout_ref.model.dtype": spec.memory.weights_dtype,
+        "actor_rollout_ref.actor.optim.moments_dtype": spec.actor.optim.moments_dtype,
+        "critic.optim.moments_dtype": spec.critic.optim.moments_dtype,
     }
     return {key: value for key, value in settings.items() if value not in (None, "auto")}
 

@@ -187,8 +187,9 @@ def registered_model_class(arch_name: str | None) -> type[PreTrainedModel] | Non
     return _REGISTERED.get(arch_name) if arch_name else None
 
 
-def import_external_lib(module_name: str | None) -> None:
-    """Import the module named by `model.external_lib`, where users call `register_model_class`.
+def import_external_lib(module_name: str | None, key: str = "external_lib") -> None:
+    """Import the module named by `model.external_lib` (the setting `key` names), where users call
+    `register_model_class`.
 
     Raises:
         UserError: The module cannot be imported.
@@ -198,9 +199,7 @@ def import_external_lib(module_name: str | None) -> None:
     try:
         importlib.import_module(module_name)
     except ImportError as exc:
-        raise UserError(
-            f"external_lib `{module_name}` cannot be imported ({exc}); check the module name"
-        ) from exc
+        raise UserError(f"`{key}={module_name}` cannot be imported ({exc}); check the module name") from exc
 
 
 def config_architecture(config: PretrainedConfig) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from relm.config.schema import CustomRewardFunctionConfig, RewardModelConfig
+from relm.config.specs import RewardSpec
 from relm.errors import UserError
 from relm.rewards.calls import FAILURE_METRICS, Outcome, Row, score_rows
 from relm.rewards.pool import RewardPool, RewardSource
@@ -226,31 +226,30 @@ def _prompt_row(ground_truth: Any, extra_info: dict[str, Any] | None) -> str:
 def build_reward_manager(
     tokenizer: PreTrainedTokenizerBase,
     compute_score: Callable[..., Any],
-    reward_model: RewardModelConfig,
-    custom: CustomRewardFunctionConfig,
+    spec: RewardSpec,
     in_process_by_default: bool = False,
 ) -> RewardManager:
     """The run's reward manager: a worker pool sized by `reward_model.num_workers`, or in-process at 0.
 
-    Workers load a user's file themselves (`custom`); any other function travels by reference and must
+    Workers load a user's file themselves (`spec.custom_function_path`); any other function travels by reference and must
     be importable by name (a module-level function). `in_process_by_default` scores in-process when
     `num_workers` is unset (the demo task: its scorer cannot hang, and a pool's start, about a second of
     CPU a worker, is a measurable share of a 25-second demo on two cores).
     """
-    batched = reward_model.reward_manager == "batch"
-    policy = FailurePolicy(reward_model.failure_score, reward_model.max_failure_share)
-    num_workers = reward_model.num_workers
+    batched = spec.manager == "batch"
+    policy = FailurePolicy(spec.failure_score, spec.max_failure_share)
+    num_workers = spec.num_workers
     if num_workers is None:
         num_workers = 0 if in_process_by_default else min(8, os.cpu_count() or 1)
     if num_workers == 0:
         return RewardManager(tokenizer, compute_score, policy=policy, batched=batched)
-    if custom.path:
-        source = RewardSource(path=custom.path, name=custom.name, batched=batched)
+    if spec.custom_function_path:
+        source = RewardSource(path=spec.custom_function_path, name=spec.custom_function_name, batched=batched)
     else:
         source = RewardSource(function=compute_score, batched=batched)
-    pool = RewardPool(source, num_workers, reward_model.timeout, reward_model.memory_limit_mb)
+    pool = RewardPool(source, num_workers, spec.timeout_s, spec.memory_limit_mb)
     logger.info(
         "scoring rewards in %d worker processes (reward_model.num_workers), %g s a call (reward_model.timeout)",
-        num_workers, reward_model.timeout,
+        num_workers, spec.timeout_s,
     )  # fmt: skip
     return RewardManager(tokenizer, compute_score, pool=pool, policy=policy, batched=batched)

@@ -19,7 +19,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from relm.config.remote_code import REWARD_MODEL_KEY
-from relm.config.schema import RewardModelConfig
+from relm.config.specs import RewardModelSpec
 from relm.memory.offload import ParkedModel
 from relm.models.loading import load_causal_lm, resolve_model_dir
 from relm.models.tokenizer import end_of_turn_ids, load_tokenizer
@@ -43,55 +43,54 @@ class ModelScorer(Protocol):
     def score(self, batch: ScoringInputs) -> ModelScores: ...
 
 
-def build_reward_model(rm: RewardModelConfig, *, device: torch.device, seed: int = 0) -> ModelScorer:
+def build_reward_model(rm: RewardModelSpec, *, device: torch.device) -> ModelScorer:
     """The scorer `reward_model.*` describes: an LLM judge when a judge template is set, else a classifier
     or exported critic. Frozen, in eval mode; bf16 on a GPU, fp32 on a CPU.
 
     Raises:
         UserError: the model, its tokenizer or the judge template cannot be used.
     """
-    assert rm.model.path is not None  # validated: enable needs a path
-    folder = resolve_model_dir(rm.model.path)
+    assert rm.path is not None  # validated: enable needs a path
+    folder = resolve_model_dir(rm.path)
     tokenizer = load_tokenizer(
-        folder, trust_remote_code=bool(rm.model.trust_remote_code), path_key="reward_model.model.path"
+        folder, trust_remote_code=rm.trust_remote_code, path_key="reward_model.model.path"
     )
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    micro_batch_size = rm.micro_batch_size_per_gpu or DEFAULT_MICRO_BATCH
+    micro_batch_size = rm.rows_per_forward or DEFAULT_MICRO_BATCH
     judge = rm.judge
     if judge.prompt_template is None and judge.prompt_template_path is None:
         return load_discriminative_reward_model(
-            rm.model.path,
+            rm.path,
             tokenizer=tokenizer,
             device=device,
             dtype=dtype,
             micro_batch_size=micro_batch_size,
             max_length=rm.max_length,
-            rerender=rm.model.input_tokenizer is not None,
-            trust_remote_code=bool(rm.model.trust_remote_code),
+            rerender=rm.input_tokenizer is not None,
+            trust_remote_code=rm.trust_remote_code,
         )
     template = load_template(judge.prompt_template, judge.prompt_template_path)
     model = load_causal_lm(
         folder,
         dtype=dtype,
         device=device,
-        trust_remote_code=bool(rm.model.trust_remote_code),
+        trust_remote_code=rm.trust_remote_code,
         trust_key=REWARD_MODEL_KEY,
     )
     model.requires_grad_(False).eval()
-    rollout = rm.rollout
     settings = JudgeSettings(
         template=template,
         pattern=re.compile(judge.score_regex),
         default_score=judge.default_score,
         sampling=SamplingParams(
             n=1,
-            max_new_tokens=rollout.response_length,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            do_sample=rollout.do_sample,
+            max_new_tokens=rm.response_length,
+            temperature=rm.sampling.temperature,
+            top_p=rm.sampling.top_p,
+            top_k=rm.sampling.top_k,
+            do_sample=rm.sampling.do_sample,
         ),
-        prompt_length=rollout.prompt_length,
+        prompt_length=rm.prompt_length,
         micro_batch_size=micro_batch_size,
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -99,12 +98,12 @@ def build_reward_model(rm: RewardModelConfig, *, device: torch.device, seed: int
         pad_token_id=int(pad or 0),
         eos_token_ids=end_of_turn_ids(tokenizer, getattr(model, "generation_config", None)),
         device=device,
-        seed=seed,
+        seed=rm.seed,
         vocab_limit=len(tokenizer),
     )
     engine: RolloutEngine = (
         HFRolloutEngine(model, **engine_kwargs)
-        if rollout.name == "hf"
+        if rm.engine == "hf"
         else NativeRolloutEngine(model, **engine_kwargs)
     )
     parked = ParkedModel(model, device) if device.type == "cuda" else None

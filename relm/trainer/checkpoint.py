@@ -359,7 +359,7 @@ def load_checkpoint(c: RunComponents, path: Path) -> Restored:
         raise UserError(f"checkpoint `{path}` has no critic; it was saved by a critic-free run")
     for trainee in c.trainees:
         _load_trainee(c, trainee, _require_folder(path, trainee.name), state)
-    if not c.cfg.trainer.val_only:  # validation draws no training prompts (and may have none of its own)
+    if not c.spec.loop.val_only:  # validation draws no training prompts (and may have none of its own)
         c.loader.load_state_dict(state["loader"])
     c.kl_ctrl.load_state_dict(state["kl_ctrl"])
     torch.set_rng_state(state["torch_rng"])

@@ -1,9 +1,10 @@
-"""Building everything one run needs from a validated config: models, optimizers, engine, data, reward.
+"""Building everything one run needs from its specs: models, optimizers, engine, data, reward.
 
 Kept apart from the loop so that `trainer/ppo.py` reads as the algorithm alone, and so tests can build
 a run's parts and drive one step by hand. Each trained model (the actor, the critic when the estimator
 reads values) is loaded, sharded and given its optimizer by the same code (`load_trained_model`,
-`build_trainee`); the config sections that tell them apart are looked up in one place (`_sections`).
+`build_trainee`) from its own `TrainedModelSpec`; every builder takes its part of the `RunSpec` that
+`relm.config.translate` made once from the config (`RunComponents.cfg` stays for the loop's remaining reads).
 """
 
 from __future__ import annotations
@@ -19,16 +20,9 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from relm.algorithms.kl import KLController, make_kl_controller
-from relm.config.remote_code import model_trust
-from relm.config.schema import (
-    ActorConfig,
-    CriticConfig,
-    CriticModelConfig,
-    FSDPConfig,
-    ModelConfig,
-    RelmConfig,
-    RolloutConfig,
-)
+from relm.config.schema import RelmConfig
+from relm.config.specs import DataSpec, EngineSpec, RewardSpec, RunSpec, TrainedModelSpec
+from relm.config.translate import translate
 from relm.data.dataset import PromptDataset
 from relm.data.demo_task import DEMO_DATA_SOURCE, write_demo_parquet
 from relm.data.loader import PromptLoader
@@ -112,6 +106,8 @@ class RunComponents:
     """Everything a PPO run holds; built by `build_components`."""
 
     cfg: RelmConfig
+    spec: RunSpec
+    """Every component's spec, translated once from `cfg` (`relm.config.translate`)."""
     device: torch.device
     run_dir: Path
     tokenizer: PreTrainedTokenizerBase
@@ -151,7 +147,7 @@ class RunComponents:
         """The reference policy for a forward (`with c.reference() as ref:`), or None when nothing reads one."""
         if self.ref is not None:
             return contextlib.nullcontext(self.ref)
-        if builds_reference(self.cfg) and has_lora(self.actor.module):
+        if builds_reference(self.spec) and has_lora(self.actor.module):
             return adapters_disabled(self.actor.module)
         return None
 
@@ -176,22 +172,21 @@ def pick_device(name: str, key: str = "trainer.device") -> torch.device:
     return device
 
 
-def resolve_train_files(cfg: RelmConfig) -> list[str]:
+def resolve_train_files(data: DataSpec) -> list[str]:
     """The user's parquet files, or the built-in demo task written into relm's cache."""
-    if cfg.data.train_files:
-        return list(cfg.data.train_files)
+    if data.train_files:
+        return list(data.train_files)
     train, _ = write_demo_parquet(default_cache_dir() / "demo")
     logger.info("no data.train_files given: training on the built-in demo task (%s)", train)
     return [str(train)]
 
 
-def compute_sizes(cfg: RelmConfig, batches_per_epoch: int) -> Sizes:
+def compute_sizes(spec: RunSpec, batches_per_epoch: int) -> Sizes:
     """Rows per mini/micro-batch from verl's sizes (mini-batches count prompts, micro-batches responses)."""
-    arr, critic = cfg.actor_rollout_ref, cfg.critic
-    actor, rollout = arr.actor, arr.rollout
-    micro = actor.ppo_micro_batch_size_per_gpu
+    actor, critic, n = spec.actor, spec.critic, spec.engine.sampling.n
+    micro = actor.update.rows_per_microbatch
     if micro is None:
-        micro = min(actor.ppo_mini_batch_size * rollout.n, 16)
+        micro = min(actor.update.prompts_per_minibatch * n, 16)
         logger.warning(
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is unset: relm uses %d responses per "
             "forward/backward; set it to change this",
@@ -201,57 +196,31 @@ def compute_sizes(cfg: RelmConfig, batches_per_epoch: int) -> Sizes:
     def rows(value: int | None) -> int:  # every unset per-GPU size falls back to the actor's
         return micro if value is None else value
 
-    assert critic.ppo_mini_batch_size is not None and critic.ppo_epochs is not None, "the loader fills them"
-
     batching = {
-        "actor": Batching(
-            rows_per_minibatch=actor.ppo_mini_batch_size * rollout.n,
-            rows_per_microbatch=micro,
-            rows_per_forward=rows(rollout.log_prob_micro_batch_size_per_gpu),
-            num_epochs=actor.ppo_epochs,
-            shuffle=actor.shuffle,
-            remove_padding=arr.model.use_remove_padding,
-        ),
-        "critic": Batching(
-            rows_per_minibatch=critic.ppo_mini_batch_size * rollout.n,
-            rows_per_microbatch=rows(critic.ppo_micro_batch_size_per_gpu),
-            rows_per_forward=rows(critic.forward_micro_batch_size_per_gpu),
-            num_epochs=critic.ppo_epochs,
-            shuffle=bool(critic.shuffle),
-            remove_padding=critic.model.use_remove_padding,
-        ),
+        model.name: Batching(
+            rows_per_minibatch=model.update.prompts_per_minibatch * n,
+            rows_per_microbatch=micro if model is actor else rows(model.update.rows_per_microbatch),
+            rows_per_forward=rows(model.update.rows_per_forward),
+            num_epochs=model.update.num_epochs,
+            shuffle=model.update.shuffle,
+            remove_padding=model.source.remove_padding,
+        )
+        for model in (actor, critic)
     }
+    loop = spec.loop
     return Sizes(
         batching=batching,
-        rows_per_ref_forward=rows(arr.ref.log_prob_micro_batch_size_per_gpu),
-        logprob_temperature=rollout.temperature or 1.0,
-        total_training_steps=cfg.trainer.total_training_steps or cfg.trainer.total_epochs * batches_per_epoch,
+        rows_per_ref_forward=rows(spec.reference.rows_per_forward),
+        logprob_temperature=spec.engine.sampling.temperature or 1.0,
+        total_training_steps=loop.total_training_steps or loop.total_epochs * batches_per_epoch,
     )
-
-
-@dataclass(frozen=True)
-class _Sections:
-    """The config sections that describe one trained model."""
-
-    train: ActorConfig | CriticConfig
-    model: ModelConfig | CriticModelConfig
-    fsdp: FSDPConfig
-    seed_offset: int
-    """Added to `seed` for its optimizer's stochastic rounding, so the models draw different streams."""
-
-
-def _sections(cfg: RelmConfig, name: str) -> _Sections:
-    """The one place that tells the trained models' config sections apart by name."""
-    arr = cfg.actor_rollout_ref
-    if name == "actor":
-        return _Sections(arr.actor, arr.model, arr.actor.fsdp_config, seed_offset=0)
-    return _Sections(cfg.critic, cfg.critic.model, cfg.critic.model.fsdp_config, seed_offset=1)
 
 
 def build_components(
     cfg: RelmConfig,
     model_dir: str,
     *,
+    spec: RunSpec | None = None,
     compute_score: ComputeScore | None = None,
     dist: DistContext | None = None,
 ) -> RunComponents:
@@ -260,50 +229,61 @@ def build_components(
     `model_dir` is the resolved local folder of `actor_rollout_ref.model.path`; `compute_score` the
     already-loaded reward function (loaded from `custom_reward_function` when not given); `dist` the
     context of a torchrun process (`relm.distributed.context.init_distributed`): with it the models are
-    sharded with FSDP2 and the engine generates this rank's share of each batch.
+    sharded with FSDP2 and the engine generates this rank's share of each batch. `spec` is `cfg` translated
+    (`relm.config.translate.translate`; translated here when not given).
     """
-    arr = cfg.actor_rollout_ref
+    spec = spec or translate(cfg)[0]
     dist = dist or DistContext()
-    device = dist.device if dist.is_distributed else pick_device(cfg.trainer.device)
+    device = dist.device if dist.is_distributed else pick_device(spec.loop.device)
     # Planned before loading: the plan's last rung loads the trained models in bf16.
-    memory = choose_memory(cfg, model_dir, device=device, sharded=dist.is_distributed)
-    cap_gpu_memory(cfg, device)
+    memory = choose_memory(spec, model_dir, device=device, sharded=dist.is_distributed)
+    cap_gpu_memory(spec.memory, device)
     if dist.is_distributed:  # FSDP's MixedPrecisionPolicy casts instead of autocast
         memory.precision = replace(memory.precision, use_autocast=False)
     precision = memory.precision
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(spec.loop.seed)
 
-    tokenizer = _load_run_tokenizer(cfg, model_dir)
-    tools = load_run_tools(cfg.actor_rollout_ref.rollout.multi_turn)
-    loader = _prompt_loader(cfg, tokenizer, tool_schemas(tools))
-    sizes = compute_sizes(cfg, loader.batches_per_epoch)
+    tokenizer = _load_run_tokenizer(spec, model_dir)
+    tools = load_run_tools(spec.engine.multi_turn)
+    loader = _prompt_loader(spec, tokenizer, tool_schemas(tools))
+    sizes = compute_sizes(spec, loader.batches_per_epoch)
     # Started before the models load, so the reward workers' imports overlap with it.
-    reward = _reward_manager(cfg, tokenizer, loader, compute_score)
-    sources = _trained_sources(cfg, model_dir)
-    actor = load_trained_model(cfg, "actor", model_dir, device, precision.master)
+    reward = _reward_manager(spec.reward, tokenizer, loader, compute_score)
+    sources = _trained_sources(spec, model_dir)
+    models = {"actor": spec.actor, "critic": spec.critic}
+    actor = load_trained_model(spec.actor, model_dir, device, precision.master)
     # Taken before sharding: the engine generates with whole weights (a copy when data-parallel).
     # vLLM keeps its own copy of the weights (in rollout.dtype), so no HF copy is made for it.
     engine_model = (
         actor
-        if arr.rollout.name == "vllm"
-        else engine_model_of(actor, arr.rollout, device, precision, separate=dist.is_distributed)
+        if spec.engine.name == "vllm"
+        else engine_model_of(actor, spec.engine, device, precision, separate=dist.is_distributed)
     )
     layouts: dict[str, Layout] = {}
     if dist.is_distributed:
         layouts, plan = choose_layouts(
-            cfg, model_dir, dist, has_reference=builds_reference(cfg), has_critic="critic" in sources
+            spec, model_dir, dist, has_reference=builds_reference(spec), has_critic="critic" in sources
         )
-        memory = data_parallel_memory(cfg, plan, precision, layouts)
+        memory = data_parallel_memory(spec, plan, precision, layouts)
     ref = (
-        reference_model(cfg, actor, precision, dist, layouts.get("reference"))
-        if builds_reference(cfg) and not has_lora(actor)  # a LoRA actor's reference is its base
+        reference_model(spec, actor, precision, dist, layouts.get("reference"))
+        if builds_reference(spec) and not has_lora(actor)  # a LoRA actor's reference is its base
         else None
     )
     trainees: dict[str, Trainee] = {}
     for name, source in sources.items():
-        module = actor if name == "actor" else load_trained_model(cfg, name, source, device, precision.master)
+        module = (
+            actor if name == "actor" else load_trained_model(models[name], source, device, precision.master)
+        )
         trainees[name] = build_trainee(
-            cfg, name, module, sizes, memory, device=device, dist=dist, layout=layouts.get(name)
+            models[name],
+            module,
+            sizes,
+            memory,
+            rows_per_step=spec.data.prompts_per_step * spec.engine.sampling.n,
+            device=device,
+            dist=dist,
+            layout=layouts.get(name),
         )
     trainees["actor"].vocab_limit = len(tokenizer)  # the policy's logprobs cover only ids it can sample
     actor, critic = trainees["actor"].module, trainees.get("critic")
@@ -314,16 +294,24 @@ def build_components(
         engine_copy=engine_model if engine_model is not actor else None,
         trained={name: (t.module, t.optimizer) for name, t in trainees.items()},
     )
-    kl = cfg.algorithm.kl_ctrl
+    kl = spec.algorithm.kl_ctrl
     # vLLM takes a LoRA actor's adapter through its LoRA support (or merged weights where it cannot).
-    lora = vllm_lora(actor) if arr.rollout.name == "vllm" else None
+    lora = vllm_lora(actor) if spec.engine.name == "vllm" else None
     engine = build_run_engine(
-        cfg, engine_model, model_dir, tokenizer, dist=dist, device=device, precision=precision, lora=lora
+        spec.engine,
+        engine_model,
+        model_dir,
+        tokenizer,
+        dist=dist,
+        device=device,
+        precision=precision,
+        lora=lora,
     )
     return RunComponents(
         cfg=cfg,
+        spec=spec,
         device=device,
-        run_dir=Path(cfg.trainer.default_local_dir),
+        run_dir=Path(spec.loop.run_dir),
         tokenizer=tokenizer,
         actor=trainees["actor"],
         critic=critic,
@@ -333,10 +321,12 @@ def build_components(
         loader=loader,
         kl_ctrl=make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon),
         sizes=sizes,
-        generator=torch.Generator().manual_seed(cfg.seed),
+        generator=torch.Generator().manual_seed(spec.loop.seed),
         precision=precision,
         fused=FusedLayers(
-            actor, enabled=arr.actor.use_torch_compile and device.type == "cuda", functions=compiled_pieces()
+            actor,
+            enabled=spec.actor_loss.use_torch_compile and device.type == "cuda",
+            functions=compiled_pieces(),
         ),
         memory=memory,
         residency=residency,
@@ -344,29 +334,30 @@ def build_components(
         # vLLM keeps its own copy of the weights, out of reach: a LoRA sync is checked by what it computes.
         weight_sync=WeightSync(
             actor,
-            engine_model=None if arr.rollout.name == "vllm" else engine_model,
+            engine_model=None if spec.engine.name == "vllm" else engine_model,
             vllm=lora,
             check=LogprobCheck(engine.probe, engine.settings.dtype) if lora is not None else None,  # type: ignore[attr-defined]  # the vLLM engine's, reached through WatchedEngine
         ),
-        reward_model=build_reward_model(cfg.reward_model, device=device, seed=cfg.seed)
-        if cfg.reward_model.enable
+        reward_model=build_reward_model(spec.reward.model, device=device)
+        if spec.reward.model.enable
         else None,
-        multi_turn=_multi_turn(cfg, tools, engine, tokenizer, engine_model)
-        if cfg.actor_rollout_ref.rollout.multi_turn.enable
+        multi_turn=_multi_turn(spec, tools, engine, tokenizer, engine_model)
+        if spec.engine.multi_turn.enable
         else None,
     )
 
 
-def _trained_sources(cfg: RelmConfig, model_dir: str) -> dict[str, str]:
+def _trained_sources(spec: RunSpec, model_dir: str) -> dict[str, str]:
     """The folder each trained model loads from: the actor's, and a critic's where the estimator reads values."""
     sources = {"actor": model_dir}
-    if builds_critic(cfg):
-        sources["critic"] = resolve_model_dir(cfg.critic.model.path) if cfg.critic.model.path else model_dir
+    if builds_critic(spec):
+        critic = spec.critic.source.path
+        sources["critic"] = resolve_model_dir(critic) if critic else model_dir
     return sources
 
 
 def _reward_manager(
-    cfg: RelmConfig,
+    spec: RewardSpec,
     tokenizer: PreTrainedTokenizerBase,
     loader: PromptLoader,
     compute_score: ComputeScore | None,
@@ -376,20 +367,18 @@ def _reward_manager(
     otherwise."""
     if compute_score is None:
         compute_score = resolve_compute_score(
-            cfg.custom_reward_function.path, cfg.custom_reward_function.name,
-            batched=cfg.reward_model.reward_manager == "batch",
+            spec.custom_function_path, spec.custom_function_name, batched=spec.manager == "batch",
         )  # fmt: skip
     dataset = loader.dataset
     sources = {dataset[i]["data_source"] for i in range(len(dataset))}
     demo_only = sources <= {DEMO_DATA_SOURCE, LOOKUP_DATA_SOURCE}
     return build_reward_manager(
-        tokenizer, compute_score, cfg.reward_model, cfg.custom_reward_function,
-        in_process_by_default=demo_only and compute_score is default_compute_score,
+        tokenizer, compute_score, spec, in_process_by_default=demo_only and compute_score is default_compute_score,
     )  # fmt: skip
 
 
 def _multi_turn(
-    cfg: RelmConfig,
+    spec: RunSpec,
     tools: dict[str, Tool],
     engine: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
@@ -402,39 +391,40 @@ def _multi_turn(
     conversations end at different turns."""
     local = engine.engine if isinstance(engine, DataParallelEngine) else engine
     rollout = build_multi_turn(
-        cfg.actor_rollout_ref.rollout.multi_turn,
+        spec.engine.multi_turn,
         tools,
         local,
         tokenizer,
-        chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
-        chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
+        chat_template=spec.actor.source.chat_template,
+        chat_template_kwargs=dict(spec.data.chat_template_kwargs),
         eos_token_ids=eos_token_ids_of(tokenizer, engine_model),
-        interactions=load_run_interactions(cfg.actor_rollout_ref.rollout.multi_turn),
+        interactions=load_run_interactions(spec.engine.multi_turn),
     )
     return DataParallelMultiTurn(rollout, engine) if isinstance(engine, DataParallelEngine) else rollout
 
 
 def reference_model(
-    cfg: RelmConfig, actor: nn.Module, precision: Precision, dist: DistContext, layout: Layout | None
+    spec: RunSpec, actor: nn.Module, precision: Precision, dist: DistContext, layout: Layout | None
 ) -> nn.Module:
     """A frozen copy of the starting policy (identical weights without a second read from disk), in
     the compute dtype; sharded by `layout` in a data-parallel run. Taken before the actor is sharded."""
     ref = copy_in_dtype(actor, precision.compute).eval()  # cast tensor by tensor: no second fp32 copy
     if layout is None:
         return ref
-    offload = (
-        cfg.actor_rollout_ref.actor.fsdp_config.offload_policy
-    )  # the reference is offloaded with the actor
+    offload = spec.actor.sharding.offload_policy  # the reference is offloaded with the actor
     return shard_model(
         ref, dist, replace(precision, master=precision.compute), offload=offload, shard_size=layout.shard_size
     )
 
 
-def _load_run_tokenizer(cfg: RelmConfig, model_dir: str) -> PreTrainedTokenizerBase:
-    model = cfg.actor_rollout_ref.model
+def _load_run_tokenizer(spec: RunSpec, model_dir: str) -> PreTrainedTokenizerBase:
+    """The one tokenizer of the run (prompts, rewards, engine). verl loads its trainer's tokenizer, the one
+    that reads the data, with `data.trust_remote_code` and the actor's with the model's key; relm has one
+    tokenizer for both roles, so either key allows its code."""
+    model = spec.actor.source
     return load_tokenizer(
         model.tokenizer_path or model_dir,
-        trust_remote_code=model.trust_remote_code,
+        trust_remote_code=model.trust_remote_code or spec.data.trust_remote_code,
         path_key="actor_rollout_ref.model.tokenizer_path"
         if model.tokenizer_path
         else "actor_rollout_ref.model.path",
@@ -442,43 +432,50 @@ def _load_run_tokenizer(cfg: RelmConfig, model_dir: str) -> PreTrainedTokenizerB
 
 
 def _prompt_loader(
-    cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]] | None = None
+    spec: RunSpec, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]] | None = None
 ) -> PromptLoader:
-    files, files_key, drop_last = resolve_train_files(cfg), "data.train_files", True
-    if cfg.trainer.val_only and not cfg.data.train_files and cfg.data.val_files:
+    data = spec.data
+    files, files_key, drop_last = resolve_train_files(data), "data.train_files", True
+    if spec.loop.val_only and not data.train_files and data.val_files:
         # Validating a model on one's own prompts: nothing is trained, so no training data is needed;
         # the validation prompts stand in (the demo's would be tokenized for nothing, or not fit).
-        files, files_key, drop_last = list(cfg.data.val_files), "data.val_files", False
-    dataset = PromptDataset.from_config(cfg, files, tokenizer, files_key=files_key, tools=tools)
-    assert cfg.data.seed is not None, "the loader takes the run's seed"
+        files, files_key, drop_last = list(data.val_files), "data.val_files", False
+    dataset = PromptDataset.from_spec(
+        spec.data,
+        files,
+        tokenizer,
+        chat_template=spec.actor.source.chat_template,
+        builtin_scorers=spec.reward.uses_builtin_scorers,
+        files_key=files_key,
+        tools=tools,
+    )
     # A reward model re-renders (or shows its judge) the prompt's messages, as verl's does.
-    dataset.return_raw_chat = dataset.return_raw_chat or cfg.reward_model.enable
+    dataset.return_raw_chat = dataset.return_raw_chat or spec.reward.model.enable
     return PromptLoader(
-        dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed, drop_last=drop_last
+        dataset, data.prompts_per_step, shuffle=data.shuffle, seed=data.seed, drop_last=drop_last
     )
 
 
 def load_trained_model(
-    cfg: RelmConfig, name: str, model_dir: str, device: torch.device, dtype: torch.dtype
+    spec: TrainedModelSpec, model_dir: str, device: torch.device, dtype: torch.dtype
 ) -> nn.Module:
     """The actor (a causal LM) or the critic (a `ValueModel`) from `model_dir`, in eval mode, with
-    packed forwards attending through the flash varlen kernel where the config packs them."""
-    model_cfg = _sections(cfg, name).model
+    packed forwards attending through the flash varlen kernel where the spec packs them."""
+    name, source = spec.name, spec.source
     load = load_causal_lm if name == "actor" else load_value_model
     logger.info("loading the %s from %s (%s on %s)", name, model_dir, dtype, device)
-    trusted, trust_key = model_trust(cfg, name)
     module = load(
         model_dir,
-        override_config=model_cfg.override_config,
+        override_config=dict(source.override_config),
         dtype=dtype,
         device=device,
-        trust_remote_code=trusted,
-        trust_key=trust_key,
-        seed=cfg.seed,
+        trust_remote_code=source.trust_remote_code,
+        trust_key=source.trust_key,
+        seed=source.init_seed,
     )
-    if model_cfg.use_remove_padding:
+    if source.remove_padding:
         use_varlen_attention(getattr(module, "backbone", module), device)
-    settings = lora_settings(model_cfg)
+    settings = lora_settings(source.lora)
     if settings is not None:
         # The critic's backbone gets the adapters; its value head stays fully trained.
         trainable = add_lora(getattr(module, "backbone", module), settings)
@@ -491,38 +488,40 @@ def load_trained_model(
 
 
 def build_trainee(
-    cfg: RelmConfig,
-    name: str,
+    spec: TrainedModelSpec,
     module: nn.Module,
     sizes: Sizes,
     memory: MemoryChoices,
     *,
+    rows_per_step: int,
     device: torch.device,
     dist: DistContext,
     layout: Layout | None,
 ) -> Trainee:
     """Shard `module` (data parallel, by `layout`), give it its optimizer and schedule, and apply its
-    memory choices (gradient checkpointing, AdamW moments in CPU memory)."""
-    sections, choice, precision = _sections(cfg, name), memory.models[name], memory.precision
+    memory choices (gradient checkpointing, AdamW moments in CPU memory).
+
+    `rows_per_step` counts the responses of one training step; the schedule spans `optim.total_training_steps`
+    training steps where the user set it (a set value wins), else the run's."""
+    name, choice, precision = spec.name, memory.models[spec.name], memory.precision
     batching = sizes.batching[name]
     if layout is not None:
         module = shard_model(
-            module, dist, precision, offload=sections.fsdp.offload_policy, shard_size=layout.shard_size
+            module, dist, precision, offload=spec.sharding.offload_policy, shard_size=layout.shard_size
         )
     # CompactAdamW where a moment or weight is bf16 (one process); torch's AdamW otherwise.
     compact = not dist.is_distributed and precision.master in (torch.float32, torch.bfloat16)
     compact_moments = compact and (
         precision.master == torch.bfloat16 or choice.moments_dtype != torch.float32
     )
-    minibatches_per_step = max(
-        1, cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // batching.rows_per_minibatch
-    )
+    minibatches_per_step = max(1, rows_per_step // batching.rows_per_minibatch)
+    training_steps = spec.optim.total_training_steps or sizes.total_training_steps
     optimizer, scheduler = build_optimizer(
         module,
-        sections.train.optim,
-        sizes.total_training_steps * minibatches_per_step * batching.num_epochs,
+        spec.optim,
+        training_steps * minibatches_per_step * batching.num_epochs,
         moments_dtype=choice.moments_dtype if compact_moments else None,
-        seed=cfg.seed + sections.seed_offset,
+        seed=spec.seed,
     )
     if choice.checkpointing:
         module.gradient_checkpointing_enable()  # type: ignore[operator]  # nn.Module hides the HF model's API
@@ -531,7 +530,7 @@ def build_trainee(
         module=module,
         optimizer=optimizer,
         scheduler=scheduler,
-        cfg=sections.train,
+        grad_clip=spec.update.grad_clip,
         batching=batching,
         microbatch=MicroBatchSize(rows=batching.rows_per_microbatch, max_tokens=choice.max_tokens),
         optimizer_offload=OffloadedOptimizerStates(optimizer, device) if choice.offload_optimizer else None,
@@ -539,7 +538,7 @@ def build_trainee(
 
 
 def build_run_engine(
-    cfg: RelmConfig,
+    spec: EngineSpec,
     engine_model: nn.Module,
     model_dir: str,
     tokenizer: PreTrainedTokenizerBase,
@@ -551,41 +550,32 @@ def build_run_engine(
 ) -> RolloutEngine:
     """The run's engine (`build_engine`), watched for stalls, and shared out over the ranks when
     data-parallel."""
-    arr = cfg.actor_rollout_ref
     eos_ids = eos_token_ids_of(tokenizer, engine_model)
     logger.info(
         "responses end at %s; no id at or past %d (the tokenizer's length) is sampled",
         ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in eos_ids) or "no token",
         len(tokenizer),
     )
-    assert arr.rollout.max_model_len is not None, "the loader derives it from the data lengths"
     # Every generate call of the run is watched: no progress for rollout.timeout_s ends the run.
     engine: RolloutEngine = WatchedEngine(
         build_engine(
-            arr.rollout,
+            spec,
             engine_model,
             model_dir=model_dir,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_ids=eos_ids,
             vocab_limit=len(tokenizer),
             device=device,
-            seed=cfg.seed + dist.rank,  # ranks generate different prompts: independent streams
+            seed=spec.seed + dist.rank,  # ranks generate different prompts: independent streams
             precision=precision,
-            max_model_len=arr.rollout.max_model_len,
             lora=lora,
         ),
-        arr.rollout.timeout_s,
+        spec.timeout_s,
     )
     if dist.is_distributed:
         # The native and HF engines hold the whole model on every rank, so every rank is its own
         # generation group; an engine that shards the model (vLLM) would pass its tensor-parallel size.
-        if arr.rollout.tensor_model_parallel_size > 1:
-            logger.warning(
-                "actor_rollout_ref.rollout.tensor_model_parallel_size=%d has no effect with the %s engine: "
-                "each rank generates with the whole model",
-                arr.rollout.tensor_model_parallel_size,
-                arr.rollout.name,
-            )
+        # (A `tensor_model_parallel_size` above 1 is reported at start: `relm.config.key_table`.)
         engine = DataParallelEngine(engine, dist, tp_size=1)
     return engine
 
@@ -603,14 +593,14 @@ def use_varlen_attention(model: nn.Module, device: torch.device) -> None:
     logger.info("packed sequences attend through the flash variable-length kernel")
 
 
-def generation_dtype(rollout: RolloutConfig, device: torch.device, precision: Precision) -> torch.dtype:
+def generation_dtype(spec: EngineSpec, device: torch.device, precision: Precision) -> torch.dtype:
     """`rollout.dtype` on a GPU; on CPU the training dtype (bf16 matrix products are slow there)."""
-    return pick_dtype(rollout.dtype, device) if device.type == "cuda" else precision.master
+    return pick_dtype(spec.dtype, device) if device.type == "cuda" else precision.master
 
 
 def engine_model_of(
     actor: nn.Module,
-    rollout: RolloutConfig,
+    spec: EngineSpec,
     device: torch.device,
     precision: Precision,
     *,
@@ -620,7 +610,7 @@ def engine_model_of(
     `rollout.dtype` (bf16 on GPU) that `sync_weights` refreshes in place after every update.
 
     `separate` always copies: a sharded actor cannot generate, its engine needs whole weights."""
-    gen_dtype = generation_dtype(rollout, device, precision)
+    gen_dtype = generation_dtype(spec, device, precision)
     if gen_dtype == precision.master and not separate:
         return actor
     logger.info(
@@ -637,7 +627,7 @@ def engine_model_of(
 
 
 def build_engine(
-    rollout: RolloutConfig,
+    spec: EngineSpec,
     model: nn.Module,
     *,
     model_dir: str,
@@ -646,30 +636,29 @@ def build_engine(
     device: torch.device,
     seed: int,
     precision: Precision,
-    max_model_len: int,
     vocab_limit: int | None = None,
     lora: VLLMLora | None = None,
 ) -> RolloutEngine:
-    """The engine `rollout.name` names, colocated with the actor; none samples an id at or past
+    """The engine `spec.name` names, colocated with the actor; none samples an id at or past
     `vocab_limit` (the tokenizer's length).
 
     `native` and `hf` generate with `model`: the actor's own module, or its copy in the generation dtype
     (`engine_model_of`). `vllm` takes the actor as `model` and keeps its own copy of the weights, built
     from `model_dir`'s config and loaded from the actor (for a LoRA actor, as `lora` says).
     """
-    if rollout.name == "vllm":
+    if spec.name == "vllm":
         settings = VLLMSettings(
-            dtype=generation_dtype(rollout, device, precision),
-            max_model_len=max_model_len,
+            dtype=generation_dtype(spec, device, precision),
+            max_model_len=spec.max_model_len,
             seed=seed,
-            gpu_memory_utilization=rollout.gpu_memory_utilization,
-            tensor_model_parallel_size=rollout.tensor_model_parallel_size,
-            enable_chunked_prefill=rollout.enable_chunked_prefill,
-            enforce_eager=rollout.enforce_eager,
-            max_num_batched_tokens=rollout.max_num_batched_tokens,
-            max_num_seqs=rollout.max_num_seqs,
-            free_cache_engine=rollout.free_cache_engine,
-            engine_kwargs=vllm_engine_kwargs(rollout.engine_kwargs),
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            tensor_model_parallel_size=spec.tensor_parallel_size,
+            enable_chunked_prefill=spec.enable_chunked_prefill,
+            enforce_eager=spec.enforce_eager,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+            max_num_seqs=spec.max_num_seqs,
+            free_cache_engine=spec.free_cache_engine,
+            engine_kwargs=vllm_engine_kwargs(dict(spec.engine_kwargs)),
         )
         return VLLMRolloutEngine(
             model,
@@ -681,7 +670,7 @@ def build_engine(
             vocab_limit=vocab_limit,
             lora=lora,
         )
-    if rollout.name == "hf":
+    if spec.name == "hf":
         return HFRolloutEngine(
             model,
             pad_token_id=pad_token_id,
@@ -696,11 +685,11 @@ def build_engine(
         eos_token_ids=eos_token_ids,
         device=device,
         seed=seed,
-        gpu_memory_utilization=rollout.gpu_memory_utilization,
-        max_num_seqs=rollout.max_num_seqs,
-        max_prefill_tokens=rollout.max_num_batched_tokens,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        max_num_seqs=spec.max_num_seqs,
+        max_prefill_tokens=spec.max_num_batched_tokens,
         vocab_limit=vocab_limit,
-        quantization=rollout.quantization,
+        quantization=spec.quantization,
     )
 
 

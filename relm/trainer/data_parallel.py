@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from relm.config.fsdp_size import FSDP_SIZE_KEYS
-from relm.config.schema import RelmConfig
+from relm.config.specs import RunSpec
 from relm.distributed.balance import partition_rows
 from relm.distributed.context import DistContext
 from relm.distributed.layout import Layout, decide_layout, describe_layouts
@@ -35,7 +35,7 @@ logger = logging.getLogger("relm")
 
 
 def choose_layouts(
-    cfg: RelmConfig,
+    spec: RunSpec,
     model_dir: str,
     dist: DistContext,
     *,
@@ -49,19 +49,18 @@ def choose_layouts(
     The plan is the one a single-GPU run of the same config would make on this GPU, from the models'
     configs, before anything is loaded or sharded.
     """
-    plan, reason = data_parallel_plan(cfg, model_dir, dist.device)
-    arr = cfg.actor_rollout_ref
+    plan, reason = data_parallel_plan(spec, model_dir, dist.device)
     values = {
-        "actor": arr.actor.fsdp_config.fsdp_size,
-        "reference": arr.ref.fsdp_config.fsdp_size,
-        "critic": cfg.critic.model.fsdp_config.fsdp_size,
+        "actor": spec.actor.sharding.shard_size,
+        "reference": spec.reference.shard_size,
+        "critic": spec.critic.sharding.shard_size,
     }
     # CPU offload is asked for to save GPU memory: a planned layout then shards (the reference is
     # offloaded with the actor).
     offloaded = {
-        "actor": arr.actor.fsdp_config.offload_policy,
-        "reference": arr.actor.fsdp_config.offload_policy,
-        "critic": cfg.critic.model.fsdp_config.offload_policy,
+        "actor": spec.actor.sharding.offload_policy,
+        "reference": spec.actor.sharding.offload_policy,
+        "critic": spec.critic.sharding.offload_policy,
     }
     names = ["actor", *(["reference"] if has_reference else []), *(["critic"] if has_critic else [])]
     layouts = {
@@ -81,11 +80,11 @@ def choose_layouts(
 
 
 def data_parallel_memory(
-    cfg: RelmConfig, plan: MemoryPlan | None, precision: Precision, layouts: dict[str, Layout]
+    spec: RunSpec, plan: MemoryPlan | None, precision: Precision, layouts: dict[str, Layout]
 ) -> MemoryChoices:
     """`data_parallel_choices` for these layouts; logs which replicated models follow the plan."""
     replicated = {name: layout.replicated for name, layout in layouts.items() if name != "reference"}
-    memory = data_parallel_choices(cfg, plan, precision, replicated=replicated)
+    memory = data_parallel_choices(spec, plan, precision, replicated=replicated)
     if memory.plan is not None:
         followers = [name for name, on in replicated.items() if on]
         logger.info(

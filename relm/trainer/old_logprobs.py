@@ -23,8 +23,8 @@ from typing import Literal
 import torch
 
 from relm.algorithms.rollout_correction import correct, offpolicy_metrics
-from relm.config.rollout_correction import RolloutCorrection, parse_rollout_correction
-from relm.config.schema import RelmConfig
+from relm.config.rollout_correction import RolloutCorrection
+from relm.config.specs import RunSpec
 from relm.learner.batch import Rollout
 
 OldLogprobSource = Literal["actor", "engine", "update"]
@@ -32,14 +32,14 @@ OldLogprobSource = Literal["actor", "engine", "update"]
 ON_POLICY_MESSAGE = "old logprobs: taken from the update's first forward (on-policy)"
 
 
-def old_logprob_source(cfg: RelmConfig) -> OldLogprobSource:
+def old_logprob_source(spec: RunSpec) -> OldLogprobSource:
     """Which logprobs the update treats as old (see the module docstring)."""
-    correction = parse_rollout_correction(cfg.algorithm.rollout_correction)
+    correction = spec.algorithm.rollout_correction
     if correction.bypass:
         return "engine"
-    actor = cfg.actor_rollout_ref.actor
-    one_pass = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= cfg.data.train_batch_size
-    read_before_update = cfg.algorithm.use_kl_in_reward or correction.changes_update
+    update = spec.actor.update
+    one_pass = update.num_epochs == 1 and update.prompts_per_minibatch >= spec.data.prompts_per_step
+    read_before_update = spec.algorithm.use_kl_in_reward or correction.changes_update
     return "update" if one_pass and not read_before_update else "actor"
 
 

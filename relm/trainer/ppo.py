@@ -18,7 +18,6 @@ from typing import Any
 
 from relm.algorithms.advantages import compute_advantages
 from relm.algorithms.kl import apply_kl_penalty
-from relm.config.rollout_correction import parse_rollout_correction
 from relm.data.prompt_batch import PromptBatch
 from relm.learner.actor import update_actor
 from relm.learner.batch import (
@@ -121,7 +120,7 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
         vocab_limit=len(c.tokenizer),  # the engines never sample past the tokenizer's ids
     )
     old_logprobs: OldLogprobs
-    source = old_logprob_source(c.cfg)  # relm.trainer.old_logprobs says which and why
+    source = old_logprob_source(c.spec)  # relm.trainer.old_logprobs says which and why
     if source == "engine":
         # verl's bypass mode: the engine's logprobs stand for the old policy's; no actor forward, so no
         # gap to measure here (the update's rollout_corr/ metrics and actor/ppo_kl show it instead).
@@ -193,9 +192,8 @@ def estimate_advantages(c: RunComponents, annotated: Annotated) -> tuple[Advanta
     else:
         token_rewards = token_scores
     if isinstance(old, ActorForward):  # verl's decoupled mode
-        correction = rollout_correction(
-            old.logprobs, rollout, parse_rollout_correction(algo.rollout_correction)
-        )
+        # parsed once, by relm.config.translate
+        correction = rollout_correction(old.logprobs, rollout, c.spec.algorithm.rollout_correction)
         loss_mask, weights = correction.loss_mask, correction.weights
         metrics.update(correction.metrics)
     else:
@@ -239,13 +237,13 @@ def update_models(c: RunComponents, batch: Advantaged, step: int) -> tuple[int, 
     shared: dict[str, Any] = dict(device=c.device, rng=c.generator, dist=c.dist)
     if c.critic is not None:
         with timed(metrics, "update_critic"), c.residency.phase("update_critic"):
-            result = update_critic(c.critic, mine, critic_objective_of(c.cfg), **shared)
+            result = update_critic(c.critic, mine, critic_objective_of(c.spec), **shared)
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
     if step > c.cfg.trainer.critic_warmup:
         with timed(metrics, "update_actor"), c.residency.phase("update_actor"):
             result = update_actor(
-                c.actor, mine, actor_objective_of(c.cfg), temperature=c.sizes.logprob_temperature, **shared
+                c.actor, mine, actor_objective_of(c.spec), temperature=c.sizes.logprob_temperature, **shared
             )
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         if isinstance(batch.annotated.old_logprobs, UpdateForward):

@@ -54,7 +54,7 @@ class Run:
         self.last_step = self.last_saved = start
         self.guard = guard
         self.val_dataset = make_val_dataset(
-            c.cfg, c.tokenizer, c.multi_turn.schemas if c.multi_turn else None
+            c.spec, c.tokenizer, c.multi_turn.schemas if c.multi_turn else None
         )
         if trainer.val_only and self.val_dataset is None:
             raise UserError("`trainer.val_only=true` has nothing to validate: set `data.val_files`")
@@ -63,9 +63,9 @@ class Run:
             project=trainer.project_name, experiment=trainer.experiment_name, config=asdict(c.cfg),
         ) if c.dist.is_main else []  # fmt: skip
         self.val_params = build_val_params(
-            c.cfg.actor_rollout_ref.rollout.val_kwargs, c.cfg.data.max_response_length, seed=c.cfg.seed
+            c.spec.engine.val_sampling, c.spec.data.max_response_length, seed=c.spec.loop.seed
         )
-        self.val_samples = ValidationSamples(trainer, c.run_dir)
+        self.val_samples = ValidationSamples(c.spec.loop, c.run_dir)
         self.degenerate = DegenerateBatchReporter()
         self.num_responses = c.cfg.data.train_batch_size * c.cfg.actor_rollout_ref.rollout.n
         self.cpu_threads = CpuThreads(c.device)  # fewer torch threads while other processes hold cores
@@ -128,10 +128,11 @@ class Run:
         """The loop's surroundings: stop signals (yielded), the host watchdog, validation before training,
         the loggers closed and the curves drawn however the loop ends."""
         c = self.c
-        if old_logprob_source(c.cfg) == "update":
+        if old_logprob_source(c.spec) == "update":
             logger.info(ON_POLICY_MESSAGE)
         watchdog = HostWatchdog(
-            lambda: f"{c.residency.current} of step {self.step}", budget_bytes=host_budget_bytes(c.cfg)
+            lambda: f"{c.residency.current} of step {self.step}",
+            budget_bytes=host_budget_bytes(c.spec.memory),
         )
         try:
             with stop_on_signals() as stop, watching(watchdog):

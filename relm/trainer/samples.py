@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from relm.config.schema import TrainerConfig
+from relm.config.specs import LoopSpec
 from relm.errors import UserError
 from relm.learner.batch import Scored
 from relm.trainer.durable import write_atomic_text
@@ -117,7 +117,7 @@ def dump_folder(setting: str | None) -> Path | None:
     return Path(setting).expanduser() if setting else None
 
 
-def validation_dump_prefix(trainer: TrainerConfig) -> str:
+def validation_dump_prefix(trainer: LoopSpec) -> str:
     """`validation_` when both dump settings name one folder (the two would share `{step}.jsonl`), else ``."""
     rollout, validation = dump_folder(trainer.rollout_data_dir), dump_folder(trainer.validation_data_dir)
     if rollout is None or validation is None or rollout.resolve() != validation.resolve():
@@ -125,7 +125,7 @@ def validation_dump_prefix(trainer: TrainerConfig) -> str:
     return SHARED_FOLDER_PREFIX
 
 
-def claim_dump_folders(trainer: TrainerConfig, run_dir: Path) -> None:
+def claim_dump_folders(trainer: LoopSpec, run_dir: Path) -> None:
     """Make the dump folders this run's before anything is written: new or empty, or already this run's.
 
     A folder relm dumps into gets `.relm_dumps` naming the run folder. A folder with other files and no
@@ -224,11 +224,11 @@ class ValidationSamples:
     loggers opened (W&B's current run; a writer of its own in `RUN_DIR/tensorboard`).
     """
 
-    def __init__(self, trainer: TrainerConfig, run_dir: Path) -> None:
+    def __init__(self, trainer: LoopSpec, run_dir: Path) -> None:
         self.dump_dir = dump_folder(trainer.validation_data_dir)
         self.dump_prefix = validation_dump_prefix(trainer)
         self.num_logged = max(0, trainer.log_val_generations)
-        self.loggers = list(trainer.logger)
+        self.loggers = list(trainer.loggers)
         self.run_dir = run_dir
         self._wandb_rows: list[list[Any]] = []
         self._tensorboard: Any = None

@@ -18,6 +18,8 @@ from transformers import PretrainedConfig
 from relm.config.context_fit import fitted_lengths, fitted_micro_batches, require_named_model
 from relm.config.loader import load_config_with_warnings, user_set_keys
 from relm.config.schema import RelmConfig
+from relm.config.specs import RunSpec
+from relm.config.translate import translate
 from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
 from relm.distributed.context import in_torchrun, init_distributed
 from relm.distributed.launcher import launch, needs_torchrun, world_size_of
@@ -49,7 +51,9 @@ def train_command(argv: list[str], cfg: RelmConfig) -> int:
     model = cfg.actor_rollout_ref.model
     # Cheap checks of the model (its config only: architecture, positions) and of the reward file
     # (imported once here, used by the run) come before the success line, so it means what it says.
-    import_external_lib(model.external_lib)  # may register an architecture the next line needs
+    import_external_lib(
+        model.external_lib, "actor_rollout_ref.model.external_lib"
+    )  # may register an architecture the next line needs
     model_dir, model_config, _ = load_model_config(
         model.path, override_config=model.override_config, trust_remote_code=model.trust_remote_code
     )
@@ -70,6 +74,11 @@ def train_command(argv: list[str], cfg: RelmConfig) -> int:
             ", ".join(argv[-len(micro_batches) :]),
         )
     validate_config(cfg, max_position_embeddings=max_positions)
+    spec, unused = translate(cfg)  # once: every component is built from its part of `spec`
+    for line in unused:
+        logger.warning("%s", line)
+    # verl imports it before building the critic (its model config does)
+    import_external_lib(spec.critic.source.external_lib, "critic.model.external_lib")
     reward = cfg.custom_reward_function
     compute_score = resolve_compute_score(
         reward.path, reward.name, batched=cfg.reward_model.reward_manager == "batch"
@@ -82,12 +91,13 @@ def train_command(argv: list[str], cfg: RelmConfig) -> int:
     with run_folder_lock(run_dir) if holds_folder else nullcontext():
         if holds_folder:
             claim_run_folder(run_dir)
-            claim_dump_folders(cfg.trainer, run_dir)
-        return _train_in_folder(cfg, argv, run_dir, model_config, model_dir, compute_score)
+            claim_dump_folders(spec.loop, run_dir)
+        return _train_in_folder(cfg, spec, argv, run_dir, model_config, model_dir, compute_score)
 
 
 def _train_in_folder(
     cfg: RelmConfig,
+    spec: RunSpec,
     argv: list[str],
     run_dir: Path,
     model_config: PretrainedConfig,
@@ -106,16 +116,16 @@ def _train_in_folder(
         problem = cpu_head_size_problem(model_config, torch.device(device))
         if problem:
             raise UserError(problem)
-    if needs_torchrun(cfg, device) and not in_torchrun():
-        return launch(cfg, argv, device)
-    dist = init_distributed(device, expected_world_size=world_size_of(cfg))
+    if needs_torchrun(spec, device) and not in_torchrun():
+        return launch(spec, argv, device)
+    dist = init_distributed(device, expected_world_size=world_size_of(spec))
     finished = False
     try:
         if dist.is_main:
             print(CONFIG_OK_MESSAGE, flush=True)
             record_run_config(cfg)
 
-        components = build_components(cfg, model_dir, compute_score=compute_score, dist=dist)
+        components = build_components(cfg, model_dir, spec=spec, compute_score=compute_score, dist=dist)
         try:
             train(components)
         finally:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from relm.config.schema import RelmConfig, ValKwargsConfig
+from relm.config.specs import RunSpec, SamplingSpec
 from relm.data.dataset import PromptDataset
 from relm.data.demo_task import write_demo_parquet
 from relm.models.zoo import default_cache_dir
@@ -46,7 +46,7 @@ class ValidationResult:
 
 
 def build_val_params(
-    val_kwargs: ValKwargsConfig, max_new_tokens: int, *, seed: int | None = None
+    val_kwargs: SamplingSpec, max_new_tokens: int, *, seed: int | None = None
 ) -> SamplingParams:
     """Sampling for validation from `rollout.val_kwargs`; greedy when `do_sample` is false or temperature 0.
 
@@ -65,17 +65,25 @@ def build_val_params(
 
 
 def make_val_dataset(
-    cfg: RelmConfig, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]] | None = None
+    spec: RunSpec, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]] | None = None
 ) -> PromptDataset | None:
     """The validation prompts: `data.val_files`, else the demo task's when training on the demo, else None.
     `tools`: a multi-turn run's tool schemas, listed in every prompt as in training."""
-    files = cfg.data.val_files
+    files = list(spec.data.val_files or [])
     if not files:
-        if cfg.data.train_files:
+        if spec.data.train_files:
             return None
         _, val = write_demo_parquet(default_cache_dir() / "demo")
         files = [str(val)]
-    return PromptDataset.from_config(cfg, files, tokenizer, files_key="data.val_files", tools=tools)
+    return PromptDataset.from_spec(
+        spec.data,
+        files,
+        tokenizer,
+        chat_template=spec.actor.source.chat_template,
+        builtin_scorers=spec.reward.uses_builtin_scorers,
+        files_key="data.val_files",
+        tools=tools,
+    )
 
 
 def is_validation_step(step: int, total_steps: int, test_freq: int) -> bool:

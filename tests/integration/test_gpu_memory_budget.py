@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.memory.choices import cap_gpu_memory
 
 pytestmark = [
@@ -30,7 +31,7 @@ def release_the_cap() -> None:
 
 def test_the_allocator_is_held_to_the_budget():
     device = torch.device("cuda")
-    cap_gpu_memory(load_config(["trainer.max_gpu_memory_gb=24"]), device)
+    cap_gpu_memory(translate(load_config(["trainer.max_gpu_memory_gb=24"]))[0].memory, device)
     try:
         kept = torch.empty(10 * 10**9, dtype=torch.uint8, device=device)  # 10 GB fits a 24 GB card
         with pytest.raises(torch.OutOfMemoryError):

@@ -15,6 +15,7 @@ import torch
 
 import relm.trainer.ppo as ppo
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.models.loading import resolve_model_dir
 from relm.trainer.components import build_components
 from relm.trainer.old_logprobs import ON_POLICY_MESSAGE, old_logprob_source
@@ -42,9 +43,9 @@ def one_step(tmp_path: Path, name: str) -> tuple[dict[str, float], dict[str, tor
 
 def test_the_update_of_the_skipped_forward_equals_the_one_with_it(tmp_path: Path, monkeypatch) -> None:
     cfg = load_config([*TINY_OVERRIDES, *ON_POLICY])
-    assert old_logprob_source(cfg) == "update"
+    assert old_logprob_source(translate(cfg)[0]) == "update"
     skipped, skipped_weights = one_step(tmp_path, "skipped")
-    monkeypatch.setattr(ppo, "old_logprob_source", lambda cfg: "actor")  # the path with the forward
+    monkeypatch.setattr(ppo, "old_logprob_source", lambda spec: "actor")  # the path with the forward
     forward, forward_weights = one_step(tmp_path, "forward")
 
     assert "timing_s/old_log_prob" not in skipped and "timing_s/old_log_prob" in forward
@@ -79,6 +80,6 @@ def test_the_run_says_once_where_its_old_logprobs_come_from(train) -> None:
 )  # fmt: skip
 def test_the_forward_runs_when_something_reads_old_logprobs_before_or_after_the_first_pass(override) -> None:
     cfg = load_config([*TINY_OVERRIDES, *ON_POLICY, override])
-    assert old_logprob_source(cfg) == "actor"
+    assert old_logprob_source(translate(cfg)[0]) == "actor"
     bypass = load_config([*TINY_OVERRIDES, *ON_POLICY, "algorithm.rollout_correction.bypass_mode=true"])
-    assert old_logprob_source(bypass) == "engine"
+    assert old_logprob_source(translate(bypass)[0]) == "engine"

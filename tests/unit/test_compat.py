@@ -254,6 +254,7 @@ def test_a_model_whose_full_update_does_not_fit_passes_on_lora_as_a_condition(tm
     lies between what the update stage needs with LoRA (rank 4) and without, for the real CPU check."""
     from relm.compat import checks
     from relm.config.loader import load_config
+    from relm.config.translate import translate
     from relm.data.demo_task import write_demo_parquet
     from relm.memory import choices
     from relm.memory.plan import cpu_host_need
@@ -266,7 +267,7 @@ def test_a_model_whose_full_update_does_not_fit_passes_on_lora_as_a_condition(tm
     train_file, _ = write_demo_parquet(default_cache_dir() / "demo")
     cfg = load_config(checks._update_overrides(folder, train_file, str(tmp_path), options, cpu))
     precision, moments = pick_precision("auto", cpu), {"actor": None, "critic": None}
-    request = choices._plan_request(cfg, folder, cpu, precision, (0, 0), moments)
+    request = choices._plan_request(translate(cfg)[0], folder, cpu, precision, (0, 0), moments)
     full, lora = cpu_host_need(request), cpu_host_need(choices._with_lora(request, 4))
     assert lora < full
     monkeypatch.setattr(choices, "OFFERED_LORA_RANK", 4)

@@ -7,6 +7,7 @@ mistyped local paths reported as missing paths rather than failed downloads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.data.dataset import PromptDataset
 from relm.errors import UserError
 from relm.models.char_tokenizer import build_char_tokenizer
@@ -119,9 +121,9 @@ def test_a_file_without_an_answer_column_is_an_error_for_builtin_scorers_else_a_
         dataset = PromptDataset([str(path)], tokenizer, max_prompt_length=64)
     assert dataset[0]["ground_truth"] is None
     assert "the reward gets ground_truth None" in caplog.text
-    cfg = load_config([f"data.train_files={path}"])
+    data = translate(load_config([f"data.train_files={path}"]))[0].data
     with pytest.raises(UserError, match="the built-in scorers"):
-        PromptDataset.from_config(cfg, [str(path)], tokenizer)
+        PromptDataset.from_spec(data, [str(path)], tokenizer)
 
 
 def test_max_samples_draw_as_verl(tmp_path: Path, tokenizer) -> None:
@@ -129,12 +131,13 @@ def test_max_samples_draw_as_verl(tmp_path: Path, tokenizer) -> None:
     path = tmp_path / "ten.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     cfg = load_config([f"data.train_files={path}", "data.train_max_samples=4", "data.val_max_samples=20"])
-    train = PromptDataset.from_config(cfg, [str(path)], tokenizer)
-    expected = np.random.default_rng(cfg.data.seed).choice(10, size=4, replace=False).tolist()
+    data = translate(cfg)[0].data
+    train = PromptDataset.from_spec(data, [str(path)], tokenizer)
+    expected = np.random.default_rng(data.seed).choice(10, size=4, replace=False).tolist()
     assert [train[i]["row"] for i in range(len(train))] == expected
-    assert len(PromptDataset.from_config(cfg, [str(path)], tokenizer, files_key="data.val_files")) == 10
-    cfg.data.shuffle = False
-    assert [item["row"] for item in PromptDataset.from_config(cfg, [str(path)], tokenizer)] == [0, 1, 2, 3]
+    assert len(PromptDataset.from_spec(data, [str(path)], tokenizer, files_key="data.val_files")) == 10
+    in_order = dataclasses.replace(data, shuffle=False)
+    assert [item["row"] for item in PromptDataset.from_spec(in_order, [str(path)], tokenizer)] == [0, 1, 2, 3]
 
 
 def test_missing_local_paths_are_named_as_missing_not_as_failed_downloads(

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.config.validate import validate_config
 from relm.distributed.gathering import NO_CHANGE, Accumulation, choose_for_update, fits, gathered_for_passes
 from relm.distributed.layout import Layout, decide_layout, describe_layouts
@@ -100,18 +101,22 @@ def test_a_plan_that_keeps_everything_on_one_gpu_is_what_replicated_models_run()
     )
     plan, reason = whole_model_plan(plan_request(cfg, SHAPE, None, gpu_bytes=100 * GIB))
     assert plan is not None and reason == "the memory plan fits one GPU"
-    replicated = data_parallel_choices(cfg, plan, FP32, replicated={"actor": True, "critic": False})
+    replicated = data_parallel_choices(
+        translate(cfg)[0], plan, FP32, replicated={"actor": True, "critic": False}
+    )
     # micro-batches by tokens: the plan's budget; checkpointing as the plan chose (off)
     actor = replicated.models["actor"]
     assert (actor.checkpointing, actor.max_tokens) == (False, 65536)
     assert replicated.plan is plan
-    sharded = data_parallel_choices(cfg, plan, FP32, replicated={"actor": False, "critic": False})
+    sharded = data_parallel_choices(
+        translate(cfg)[0], plan, FP32, replicated={"actor": False, "critic": False}
+    )
     actor = sharded.models["actor"]
     assert (actor.checkpointing, actor.max_tokens, sharded.plan) == (False, 16384, None)
     cfg.actor_rollout_ref.model.enable_gradient_checkpointing = True  # the user's choice is kept
     plan, _ = whole_model_plan(plan_request(cfg, SHAPE, None, gpu_bytes=100 * GIB))
     assert (
-        data_parallel_choices(cfg, plan, FP32, replicated={"actor": True, "critic": False})
+        data_parallel_choices(translate(cfg)[0], plan, FP32, replicated={"actor": True, "critic": False})
         .models["actor"]
         .checkpointing
     )
@@ -133,7 +138,7 @@ def test_a_plan_that_parks_or_does_not_fit_makes_the_run_shard():
     assert big is None and reason.startswith("the memory plan does not fit one GPU: ")
     assert layout(None, fits=big is not None).shard_size == 2
     # without a plan every model follows the config, replicated or not
-    user = data_parallel_choices(cfg, None, FP32, replicated={"actor": True, "critic": True})
+    user = data_parallel_choices(translate(cfg)[0], None, FP32, replicated={"actor": True, "critic": True})
     actor = user.models["actor"]
     assert (actor.checkpointing, actor.max_tokens, user.plan) == (False, None, None)
 
@@ -145,12 +150,15 @@ def test_a_data_parallel_run_plans_from_the_model_folders_config(monkeypatch):
 
     folder = resolve_model_dir("zoo:tiny/qwen2")
     cfg = load_config(["algorithm.adv_estimator=gae"])
-    assert data_parallel_plan(cfg, folder, torch.device("cpu")) == (None, "no memory plan on cpu")
+    assert data_parallel_plan(translate(cfg)[0], folder, torch.device("cpu")) == (
+        None,
+        "no memory plan on cpu",
+    )
     monkeypatch.setattr(memory, "device_memory", lambda device: (80 * GIB, 256 * GIB))
-    plan, reason = data_parallel_plan(cfg, folder, torch.device("cpu"))
+    plan, reason = data_parallel_plan(translate(cfg)[0], folder, torch.device("cpu"))
     assert plan is not None and reason == "the memory plan fits one GPU"
     monkeypatch.setattr(memory, "device_memory", lambda device: (GIB // 2, 256 * GIB))
-    plan, reason = data_parallel_plan(cfg, folder, torch.device("cpu"))
+    plan, reason = data_parallel_plan(translate(cfg)[0], folder, torch.device("cpu"))
     assert plan is None and reason.startswith("the memory plan does not fit one GPU: ")
 
 
@@ -177,7 +185,11 @@ def test_a_sharded_run_accepts_fp32_moments_and_refuses_bf16_ones():
 
     folder = resolve_model_dir("zoo:tiny/qwen2")
     key = "actor_rollout_ref.actor.optim.moments_dtype"
-    fp32 = choose_memory(load_config([f"{key}=float32"]), folder, device=torch.device("cpu"), sharded=True)
+    fp32 = choose_memory(
+        translate(load_config([f"{key}=float32"]))[0], folder, device=torch.device("cpu"), sharded=True
+    )
     assert fp32.models["actor"].moments_dtype == torch.float32
     with pytest.raises(UserError, match="single-process runs"):
-        choose_memory(load_config([f"{key}=bfloat16"]), folder, device=torch.device("cpu"), sharded=True)
+        choose_memory(
+            translate(load_config([f"{key}=bfloat16"]))[0], folder, device=torch.device("cpu"), sharded=True
+        )

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.config.validate import validate_config
 from relm.distributed.balance import partition_rows, split_to_count
 from relm.distributed.context import DistContext, init_distributed
@@ -93,11 +94,13 @@ def test_torchrun_command_for_one_node_and_for_several():
 
 def test_torchrun_is_needed_for_several_processes_or_offload():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert not needs_torchrun(load_config([]), cpu)
-    assert needs_torchrun(load_config(["trainer.n_gpus_per_node=2"]), cpu)
-    assert needs_torchrun(load_config(["actor_rollout_ref.actor.fsdp_config.offload_policy=true"]), cuda)
+    assert not needs_torchrun(translate(load_config([]))[0], cpu)
+    assert needs_torchrun(translate(load_config(["trainer.n_gpus_per_node=2"]))[0], cpu)
+    assert needs_torchrun(
+        translate(load_config(["actor_rollout_ref.actor.fsdp_config.offload_policy=true"]))[0], cuda
+    )
     with pytest.raises(UserError, match=r"^`fsdp_config.offload_policy=true` moves a GPU run's shards"):
-        needs_torchrun(load_config(["critic.model.fsdp_config.offload_policy=true"]), cpu)
+        needs_torchrun(translate(load_config(["critic.model.fsdp_config.offload_policy=true"]))[0], cpu)
 
 
 def test_outside_torchrun_the_context_is_the_single_process_one(monkeypatch: pytest.MonkeyPatch):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relm.config.translate import translate
 from relm.memory.host import (
     HostMemoryShort,
     HostWatchdog,
@@ -74,7 +75,7 @@ def test_budget_keys_reach_the_plan(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(choices, "process_rss_bytes", lambda: 2 * 10**9)
     cfg = load_config(["trainer.max_gpu_memory_gb=24", "trainer.max_host_memory_gb=32"])
     plan = choices.choose_memory(
-        cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path), device=torch.device("cuda")
+        translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path), device=torch.device("cuda")
     ).plan
     assert plan is not None
     assert plan.budget_bytes == int(24 * 10**9 * USABLE_SHARE)
@@ -82,7 +83,7 @@ def test_budget_keys_reach_the_plan(monkeypatch: pytest.MonkeyPatch):
     assert plan.host_budget_bytes == int(30 * 10**9 * HOST_SHARE)
     cfg = load_config([])
     plan = choices.choose_memory(
-        cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path), device=torch.device("cuda")
+        translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path), device=torch.device("cuda")
     ).plan
     assert plan is not None and plan.budget_bytes == int(150_754_820_096 * USABLE_SHARE)
     assert plan.host_budget_bytes == int(126 * GIB * HOST_SHARE)
@@ -110,7 +111,9 @@ def test_lora_keys_reach_the_plan_request(tmp_path: Path):
          "critic.model.target_modules=[q_proj,v_proj]", "algorithm.adv_estimator=gae"]
     )  # fmt: skip
     precision, moments = pick_precision("auto", torch.device("cpu")), {"actor": None, "critic": None}
-    request = choices._plan_request(cfg, str(tmp_path), torch.device("cpu"), precision, (0, 0), moments)
+    request = choices._plan_request(
+        translate(cfg)[0], str(tmp_path), torch.device("cpu"), precision, (0, 0), moments
+    )
     # all-linear at rank 64: 161,480,704 (as PEFT counts); the critic: q and v at rank 8 over 28 layers,
     # 8 * ((3584 + 3584) + (3584 + 512)) each, plus its 3,585-parameter value head
     assert request.trainees["actor"].lora == Lora(64, 161_480_704)
@@ -129,21 +132,23 @@ def test_cpu_refusal_offers_lora_where_it_would_fit(monkeypatch: pytest.MonkeyPa
     zoo_config("Qwen/Qwen2.5-0.5B-Instruct").save_pretrained(tmp_path)
     cfg = load_config([f"actor_rollout_ref.model.path={tmp_path}", "algorithm.adv_estimator=grpo"])
     precision, moments = pick_precision("auto", torch.device("cpu")), {"actor": None, "critic": None}
-    request = choices._plan_request(cfg, str(tmp_path), torch.device("cpu"), precision, (0, 0), moments)
+    request = choices._plan_request(
+        translate(cfg)[0], str(tmp_path), torch.device("cpu"), precision, (0, 0), moments
+    )
     full, lora = cpu_host_need(request), cpu_host_need(choices._with_lora(request, 64))
     assert lora < full / 2  # frozen fp32 base, fp32 adapters: 4 bytes a parameter instead of 16, no reference
     monkeypatch.setattr(choices, "host_room", lambda budget: (full + lora) // 2)
     with pytest.raises(UserError, match=r"LoRA would fit: actor_rollout_ref.model.lora_rank=64 needs ~\d"):
-        choices.check_cpu_host_memory(cfg, str(tmp_path), precision, moments)
+        choices.check_cpu_host_memory(translate(cfg)[0], str(tmp_path), precision, moments)
     monkeypatch.setattr(choices, "host_room", lambda budget: lora // 2)  # not even LoRA: no offer
     with pytest.raises(UserError) as refusal:
-        choices.check_cpu_host_memory(cfg, str(tmp_path), precision, moments)
+        choices.check_cpu_host_memory(translate(cfg)[0], str(tmp_path), precision, moments)
     assert "LoRA" not in str(refusal.value) and "does not fit this process's host memory" in str(
         refusal.value
     )
     monkeypatch.setattr(choices, "host_room", lambda budget: full)
     # it fits: the predicted peak is what the process holds (read again, so within a few MB) plus the need
-    peak = choices.check_cpu_host_memory(cfg, str(tmp_path), precision, moments)
+    peak = choices.check_cpu_host_memory(translate(cfg)[0], str(tmp_path), precision, moments)
     assert peak is not None and abs(peak - (request.host_baseline_bytes + full)) < 50 * 10**6
 
 

@@ -19,6 +19,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from relm.config.translate import translate
 from relm.memory.plan import (
     GIB,
     Lora,
@@ -292,7 +293,7 @@ def test_cpu_runs_follow_the_users_settings_without_a_plan():
 
     cfg = load_config(["actor_rollout_ref.actor.use_dynamic_bsz=true"])
     model_dir = resolve_model_dir(cfg.actor_rollout_ref.model.path)
-    choices = choose_memory(cfg, model_dir, device=torch.device("cpu"))
+    choices = choose_memory(translate(cfg)[0], model_dir, device=torch.device("cpu"))
     # unset checkpointing is off on CPU; unset budgets are verl's defaults; fp32 everything
     actor, critic = choices.models["actor"], choices.models["critic"]
     assert choices.plan is None and not actor.checkpointing
@@ -301,7 +302,7 @@ def test_cpu_runs_follow_the_users_settings_without_a_plan():
     cfg = load_config(
         ["actor_rollout_ref.model.enable_gradient_checkpointing=true", "critic.optim.moments_dtype=bfloat16"]
     )
-    choices = choose_memory(cfg, model_dir, device=torch.device("cpu"))
+    choices = choose_memory(translate(cfg)[0], model_dir, device=torch.device("cpu"))
     actor, critic = choices.models["actor"], choices.models["critic"]
     assert actor.checkpointing and actor.max_tokens is None
     assert (actor.moments_dtype, critic.moments_dtype) == (FP32, BF16)
@@ -324,10 +325,10 @@ def test_moment_dtype_keys_are_checked_before_anything_loads():
 
     cfg = load_config(["critic.optim.moments_dtype=float16"])
     with pytest.raises(UserError, match="`critic.optim.moments_dtype=float16`: choose float32 or bfloat16"):
-        choose_memory(cfg, "unused", device=torch.device("cpu"))
+        choose_memory(translate(cfg)[0], "unused", device=torch.device("cpu"))
     cfg = load_config(["actor_rollout_ref.actor.optim.moments_dtype=bfloat16"])
     with pytest.raises(UserError, match="applies to single-process runs"):
-        choose_memory(cfg, "unused", device=torch.device("cpu"), sharded=True)
+        choose_memory(translate(cfg)[0], "unused", device=torch.device("cpu"), sharded=True)
 
 
 # LoRA (issue 19 part 3). The made-up shape with adapters of T = 1e7 trainable parameters: the frozen base is

@@ -14,6 +14,7 @@ import transformers.utils.chat_template_utils as chat_template_utils
 from transformers import AutoTokenizer
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.errors import UserError
 from relm.models.tokenizer import _template_turn_end
 from relm.rollout.multi_turn.driver import truncate_text
@@ -195,10 +196,10 @@ def test_multi_turn_keys_act_and_mistakes_are_one_line(tmp_path):
     cfg = load_config([f"{ro}.enable=true", f"{ro}.max_assistant_turns=3", f"{ro}.format=hermes"])
     assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 3
     with pytest.raises(UserError, match="tool_config_path"):
-        load_run_tools(cfg.actor_rollout_ref.rollout.multi_turn)
+        load_run_tools(translate(cfg)[0].engine.multi_turn)
     cfg = load_config([f"{ro}.enable=true", f"{ro}.format=chatml", f"{ro}.tool_config_path=x.yaml"])
     with pytest.raises(UserError, match="format=chatml"):
-        load_run_tools(cfg.actor_rollout_ref.rollout.multi_turn)
+        load_run_tools(translate(cfg)[0].engine.multi_turn)
     cfg = load_config([f"{ro}.enable=true", f"{ro}.tool_config_path={tmp_path}/none.yaml"])
     with pytest.raises(UserError, match="no such file"):
-        load_run_tools(cfg.actor_rollout_ref.rollout.multi_turn)
+        load_run_tools(translate(cfg)[0].engine.multi_turn)

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoTokenizer
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.data.dataset import PromptDataset, truncate_prompt
 from relm.errors import UserError
 from relm.learner.forward import response_logprobs
@@ -86,11 +87,11 @@ def test_template_kwargs_reach_a_custom_template_and_relms_own_arguments_win():
 
 def test_config_passes_template_kwargs_to_the_dataset(tmp_path):
     path = write_prompts(tmp_path / "p.parquet", ["q"])
+    template = "{{ greeting }}|{{ messages[0]['content'] }}"
     cfg = load_config([f"data.train_files={path}", "data.apply_chat_template_kwargs.greeting=hey"])
-    cfg.actor_rollout_ref.model.custom_chat_template = "{{ greeting }}|{{ messages[0]['content'] }}"
     assert cfg.data.apply_chat_template_kwargs == {"greeting": "hey"}
     tokenizer = build_char_tokenizer()
-    dataset = PromptDataset.from_config(cfg, [path], tokenizer)
+    dataset = PromptDataset.from_spec(translate(cfg)[0].data, [path], tokenizer, chat_template=template)
     assert tokenizer.decode(dataset[0]["prompt_ids"]) == "hey|q"
 
 

@@ -242,7 +242,7 @@ def test_external_lib_module_registers_before_loading(tmp_path, monkeypatch, sta
     monkeypatch.syspath_prepend(str(tmp_path))
     import_external_lib("my_archs")
     assert type(load(_renamed_mistral_folder(tmp_path / "model"))) is MistralForCausalLM
-    with pytest.raises(UserError, match="external_lib `no_such_module_xyz` cannot be imported"):
+    with pytest.raises(UserError, match="`external_lib=no_such_module_xyz` cannot be imported"):
         import_external_lib("no_such_module_xyz")
 
 

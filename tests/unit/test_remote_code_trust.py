@@ -11,6 +11,7 @@ import torch
 from transformers import Qwen2Config
 
 from relm.config.loader import load_config as load_run_config
+from relm.config.translate import translate
 from relm.errors import UserError
 from relm.models.loading import load_config
 from relm.rewards.reward_model import load_discriminative_reward_model
@@ -69,7 +70,7 @@ def test_untrusted_code_is_refused_naming_the_key(shipped: Path):
 def test_the_actors_key_reaches_a_critic_on_the_same_folder_not_on_another(shipped: Path, tmp_path: Path):
     base = [f"actor_rollout_ref.model.path={shipped}", "algorithm.adv_estimator=gae"]
     cfg = load_run_config([*base, "actor_rollout_ref.model.trust_remote_code=true"])
-    critic = load_trained_model(cfg, "critic", str(shipped), torch.device("cpu"), torch.float32)
+    critic = load_trained_model(translate(cfg)[0].critic, str(shipped), torch.device("cpu"), torch.float32)
     assert type(critic.backbone.config).__name__ == "ShippedConfig"  # the folder's own code ran
 
     other = tmp_path / "other"
@@ -78,4 +79,4 @@ def test_the_actors_key_reaches_a_critic_on_the_same_folder_not_on_another(shipp
         [*base, "actor_rollout_ref.model.trust_remote_code=true", f"critic.model.path={other}"]
     )
     with pytest.raises(UserError, match=r"set `critic.model.trust_remote_code=true` if you trust"):
-        load_trained_model(cfg, "critic", str(other), torch.device("cpu"), torch.float32)
+        load_trained_model(translate(cfg)[0].critic, str(other), torch.device("cpu"), torch.float32)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.errors import UserError
 from relm.trainer.checkpoint import LATEST_FILE, checkpoint_steps, prune_checkpoints, remove_stale_staging
 from relm.trainer.main_ppo import main
@@ -138,19 +139,19 @@ def test_dumps_keep_user_files_and_each_other(tmp_path: Path, capsys: pytest.Cap
     (user / "1.jsonl").write_text("my notes\n")
     cfg = load_config([f"trainer.rollout_data_dir={user}"])
     with pytest.raises(UserError, match="trainer.rollout_data_dir"):
-        claim_dump_folders(cfg.trainer, tmp_path / "run")
+        claim_dump_folders(translate(cfg)[0].loop, tmp_path / "run")
     assert (user / "1.jsonl").read_text() == "my notes\n"
 
     shared = tmp_path / "samples"
     cfg = load_config([f"trainer.rollout_data_dir={shared}", f"trainer.validation_data_dir={shared}"])
-    claim_dump_folders(cfg.trainer, tmp_path / "run")
-    claim_dump_folders(cfg.trainer, tmp_path / "run")  # the same run again (a resume) may go on
+    claim_dump_folders(translate(cfg)[0].loop, tmp_path / "run")
+    claim_dump_folders(translate(cfg)[0].loop, tmp_path / "run")  # the same run again (a resume) may go on
     sample = GenerationSample("q", "a", "gt", 1.0)
-    ValidationSamples(cfg.trainer, tmp_path / "run").write(1, [sample])
+    ValidationSamples(translate(cfg)[0].loop, tmp_path / "run").write(1, [sample])
     write_step_dump(shared, 1, [sample])  # what the loop's rollout dump writes for step 1
     assert sorted(p.name for p in shared.glob("*.jsonl")) == ["1.jsonl", "validation_1.jsonl"]
     with pytest.raises(UserError, match="holds the samples of the run in"):
-        claim_dump_folders(cfg.trainer, tmp_path / "another-run")
+        claim_dump_folders(translate(cfg)[0].loop, tmp_path / "another-run")
 
 
 def test_each_run_with_data_gets_a_folder_named_for_it():

@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from relm.config.schema import TrainerConfig
+from relm.config.loader import load_config
+from relm.config.specs import LoopSpec
+from relm.config.translate import translate
 from relm.learner.batch import Rollout, Scored
 from relm.models.char_tokenizer import build_char_tokenizer
 from relm.rollout.padding import left_pad
@@ -134,9 +136,15 @@ def test_wandb_table_layout_is_verls():
     assert row == [6, "Q a", "A a", 0.5, "Q b", "A b", 1.0]
 
 
+def _loop(*overrides: str) -> LoopSpec:
+    return translate(load_config(list(overrides)))[0].loop
+
+
 def test_validation_samples_dump_all_and_log_the_chosen_few(tmp_path: Path, capsys):
-    trainer = TrainerConfig(
-        logger=["console"], log_val_generations=2, validation_data_dir=str(tmp_path / "val")
+    trainer = _loop(
+        "trainer.logger=[console]",
+        "trainer.log_val_generations=2",
+        f"trainer.validation_data_dir={tmp_path / 'val'}",
     )
     sink = ValidationSamples(trainer, tmp_path / "run")
     assert sink.wanted
@@ -152,4 +160,4 @@ def test_validation_samples_dump_all_and_log_the_chosen_few(tmp_path: Path, caps
     assert set(logged[0]) == {"step", "input", "output", "score"}
     out = capsys.readouterr().out
     assert out.count("validation samples at step") == 2 and "(2 of 5)" in out
-    assert not ValidationSamples(TrainerConfig(), tmp_path).wanted
+    assert not ValidationSamples(_loop(), tmp_path).wanted

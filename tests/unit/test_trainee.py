@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.models.loading import resolve_model_dir
 from relm.trainer.components import build_components, compute_sizes
 from relm.trainer.ppo import annotate
@@ -24,17 +25,25 @@ SMALL = [
 def test_sizes_fill_every_unset_size_from_the_actors():
     """The 16-response default is the only one; every unset per-GPU size, epoch count and mini-batch
     follows the actor's."""
-    sizes = compute_sizes(load_config([*SMALL, "actor_rollout_ref.actor.ppo_epochs=3"]), batches_per_epoch=5)
+    sizes = compute_sizes(
+        translate(load_config([*SMALL, "actor_rollout_ref.actor.ppo_epochs=3"]))[0], batches_per_epoch=5
+    )
     actor, critic = sizes.batching["actor"], sizes.batching["critic"]
     assert (actor.rows_per_minibatch, actor.rows_per_microbatch, actor.rows_per_forward) == (4, 4, 4)
     assert (critic.rows_per_minibatch, critic.rows_per_microbatch, critic.rows_per_forward) == (4, 4, 4)
     assert (actor.num_epochs, critic.num_epochs, sizes.rows_per_ref_forward) == (3, 3, 4)
-    wide = compute_sizes(load_config([*SMALL, "actor_rollout_ref.actor.ppo_mini_batch_size=16"]), 5)
+    wide = compute_sizes(
+        translate(load_config([*SMALL, "actor_rollout_ref.actor.ppo_mini_batch_size=16"]))[0], 5
+    )
     assert wide.batching["actor"].rows_per_minibatch == 32
     assert wide.batching["actor"].rows_per_microbatch == 16  # min(16 prompts x n=2, 16)
-    greedy = compute_sizes(load_config(["actor_rollout_ref.rollout.temperature=0"]), batches_per_epoch=5)
+    greedy = compute_sizes(
+        translate(load_config(["actor_rollout_ref.rollout.temperature=0"]))[0], batches_per_epoch=5
+    )
     assert greedy.logprob_temperature == 1.0
-    epochs = compute_sizes(load_config(["trainer.total_training_steps=null", "trainer.total_epochs=2"]), 5)
+    epochs = compute_sizes(
+        translate(load_config(["trainer.total_training_steps=null", "trainer.total_epochs=2"]))[0], 5
+    )
     assert epochs.total_training_steps == 10
 
 

@@ -93,7 +93,7 @@ def trainee(
         shuffle=False, remove_padding=remove_padding,
     )  # fmt: skip
     size = MicroBatchSize(rows=rows_per_microbatch, max_tokens=max_tokens)
-    return Trainee(name, module, *sgd(module), cfg, batching, size)
+    return Trainee(name, module, *sgd(module), cfg.grad_clip, batching, size)
 
 
 def actor_step(micro: int, mode: str, max_tokens: int | None = None) -> dict[str, torch.Tensor]:

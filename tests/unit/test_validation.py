@@ -10,7 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from relm.config.schema import RelmConfig, ValKwargsConfig
+from relm.config.loader import load_config
+from relm.config.specs import RunSpec, SamplingSpec
+from relm.config.translate import translate
 from relm.data.dataset import PromptDataset
 from relm.models.char_tokenizer import build_char_tokenizer
 from relm.models.loading import load_causal_lm, resolve_model_dir
@@ -99,11 +101,16 @@ def test_validation_schedule_follows_verl():
     assert not is_validation_step(10, 100, test_freq=0)
 
 
+def _val(temperature: float = 0.0, top_p: float = 1.0, do_sample: bool = False, n: int = 1) -> SamplingSpec:
+    """`rollout.val_kwargs` as the run's spec holds it (verl's defaults: greedy, one sample)."""
+    return SamplingSpec(temperature=temperature, top_p=top_p, top_k=-1, do_sample=do_sample, n=n)
+
+
 def test_build_val_params_greedy_and_sampled():
-    greedy = build_val_params(ValKwargsConfig(), max_new_tokens=7)
+    greedy = build_val_params(_val(), max_new_tokens=7)
     assert greedy.greedy and greedy.n == 1 and greedy.max_new_tokens == 7
-    assert build_val_params(ValKwargsConfig(do_sample=True, temperature=0.0), 7).greedy
-    sampled = build_val_params(ValKwargsConfig(do_sample=True, temperature=0.7, top_p=0.9, n=4), 7, seed=3)
+    assert build_val_params(_val(do_sample=True, temperature=0.0), 7).greedy
+    sampled = build_val_params(_val(do_sample=True, temperature=0.7, top_p=0.9, n=4), 7, seed=3)
     assert (sampled.greedy, sampled.n, sampled.temperature, sampled.top_p, sampled.seed) == (
         False,
         4,
@@ -116,19 +123,22 @@ def test_build_val_params_greedy_and_sampled():
 # --- which prompts ----------------------------------------------------------------------------------
 
 
+def _spec(*overrides: str) -> RunSpec:
+    return translate(load_config(list(overrides)))[0]
+
+
 def test_make_val_dataset_picks_files_or_the_demo(tmp_path, monkeypatch):
     monkeypatch.setenv("RELM_CACHE", str(tmp_path / "cache"))
     tokenizer = build_char_tokenizer()
-    demo = make_val_dataset(RelmConfig(), tokenizer)  # no train_files: the demo task's 32 val prompts
+    demo = make_val_dataset(_spec(), tokenizer)  # no train_files: the demo task's 32 val prompts
     assert demo is not None and len(demo) == 32 and demo[0]["data_source"] == "relm/letters"
     assert (tmp_path / "cache" / "demo" / "val.parquet").is_file()
 
-    cfg = RelmConfig()
-    cfg.data.train_files = [str(tmp_path / "train.parquet")]
-    assert make_val_dataset(cfg, tokenizer) is None  # own training data, no val_files: no validation
+    train = f"data.train_files=[{tmp_path / 'train.parquet'}]"
+    assert make_val_dataset(_spec(train), tokenizer) is None  # own training data, no val_files: no validation
 
-    cfg.data.val_files = [_write_prompts(tmp_path / "val.parquet", [("q", "src", "1")])]
-    own = make_val_dataset(cfg, tokenizer)
+    val = _write_prompts(tmp_path / "val.parquet", [("q", "src", "1")])
+    own = make_val_dataset(_spec(train, f"data.val_files=[{val}]"), tokenizer)
     assert own is not None and len(own) == 1 and own[0]["ground_truth"] == "1"
 
 

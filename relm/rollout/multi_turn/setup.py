@@ -6,7 +6,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from relm.config.schema import MultiTurnConfig
+from relm.config.specs import MultiTurnSpec
 from relm.errors import UserError
 from relm.models.tokenizer import _template_turn_end
 from relm.rollout.base import RolloutEngine
@@ -19,7 +19,7 @@ from relm.rollout.multi_turn.tools import Tool, load_tools
 KEY = "actor_rollout_ref.rollout.multi_turn"
 
 
-def load_run_tools(cfg: MultiTurnConfig) -> dict[str, Tool]:
+def load_run_tools(cfg: MultiTurnSpec) -> dict[str, Tool]:
     """The tools of an enabled multi-turn config, after checking its other keys; {} when disabled or
     when the conversations have interactions and no tools."""
     if not cfg.enable:
@@ -50,7 +50,7 @@ def load_run_tools(cfg: MultiTurnConfig) -> dict[str, Tool]:
     return load_tools(cfg.tool_config_path) if cfg.tool_config_path else {}
 
 
-def load_run_interactions(cfg: MultiTurnConfig) -> dict[str, Interaction]:
+def load_run_interactions(cfg: MultiTurnSpec) -> dict[str, Interaction]:
     """The interactions of an enabled multi-turn config; {} when it names none."""
     if not cfg.enable or not cfg.interaction_config_path:
         return {}
@@ -63,7 +63,7 @@ def tool_schemas(tools: dict[str, Tool]) -> list[dict[str, Any]]:
 
 
 def build_multi_turn(
-    cfg: MultiTurnConfig,
+    cfg: MultiTurnSpec,
     tools: dict[str, Tool],
     engine: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
