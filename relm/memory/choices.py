@@ -29,6 +29,7 @@ from relm.algorithms.advantages import estimator_needs
 from relm.config.remote_code import model_trust
 from relm.config.schema import RelmConfig
 from relm.errors import UserError
+from relm.memory.cpu_batching import default_rows_per_microbatch
 from relm.memory.host import available_host_bytes, host_room, process_rss_bytes
 from relm.memory.model_shape import ModelShape
 from relm.memory.offload import ParkedModel, Residency
@@ -82,6 +83,9 @@ class MemoryChoices:
     host_peak_bytes: int | None = None
     """The process's predicted peak in host memory (the plan's on a GPU, `check_cpu_host_memory`'s on CPU);
     None where nothing was predicted."""
+    rows_per_microbatch: int | None = None
+    """relm's responses per forward/backward where the user sets none, when it differs from the GPU default
+    (a single-process CPU run: `relm.memory.cpu_batching`); None: the default."""
 
 
 def builds_critic(cfg: RelmConfig) -> bool:
@@ -175,6 +179,7 @@ def choose_memory(
     memory = device_memory(device) if single else None
     if memory is None:
         if single and device.type == "cpu":
+            choices.rows_per_microbatch = default_rows_per_microbatch(cfg, _vocab_size(cfg, model_dir))
             choices.host_peak_bytes = check_cpu_host_memory(cfg, model_dir, precision, user_moments)
         return choices
     request = _plan_request(cfg, model_dir, device, precision, memory, user_moments)
@@ -373,7 +378,19 @@ def _plan_request(
         compiled_layers=arr.actor.use_torch_compile and device.type == "cuda",
         host_baseline_bytes=rss,
         saves_checkpoints=cfg.trainer.save_freq > 0,
+        cpu_rows_per_microbatch=arr.actor.ppo_micro_batch_size_per_gpu
+        or default_rows_per_microbatch(cfg, actor.vocab_size if device.type == "cpu" else None),
+        response_length=cfg.data.max_response_length,
     )
+
+
+def _vocab_size(cfg: RelmConfig, model_dir: str) -> int:
+    """The width of the actor's logits, from its config."""
+    model = cfg.actor_rollout_ref.model
+    _, config, _ = load_config(
+        model_dir, override_config=model.override_config, trust_remote_code=model.trust_remote_code
+    )
+    return int(config.get_text_config().vocab_size)
 
 
 def _lora(cfg: RelmConfig, actor: ModelShape, critic: ModelShape | None) -> dict[str, Lora]:

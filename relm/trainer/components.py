@@ -58,6 +58,7 @@ from relm.memory.choices import (
     cap_gpu_memory,
     choose_memory,
 )
+from relm.memory.cpu_batching import default_rows_per_microbatch
 from relm.memory.offload import OffloadedOptimizerStates, Residency
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype, resolve_model_dir
@@ -185,17 +186,22 @@ def resolve_train_files(cfg: RelmConfig) -> list[str]:
     return [str(train)]
 
 
-def compute_sizes(cfg: RelmConfig, batches_per_epoch: int) -> Sizes:
-    """Rows per mini/micro-batch from verl's sizes (mini-batches count prompts, micro-batches responses)."""
+def compute_sizes(cfg: RelmConfig, batches_per_epoch: int, default_micro: int | None = None) -> Sizes:
+    """Rows per mini/micro-batch from verl's sizes (mini-batches count prompts, micro-batches responses).
+
+    `default_micro`: the micro-batch the memory choices made for an unset one (`MemoryChoices`); None
+    takes `relm.memory.cpu_batching`'s GPU default."""
     arr, critic = cfg.actor_rollout_ref, cfg.critic
     actor, rollout = arr.actor, arr.rollout
     micro = actor.ppo_micro_batch_size_per_gpu
     if micro is None:
-        micro = min(actor.ppo_mini_batch_size * rollout.n, 16)
+        micro = default_micro or default_rows_per_microbatch(cfg)
+        why = " (on CPU, as many as keep the fp32 logits within 256 MiB)" if default_micro else ""
         logger.warning(
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is unset: relm uses %d responses per "
-            "forward/backward; set it to change this",
+            "forward/backward%s; set it to change this",
             micro,
+            why,
         )
 
     def rows(value: int | None) -> int:  # every unset per-GPU size falls back to the actor's
@@ -276,7 +282,7 @@ def build_components(
     tokenizer = _load_run_tokenizer(cfg, model_dir)
     tools = load_run_tools(cfg.actor_rollout_ref.rollout.multi_turn)
     loader = _prompt_loader(cfg, tokenizer, tool_schemas(tools))
-    sizes = compute_sizes(cfg, loader.batches_per_epoch)
+    sizes = compute_sizes(cfg, loader.batches_per_epoch, memory.rows_per_microbatch)
     # Started before the models load, so the reward workers' imports overlap with it.
     reward = _reward_manager(cfg, tokenizer, loader, compute_score)
     sources = _trained_sources(cfg, model_dir)
