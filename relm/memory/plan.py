@@ -590,7 +590,7 @@ def _checkpoint_staging(request: PlanRequest) -> int:
     return largest
 
 
-CPU_LOGIT_BUFFERS = 9
+CPU_LOGIT_BUFFERS = 8
 """[rows, response + 1, vocabulary] fp32 tensors a CPU step holds at its peak, as measured (README's tour,
 docs/benchmarks.md): the logits, their gradient, the log-softmax's and the entropy's fp32 chunks, and
 the blocks of the heap freed ones leave between them (a CPU run keeps freed memory for reuse,
