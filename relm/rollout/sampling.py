@@ -105,7 +105,7 @@ def draw_inverse_cdf(probs: torch.Tensor, generator: torch.Generator) -> torch.T
     weights = probs.gather(-1, columns.clamp_max(vocab - 1)).double() * (columns < vocab)
     # the offset into the block, as a share of the block's mass in the entries' own (float64) sum
     entry, _ = _walk(weights, rest / block_mass.gather(-1, block[:, None]))
-    return block * CDF_BLOCK + entry
+    return (block * CDF_BLOCK + entry).clamp_max(vocab - 1)  # a no-op but for a row of NaN (`_walk`)
 
 
 def _walk(weights: torch.Tensor, share: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,6 +117,10 @@ def _walk(weights: torch.Tensor, share: torch.Tensor) -> tuple[torch.Tensor, tor
     index = torch.searchsorted(cdf, target, right=True)  # first cdf > target: a positive weight
     # target >= total only by rounding: the last positive weight (first cdf reaching the total)
     index = torch.minimum(index, torch.searchsorted(cdf, total))
+    # A row of NaN weights (the logits of a model a huge step has broken) has no interval for u: any
+    # valid index, so the step ends normally with a NaN logprob and the trainer's check of non-finite
+    # gradients stops the run with one line, as it does after the GPU race's argmax over NaN.
+    index = index.clamp_max(weights.shape[-1] - 1)
     before = torch.cat([torch.zeros_like(total), cdf[:, :-1]], dim=-1).gather(-1, index)  # [N, 1]
     return index.squeeze(-1), target - before  # >= 0: searchsorted put cdf[index - 1] <= target
 

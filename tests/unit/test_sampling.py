@@ -60,3 +60,16 @@ def test_cpu_sampling_reads_one_uniform_per_row_not_noise_per_entry():
     after_one_uniform = torch.Generator().manual_seed(0)
     torch.rand(32, 1, dtype=torch.float64, generator=after_one_uniform)
     assert torch.equal(generator.get_state(), after_one_uniform.get_state())
+
+
+def test_cpu_draw_of_nan_logits_gives_valid_ids_and_nan_logprobs():
+    # A diverged model's logits: the draw must not fail (it did, "index 1 is out of bounds"), so the
+    # run reaches the trainer's non-finite-gradient check (tests/integration/test_divergence.py).
+    logits = torch.randn(4, 2 * CDF_BLOCK + 7)
+    logits[1] = float("nan")
+    logits[2, 3] = float("inf")
+    tokens, logprobs = sample_next_token(
+        logits, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)
+    )
+    assert ((tokens >= 0) & (tokens < logits.shape[1])).all()
+    assert logprobs[[0, 3]].isfinite().all() and logprobs[[1, 2]].isnan().all()
