@@ -34,23 +34,11 @@ SMALL = [
 ]
 
 
-# A reward that tells any two different responses apart (almost always): the demo task's rule scores a
-# random tiny model's 8 responses 0 at most seeds (mean 0.01), leaving zero advantages, zero gradients
-# and adapters that never move; these tests need the adapters trained from the first step on, whatever
-# the sampler draws.
-VARIED_REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return sum(map(ord, solution_str)) % 7 / 6
-"""
-
-
 @pytest.fixture
-def small(tmp_path: Path) -> list[str]:
-    """`SMALL` with `VARIED_REWARD` as the reward."""
-    reward = tmp_path / "reward" / "varied_reward.py"  # beside the run folders, not in one
-    reward.parent.mkdir()
-    reward.write_text(VARIED_REWARD, encoding="utf-8")
-    return [*SMALL, f"custom_reward_function.path={reward}"]
+def small(varied_reward: str) -> list[str]:
+    """`SMALL` with a reward that varies between responses, so the adapters train from the first step at
+    any seed (`tests.integration.conftest.VARIED_REWARD`)."""
+    return [*SMALL, varied_reward]
 
 
 def metrics(run_dir: Path) -> list[dict]:
