@@ -118,8 +118,11 @@ def test_rerendered_input_matches_the_policys_ids_score(train: Callable, tmp_pat
     assert all("reward_extra/rm_score/mean" in record for record in result.metrics)
 
 
-def test_exported_critic_scores_rollouts(train: Callable, tmp_path: Path) -> None:
-    critic_run = train("algorithm.adv_estimator=gae", "trainer.save_freq=2")
+def test_exported_critic_scores_rollouts(train: Callable, tmp_path: Path, varied_reward: str) -> None:
+    # A reward that varies between responses trains the critic: the demo's rule scored every response of
+    # the two steps 0 at some seeds (the CPU sampler's draws at the default seed), leaving a critic whose
+    # values are all equal.
+    critic_run = train("algorithm.adv_estimator=gae", "trainer.save_freq=2", varied_reward)
     assert critic_run.exit_code == 0, critic_run.stderr
     exported = tmp_path / "exported"
     export_checkpoint(critic_run.run_dir / "global_step_2", exported, critic=True)
