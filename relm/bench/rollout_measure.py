@@ -15,8 +15,10 @@ import torch
 import transformers
 from torch import nn
 
+from relm.bench.cpu_estimate import CPU_LIMIT_S, CpuEstimate, duration, measure_matmul_flops, rollout_flops
 from relm.errors import UserError
 from relm.learner.forward import response_logprobs
+from relm.memory.model_shape import ModelShape
 from relm.memory.rollout_budget import kv_bytes_per_token
 from relm.models.loading import load_causal_lm, pick_dtype
 from relm.models.zoo import zoo_config
@@ -40,6 +42,8 @@ def measure_rows(args: argparse.Namespace, engines: tuple[str, ...]) -> list[dic
 
     device = pick_device(args.device, key="--device")
     dtype = pick_dtype(args.dtype, device)
+    if device.type == "cpu" and args.model.startswith("zoo:"):
+        check_cpu_estimate(args, dtype)
     if args.model.startswith("zoo:"):
         model = build_random_model(args.model, dtype, device, args.seed)
     else:  # a local folder or Hub id: its own weights, loaded (and checked) as the trainer loads them
@@ -91,6 +95,36 @@ def measure_rows(args: argparse.Namespace, engines: tuple[str, ...]) -> list[dic
         rows.append(row)
         del engine
     return rows
+
+
+CPU_EXAMPLE_MODEL = "zoo:tiny/qwen2"
+"""The shape a refused CPU run is pointed to: Qwen2 shrunk to 2 layers and a 101-token vocabulary."""
+
+
+def check_cpu_estimate(args: argparse.Namespace, dtype: torch.dtype) -> CpuEstimate:
+    """Print the run's plan and estimate at once; refuse (exit 2) a run estimated over `CPU_LIMIT_S`."""
+    num_params = ModelShape.from_config(zoo_config(args.model)).num_params
+    estimate = CpuEstimate(
+        num_params=num_params,
+        flops=rollout_flops(num_params, args.batch, args.prompt_len, args.response_len),
+        flops_per_s=measure_matmul_flops(),
+        weight_bytes=num_params * dtype.itemsize,
+        copy_bytes_per_s=measure_copy_bandwidth(torch.device("cpu"), 64 << 20),
+        response_len=args.response_len,
+    )
+    print(
+        f"{args.model}: batch {args.batch} x {args.prompt_len}+{args.response_len} tokens on cpu; "
+        f"{estimate.describe()}",
+        flush=True,
+    )
+    if estimate.seconds > CPU_LIMIT_S:
+        raise UserError(
+            f"relm bench rollout: {args.model} at batch {args.batch} x {args.prompt_len}+{args.response_len} "
+            f"tokens would take ~{duration(estimate.seconds)} on this CPU (over {duration(CPU_LIMIT_S)}); "
+            "run it on a GPU (--device cuda), or a CPU-sized shape: relm bench rollout "
+            f"--model {CPU_EXAMPLE_MODEL} --batch 32 --prompt-len 64 --response-len 64"
+        )
+    return estimate
 
 
 def build_random_model(path: str, dtype: torch.dtype, device: torch.device, seed: int) -> nn.Module:

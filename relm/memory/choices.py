@@ -27,6 +27,7 @@ from torch import nn
 from relm.algorithms.advantages import estimator_needs
 from relm.config.specs import MemorySpec, RunSpec, TrainedModelSpec
 from relm.errors import UserError
+from relm.memory.cpu_batching import default_rows_per_microbatch
 from relm.memory.host import available_host_bytes, host_room, process_rss_bytes
 from relm.memory.model_shape import ModelShape
 from relm.memory.offload import ParkedModel, Residency
@@ -81,6 +82,9 @@ class MemoryChoices:
     host_peak_bytes: int | None = None
     """The process's predicted peak in host memory (the plan's on a GPU, `check_cpu_host_memory`'s on CPU);
     None where nothing was predicted."""
+    rows_per_microbatch: int | None = None
+    """relm's responses per forward/backward where the user sets none, when it differs from the GPU default
+    (a single-process CPU run: `relm.memory.cpu_batching`); None: the default."""
 
 
 def builds_critic(spec: RunSpec) -> bool:
@@ -184,6 +188,7 @@ def choose_memory(
     memory = device_memory(device) if single else None
     if memory is None:
         if single and device.type == "cpu":
+            choices.rows_per_microbatch = default_rows_per_microbatch(spec, _vocab_size(spec, model_dir))
             choices.host_peak_bytes = check_cpu_host_memory(spec, model_dir, precision, user_moments)
         return choices
     request = _plan_request(spec, model_dir, device, precision, memory, user_moments)
@@ -379,7 +384,19 @@ def _plan_request(
         compiled_layers=spec.actor_loss.use_torch_compile and device.type == "cuda",
         host_baseline_bytes=rss,
         saves_checkpoints=spec.loop.save_freq > 0,
+        cpu_rows_per_microbatch=spec.actor.update.rows_per_microbatch
+        or default_rows_per_microbatch(spec, actor.vocab_size if device.type == "cpu" else None),
+        response_length=spec.data.max_response_length,
     )
+
+
+def _vocab_size(spec: RunSpec, model_dir: str) -> int:
+    """The width of the actor's logits, from its config."""
+    source = spec.actor.source
+    _, config, _ = load_config(
+        model_dir, override_config=dict(source.override_config), trust_remote_code=source.trust_remote_code
+    )
+    return int(config.get_text_config().vocab_size)
 
 
 def _lora(spec: RunSpec, actor: ModelShape, critic: ModelShape | None) -> dict[str, Lora]:

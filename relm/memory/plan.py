@@ -163,6 +163,10 @@ class PlanRequest:
     """What the process holds in host memory before loading (torch, CUDA's host side, the data)."""
     saves_checkpoints: bool = True
     """Checkpoints are saved: each trained model's weights are staged in host memory while written."""
+    cpu_rows_per_microbatch: int = 1
+    """CPU runs: responses per forward/backward (`actor.ppo_micro_batch_size_per_gpu` or relm's default)."""
+    response_length: int = 0
+    """CPU runs: response tokens of the longest row; the training forwards hold logits for all of them."""
 
     def __post_init__(self) -> None:
         if next(iter(self.trainees), None) != POLICY:
@@ -586,17 +590,37 @@ def _checkpoint_staging(request: PlanRequest) -> int:
     return largest
 
 
+CPU_LOGIT_BUFFERS = 8
+"""[rows, response + 1, vocabulary] fp32 tensors a CPU step holds at its peak, as measured (README's tour,
+docs/benchmarks.md): the logits, their gradient, the log-softmax's and the entropy's fp32 chunks, and
+the blocks of the heap freed ones leave between them (a CPU run keeps freed memory for reuse,
+`relm.memory.host_allocator`)."""
+CPU_LATE_BYTES = 64 * 2**20
+"""Host memory a CPU run takes after the plan is made besides the tokenizer: the dataset's rows and token
+ids, the reward manager, torch's first-use kernels and thread pools (the demo: ~0.07 GiB)."""
+CPU_TOKENIZER_BYTES_PER_ENTRY = 1600
+"""The tokenizer's tables per vocabulary entry (Qwen2.5's 151,665 entries: ~0.23 GiB, measured)."""
+
+
 def cpu_host_need(request: PlanRequest) -> int:
     """Host bytes a run on CPU needs: every model resident in fp32 (no autocast, no engine copy), the larger
-    of the update phases with one sequence's fp32 activations (twice the bf16 figure), and a checkpoint's
-    staging."""
+    of the update phases with one micro-batch's fp32 activations and vocabulary-sized logits, what the run
+    loads after the plan (the tokenizer, the data), and a checkpoint's staging.
+
+    The logits dominate at large vocabularies: 16 responses of 256 tokens at Qwen2.5's 151,665 entries
+    are 2.5 GB per fp32 copy, which is why CPU runs default to fewer rows per micro-batch
+    (`relm.memory.cpu_batching`)."""
     layout = _layout(request, _rungs(request)[0], frozenset(), frozenset())
     checkpointing = bool(request.policy.checkpointing)
+    rows = request.cpu_rows_per_microbatch
     need = max(
-        layout.phases[name] + 2 * _per_token(t.shape, checkpointing) * request.max_sequence_length
+        layout.phases[name]
+        + rows * 2 * t.shape.activation_bytes_per_token(checkpointing) * request.max_sequence_length
+        + CPU_LOGIT_BUFFERS * 4 * t.shape.vocab_size * rows * (request.response_length + 1)
         for name, t in request.trainees.items()
     )
-    return need + (_checkpoint_staging(request) if request.saves_checkpoints else 0)
+    late = CPU_LATE_BYTES + CPU_TOKENIZER_BYTES_PER_ENTRY * request.policy.shape.vocab_size
+    return need + late + (_checkpoint_staging(request) if request.saves_checkpoints else 0)
 
 
 def lora_offer(request: PlanRequest, rank: int = OFFERED_LORA_RANK) -> str | None:

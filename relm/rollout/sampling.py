@@ -2,7 +2,9 @@
 
 Both engines call the same function so that, given the same logits and seed, they pick the same
 tokens and report the same logprobs; that is what lets the native engine be checked token for
-token against the HF engine.
+token against the HF engine. On CUDA the draw is an exponential race (noise for every
+vocabulary entry, fused by torch.compile); on CPU, where that noise is drawn one entry at a time, it is
+an inverse-CDF walk from one uniform per row (`inverse_cdf_draw`). Both are exact in distribution.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def sample_next_token(
     Greedy (temperature 0) reports logprobs at temperature 1.
 
     Args:
-        race: `exponential_race` or a compiled copy of it (the native engine compiles it on CUDA,
+        race: (CUDA only) `exponential_race` or a compiled copy of it (the native engine compiles it on CUDA,
             where fusing its passes over the [N, V] logits cut sampling from 0.70 to about 0.15 ms a
             step at 256 x 152k); None is the plain function.
     """
@@ -38,6 +40,8 @@ def sample_next_token(
         scaled = logits.float() / scale
         token = scaled.argmax(dim=-1)
         return token, _logprob_of(scaled, token)
+    if logits.device.type == "cpu":
+        return inverse_cdf_draw(logits, scale, params.top_k, params.top_p, generator)
     # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability p_i; in log space
     # that is argmax (scaled_i - log E_i), softmax's normaliser being the same for every i. One batched
     # draw on the device, no host sync (torch.multinomial syncs).
@@ -50,6 +54,75 @@ def sample_next_token(
         token = (filtered - _log_noise(noise)).argmax(dim=-1)
         return token, _logprob_of(scaled, token)
     return (race or exponential_race)(logits, noise, scale)
+
+
+def inverse_cdf_draw(
+    logits: torch.Tensor, scale: float, top_k: int, top_p: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU draw: softmax(logits / scale) after top-k/top-p, one uniform per row, inverse CDF.
+
+    Why not the race on CPU: torch draws CPU exponentials one at a time (~20-40 ns each), so noise for
+    32 rows x 152k entries cost ~200 ms a decode step, and `torch.multinomial` draws the same noise
+    (one sample without replacement) or runs a sequential cumsum. Here the vocabulary is read by
+    the (vectorised) softmax and one sum per block of `CDF_BLOCK` entries; the CDF is walked in two
+    levels, blocks then entries, both in float64, so a token's chance is its float32 probability to
+    float64 rounding (a float32 cumsum over 152k entries would round small probabilities to steps of
+    ~6e-8). The reported logprob is log softmax(logits / scale) *before* filtering, as on GPU.
+    """
+    # A new contiguous tensor even at scale 1: softmax over a `vocab_limit` slice (a strided view) runs
+    # about ten times slower than over contiguous rows.
+    scaled = logits.float() / scale
+    probs = torch.softmax(scaled, dim=-1)  # [N, V]
+    drawn = probs
+    if top_k > 0 or top_p < 1.0:
+        drawn = torch.softmax(filter_top_k_top_p(scaled, top_k, top_p), dim=-1)
+    token = draw_inverse_cdf(drawn, generator)
+    return token, probs.gather(-1, token[:, None]).squeeze(-1).log()
+
+
+CDF_BLOCK = 512
+"""Entries per block of the two-level CDF walk: ~300 blocks for a 152k vocabulary, both levels small."""
+
+
+def draw_inverse_cdf(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """[N, V] non-negative weights (each row with some mass) -> [N] ids, id i drawn with chance w_i / sum w.
+
+    One uniform u per row picks the id whose CDF interval holds u * total: first the block, from
+    float64 block masses, then the entry inside it. An id of weight 0 is never picked (its interval is
+    empty, and a u that rounds up to the total falls back to the last id of positive weight).
+    """
+    num_rows, vocab = probs.shape
+    full = vocab - vocab % CDF_BLOCK
+    # float32 sums (a float64 accumulation is ten times slower on CPU), each within a few ulps of its block
+    masses = [probs[:, :full].reshape(num_rows, -1, CDF_BLOCK).sum(-1)]
+    if full < vocab:
+        masses.append(probs[:, full:].sum(-1, keepdim=True))
+    block_mass = torch.cat(masses, dim=-1).double()  # [N, B]
+    block, rest = _walk(
+        block_mass, torch.rand(num_rows, 1, dtype=torch.float64, generator=generator, device=probs.device)
+    )
+    columns = block[:, None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=probs.device)  # [N, CDF_BLOCK]
+    weights = probs.gather(-1, columns.clamp_max(vocab - 1)).double() * (columns < vocab)
+    # the offset into the block, as a share of the block's mass in the entries' own (float64) sum
+    entry, _ = _walk(weights, rest / block_mass.gather(-1, block[:, None]))
+    return (block * CDF_BLOCK + entry).clamp_max(vocab - 1)  # a no-op but for a row of NaN (`_walk`)
+
+
+def _walk(weights: torch.Tensor, share: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float64 weights, [N, 1] share of the row's total in [0, 1) ->
+    ([N] index whose CDF interval holds share x total, [N, 1] the offset into that interval)."""
+    cdf = weights.cumsum(-1)  # [N, K]
+    total = cdf[:, -1:].contiguous()
+    target = share * total
+    index = torch.searchsorted(cdf, target, right=True)  # first cdf > target: a positive weight
+    # target >= total only by rounding: the last positive weight (first cdf reaching the total)
+    index = torch.minimum(index, torch.searchsorted(cdf, total))
+    # A row of NaN weights (the logits of a model a huge step has broken) has no interval for u: any
+    # valid index, so the step ends normally with a NaN logprob and the trainer's check of non-finite
+    # gradients stops the run with one line, as it does after the GPU race's argmax over NaN.
+    index = index.clamp_max(weights.shape[-1] - 1)
+    before = torch.cat([torch.zeros_like(total), cdf[:, :-1]], dim=-1).gather(-1, index)  # [N, 1]
+    return index.squeeze(-1), target - before  # >= 0: searchsorted put cdf[index - 1] <= target
 
 
 def exponential_race(

@@ -52,6 +52,7 @@ from relm.memory.choices import (
     cap_gpu_memory,
     choose_memory,
 )
+from relm.memory.cpu_batching import default_rows_per_microbatch
 from relm.memory.offload import OffloadedOptimizerStates, Residency
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype, resolve_model_dir
@@ -181,16 +182,21 @@ def resolve_train_files(data: DataSpec) -> list[str]:
     return [str(train)]
 
 
-def compute_sizes(spec: RunSpec, batches_per_epoch: int) -> Sizes:
-    """Rows per mini/micro-batch from verl's sizes (mini-batches count prompts, micro-batches responses)."""
+def compute_sizes(spec: RunSpec, batches_per_epoch: int, default_micro: int | None = None) -> Sizes:
+    """Rows per mini/micro-batch from verl's sizes (mini-batches count prompts, micro-batches responses).
+
+    `default_micro`: the micro-batch the memory choices made for an unset one (`MemoryChoices`); None
+    takes `relm.memory.cpu_batching`'s GPU default."""
     actor, critic, n = spec.actor, spec.critic, spec.engine.sampling.n
     micro = actor.update.rows_per_microbatch
     if micro is None:
-        micro = min(actor.update.prompts_per_minibatch * n, 16)
+        micro = default_micro or default_rows_per_microbatch(spec)
+        why = " (on CPU, as many as keep the fp32 logits within 256 MiB)" if default_micro else ""
         logger.warning(
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is unset: relm uses %d responses per "
-            "forward/backward; set it to change this",
+            "forward/backward%s; set it to change this",
             micro,
+            why,
         )
 
     def rows(value: int | None) -> int:  # every unset per-GPU size falls back to the actor's
@@ -246,7 +252,7 @@ def build_components(
     tokenizer = _load_run_tokenizer(spec, model_dir)
     tools = load_run_tools(spec.engine.multi_turn)
     loader = _prompt_loader(spec, tokenizer, tool_schemas(tools))
-    sizes = compute_sizes(spec, loader.batches_per_epoch)
+    sizes = compute_sizes(spec, loader.batches_per_epoch, memory.rows_per_microbatch)
     # Started before the models load, so the reward workers' imports overlap with it.
     reward = _reward_manager(spec.reward, tokenizer, loader, compute_score)
     sources = _trained_sources(spec, model_dir)

@@ -136,6 +136,25 @@ def write_parquet(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
+VARIED_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return sum(map(ord, solution_str)) % 7 / 6
+"""
+"""A reward that tells two different responses apart (but for one pair in 7): for runs whose test needs
+non-zero advantages from the first step. The demo's rule scores a random tiny model's responses 0 at most
+seeds (mean 0.01), so with it a run's first steps have zero advantages and zero gradients at seeds that
+depend on what the sampler draws."""
+
+
+@pytest.fixture
+def varied_reward(tmp_path: Path) -> str:
+    """`custom_reward_function.path=...` of `VARIED_REWARD`, written beside (not in) the run folders."""
+    path = tmp_path / "varied_reward" / "reward.py"
+    path.parent.mkdir()
+    path.write_text(VARIED_REWARD, encoding="utf-8")
+    return f"custom_reward_function.path={path}"
+
+
 @pytest.fixture
 def write_reward(tmp_path: Path) -> Callable[..., Path]:
     """`write_reward(source, name="reward.py")`: write a reward module (source is dedented) to tmp_path."""

@@ -26,16 +26,20 @@ REQUIRED_RISE = 0.3
 CHANCE = 1 / 6
 """What calling the tool and writing any of the six letters scores."""
 SEED = 1
-"""Of seeds 1-3, measured at 60 steps with one torch thread on a busy 2-core machine (SEEDS_MEASURED)."""
+"""The example's seed, measured at 70 steps with one torch thread on a busy 2-core machine (SEEDS_MEASURED)."""
 SEEDS_MEASURED = {
-    # seed: (rise of the last-5 mean over the first-5 mean at 50, 60, 70 steps; score by tens of steps to 70)
+    # CPU inverse-CDF sampler, 2026-12-05, the example's 70 steps: seed 1 rose 0.62 (by tens of steps 0.0, 0.0,
+    # 0.0, 0.16, 0.32, 0.42, 0.62); at 60 steps it stood at 0.33, below the bound's last >= 1/6 + 0.2, hence
+    # the 70. Seeds 2 and 3 stood at 0.20 at 60 steps (issue 37's notes); neither they nor an AVX2 machine
+    # (ATEN_CPU_CAPABILITY=avx2) were measured at 70.
+    # Before (exponential race, 60 steps): rise at 50, 60, 70 steps; score by tens of steps to 70.
     1: ((0.72, 0.96, 0.99), (0.0, 0.01, 0.23, 0.57, 0.69, 0.87, 0.99)),
     2: ((0.58, 0.76, 0.62), (0.0, 0.0, 0.01, 0.26, 0.59, 0.74, 0.65)),
     3: ((0.47, 0.38, 0.57), (0.0, 0.0, 0.0, 0.05, 0.35, 0.47, 0.51)),
 }
-"""Every seed calls the tool in every conversation by step ~45 and rises by >= 0.3 at 60 steps. Past the
-rise the policy is nearly greedy (entropy ~0.02): a letter it maps to a wrong one gives its groups one
-score and GRPO no signal, so seeds 2 and 3 swing between 0.3 and 0.9 from step to step."""
+"""With either sampler the policy first learns to call the tool, then to copy its answer. Past the rise it is
+nearly greedy (entropy ~0.02): a letter it maps to a wrong one gives its groups one score and GRPO no signal,
+so the score swings between 0.3 and 0.9 from step to step."""
 
 
 @pytest.fixture

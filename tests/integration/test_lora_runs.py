@@ -34,6 +34,13 @@ SMALL = [
 ]
 
 
+@pytest.fixture
+def small(varied_reward: str) -> list[str]:
+    """`SMALL` with a reward that varies between responses, so the adapters train from the first step at
+    any seed (`tests.integration.conftest.VARIED_REWARD`)."""
+    return [*SMALL, varied_reward]
+
+
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -44,10 +51,10 @@ def bf16_engine_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(components, "generation_dtype", lambda *args: torch.bfloat16)
 
 
-def test_a_separate_engine_copy_takes_every_sync(tmp_path: Path, bf16_engine_copy: None):
-    run = [*SMALL, "trainer.total_training_steps=3", f"trainer.default_local_dir={tmp_path}"]
+def test_a_separate_engine_copy_takes_every_sync(tmp_path: Path, small: list[str], bf16_engine_copy: None):
+    run = [*small, "trainer.total_training_steps=3", f"trainer.default_local_dir={tmp_path / 'run'}"]
     assert main(run) == 0
-    records = metrics(tmp_path)
+    records = metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2, 3]
     # The engine sampled with the merged bf16 weights of the policy the trainer scores in fp32: the gap is
     # bf16 rounding, the same after every sync (a stale copy would drift away from the trained adapters).
@@ -59,6 +66,7 @@ def test_a_separate_engine_copy_takes_every_sync(tmp_path: Path, bf16_engine_cop
 
 def test_a_sync_that_does_not_arrive_ends_the_run_with_one_line(
     tmp_path: Path,
+    small: list[str],
     bf16_engine_copy: None,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -71,16 +79,16 @@ def test_a_sync_that_does_not_arrive_ends_the_run_with_one_line(
         return engine
 
     monkeypatch.setattr(components, "build_run_engine", engine_that_drops_syncs)
-    code = main([*SMALL, "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}"])
+    code = main([*small, "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path / 'run'}"])
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("relm ")]
     assert code == 1
     assert len(err) == 1 and "AdapterNotSynced" in err[0] and "old policy" in err[0], err
 
 
-def test_a_lora_checkpoint_exports_as_an_adapter_and_merged(tmp_path: Path):
+def test_a_lora_checkpoint_exports_as_an_adapter_and_merged(tmp_path: Path, small: list[str]):
     run_dir = tmp_path / "run"
     run = [
-        *SMALL,
+        *small,
         "trainer.total_training_steps=2",
         "trainer.save_freq=2",
         f"trainer.default_local_dir={run_dir}",

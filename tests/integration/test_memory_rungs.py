@@ -23,6 +23,8 @@ from relm.memory import plan as memory_plan
 pytestmark = pytest.mark.integration
 
 GAE_WITH_SHORT_PROMPTS = ("algorithm.adv_estimator=gae", "data.max_prompt_length=64")
+"""With the `varied_reward` fixture's reward: the demo's rule scores every response of a first step 0 at
+some seeds (zero advantages, zero gradients, nothing for a rung to get wrong)."""
 
 
 def pretend_gpu(monkeypatch: pytest.MonkeyPatch, usable: int, pinnable: int) -> None:
@@ -67,12 +69,12 @@ RUNGS = {
 
 @pytest.mark.parametrize("rung", list(RUNGS))
 def test_each_rung_trains_a_ppo_step_with_finite_losses(
-    rung: str, train, monkeypatch: pytest.MonkeyPatch
+    rung: str, train, varied_reward: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     usable, pinnable, lines = RUNGS[rung]
     pretend_gpu(monkeypatch, usable, pinnable)
 
-    result = train(*GAE_WITH_SHORT_PROMPTS, "trainer.total_training_steps=1")
+    result = train(*GAE_WITH_SHORT_PROMPTS, varied_reward, "trainer.total_training_steps=1")
 
     assert result.exit_code == 0, result.stderr
     assert "memory plan: actor update peak" in result.stderr
@@ -89,19 +91,27 @@ def test_each_rung_trains_a_ppo_step_with_finite_losses(
 
 
 @pytest.mark.parametrize("rung", ["bf16 moments", "bf16 weights"])
-def test_a_compact_run_resumes_exactly(rung: str, train, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_compact_run_resumes_exactly(
+    rung: str, train, tmp_path, varied_reward: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """1 step, save, resume for step 2 == 2 steps straight: the bf16 moments (and weights) and the
     stochastic rounding's noise generators come back from the checkpoint as they were."""
     usable, pinnable, _ = RUNGS[rung]
     pretend_gpu(monkeypatch, usable, pinnable)
-    whole = train(*GAE_WITH_SHORT_PROMPTS, "trainer.total_training_steps=2", run_dir=tmp_path / "whole")
+    whole = train(
+        *GAE_WITH_SHORT_PROMPTS, varied_reward, "trainer.total_training_steps=2", run_dir=tmp_path / "whole"
+    )
     run_dir = tmp_path / "split"
     first = train(
-        *GAE_WITH_SHORT_PROMPTS, "trainer.total_training_steps=1", "trainer.save_freq=1", run_dir=run_dir
+        *GAE_WITH_SHORT_PROMPTS,
+        varied_reward,
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=1",
+        run_dir=run_dir,
     )
     assert whole.exit_code == 0 and first.exit_code == 0, whole.stderr + first.stderr
 
-    resumed = train(*GAE_WITH_SHORT_PROMPTS, "trainer.total_training_steps=2", run_dir=run_dir)
+    resumed = train(*GAE_WITH_SHORT_PROMPTS, varied_reward, "trainer.total_training_steps=2", run_dir=run_dir)
 
     assert resumed.exit_code == 0, resumed.stderr
     assert "continuing at step 2 of 2" in resumed.stderr

@@ -178,7 +178,9 @@ def test_user_parquet_and_custom_reward_function_are_used(
 
 def test_policy_learns_a_custom_reward(train, write_reward) -> None:
     # Demo-like sizes, fewer steps: over 30 steps the 5-step mean rose from 0.01-0.02 to 0.44-0.50 for
-    # seeds 1, 2, 3 and 42 (this run's), so the 0.15 margin leaves room for changes in the loop.
+    # seeds 1, 2, 3 and 42 (this run's), so the 0.15 margin leaves room for changes in the loop. With the CPU
+    # inverse-CDF sampler (2026-12-05): seeds 1, 2, 42 rose 0.976, 0.965, 0.963, and seed 42 as AVX2
+    # computes it (ATEN_CPU_CAPABILITY=avx2) 0.963.
     reward = write_reward(LETTER_A_REWARD)
     result = train(
         f"custom_reward_function.path={reward}",

@@ -26,24 +26,29 @@ pytestmark = pytest.mark.integration
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
-REQUIRED_RISE = 0.1
-"""Rise of the demo's rule score (mean of the last 5 steps minus the first 5) that the fitted reward
-model must drive (grpo, 50 steps, one torch thread, the reward model fitted `RM_FIT_STEPS` steps).
+REQUIRED_RISE = 0.05
+"""Rise of the demo's rule score (mean of the last 5 steps minus the first 5, which is about 0.015) that the
+fitted reward model must drive (grpo, 50 steps, one torch thread, the reward model fitted `RM_FIT_STEPS` steps).
 
-Measured 2026-12-05 on the 2-core VM (AVX-512): PPO seeds 1-5 rose 0.80, 0.60, 0.67, 0.65, 0.65 (rule score
-by tens of steps for seed 1: 0.02, 0.06, 0.39, 0.78, 0.84). As a CPU without AVX-512 computes it
-(`ATEN_CPU_CAPABILITY=avx2`: logits differ by about 4e-7, so the reward model's fit and the whole
-trajectory differ, like another seed) seed 1 rose only 0.17 (0.14 at 100 steps): the policy settled where
-the reward model says 0.7 and the rule 0.15. The bound sits below all six; a reward model fitted by
-regression can be exploited, and how far depends on the trajectory.
-With the reward model fitted 300 steps (before) seeds 1-5 rose 0.25, 0.13, 0.21, 0.03, 0.28 against a
-bound of 0.3: in seed 4 the reward model's score rose to 0.91 while the rule score fell back to 0.04. That,
-not the machine, is why a fresh clone failed: seed 1 rose 0.25 there and here alike, step by step the same.
-Thread count: the tiny model's logits and gradients (a forward and backward of 256 x 40 tokens) are bitwise
-equal with 1 and 2 torch threads (no op is large enough to be split across threads), and seed 1 with 2
-threads for the fit and the run rose 0.796, the same rule scores step by step as with 1.
-A reward-model fit that also showed it repeated letters (tried) scored random text 0.3 and did worse
-(seed 4: 0.14; AVX2 seed 1: 0.0)."""
+Why the rise differs between machines (measured 2026-12-05 on the 2-core VM, AMD EPYC with AVX-512, with
+the CPU inverse-CDF sampler): the reward model is fitted in the test, at a fixed seed, and the fit is
+chaotic. Run as a CPU without AVX-512 runs it (`ATEN_CPU_CAPABILITY=avx2`: other vector kernels, logits
+that differ by ~4e-7), its 800 optimizer steps end in another reward model (parameters up to 0.39 apart; so
+does a float64 fit, tried: 0.30). The AVX2-fitted one pays the prompt-blind plateau more: responses of
+8 times a wrong demo letter score 0.27 on average under it against 0.17 under the AVX-512 one (right
+letter 0.95 and 0.96, held-out error 0.005 and 0.003). PPO climbs to that plateau first, and with the
+AVX2 reward model it settles there. The PPO run itself is not what differs: the AVX-512 run of seed 1
+with the AVX2-fitted reward model rose 0.168, with its own 0.64. Nothing in relm's numerics takes another
+branch (no argmax, tie-break or threshold is involved; GRPO's std epsilon sees score spreads of ~1.5e-8
+for identical responses under both).
+
+Rises measured: AVX-512 seeds 1-3 0.64, 0.60, 0.50 (rule score by tens of steps for seed 1: 0.02, 0.06,
+0.32, 0.60, 0.68); AVX2 seed 1 0.116 (0.02, 0.10, 0.13, 0.21, 0.17), seed 2 0.157 (measured earlier on
+the same VM, issue 37). The bound sits below the smallest with margin; it still asks the rule score to more
+than quadruple from its start.
+Before (exponential-race sampler, reward model fitted 300 steps): seeds 1-5 rose 0.25, 0.13, 0.21, 0.03,
+0.28, in seed 4 the reward model's score rising to 0.91 while the rule score fell back to 0.04.
+Thread count: the tiny model's logits and gradients are bitwise equal with 1 and 2 torch threads."""
 RM_FIT_STEPS = 800
 """Optimizer steps of the reward model's fit (64 examples each): 300 left it exploitable (see above)."""
 
@@ -113,8 +118,11 @@ def test_rerendered_input_matches_the_policys_ids_score(train: Callable, tmp_pat
     assert all("reward_extra/rm_score/mean" in record for record in result.metrics)
 
 
-def test_exported_critic_scores_rollouts(train: Callable, tmp_path: Path) -> None:
-    critic_run = train("algorithm.adv_estimator=gae", "trainer.save_freq=2")
+def test_exported_critic_scores_rollouts(train: Callable, tmp_path: Path, varied_reward: str) -> None:
+    # A reward that varies between responses trains the critic: the demo's rule scored every response of
+    # the two steps 0 at some seeds (the CPU sampler's draws at the default seed), leaving a critic whose
+    # values are all equal.
+    critic_run = train("algorithm.adv_estimator=gae", "trainer.save_freq=2", varied_reward)
     assert critic_run.exit_code == 0, critic_run.stderr
     exported = tmp_path / "exported"
     export_checkpoint(critic_run.run_dir / "global_step_2", exported, critic=True)

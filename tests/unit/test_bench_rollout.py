@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from relm.bench.cpu_estimate import CpuEstimate, rollout_flops
 from relm.bench.rollout import TABLE_HEADER, main, markdown_row
 from tests.tiny_models import tiny_lm
 
@@ -83,3 +84,34 @@ def test_bench_rollout_measures_fp8_beside_the_models_own_weights(tmp_path, caps
     assert "native, fp8" in markdown_row(fp8)
     printed = capsys.readouterr().out
     assert "native fp8 / native:" in printed and "native, fp8: logprob gap" in printed
+
+
+def test_bench_rollout_of_a_gpu_shape_on_cpu_refuses_at_once(monkeypatch, capsys):
+    # The README's 1.5B shape on a CPU printed nothing for minutes (building 1.5B random weights, then
+    # decoding for hours); now the plan and estimate come first and the run stops before any weight.
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights were built for a run the estimate refuses")
+
+    monkeypatch.setattr("relm.bench.rollout_measure.build_random_model", no_weights)
+    args = ["--model", "zoo:Qwen/Qwen2.5-1.5B-Instruct", "--batch", "256", "--prompt-len", "256"]
+    assert main([*args, "--response-len", "256", "--device", "cpu"]) == 2
+    captured = capsys.readouterr()
+    assert "plan: 1.54B parameters (6.2 GB of weights), 404.7 TFLOP" in captured.out
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("error: relm bench rollout: zoo:Qwen/Qwen2.5-1.5B-Instruct at batch 256")
+    assert "--device cuda" in line and "--model zoo:tiny/qwen2 --batch 32" in line
+
+
+def test_cpu_estimate_by_hand():
+    # 1e9 parameters, 2 prompts of 3 + 5 tokens: 2 * 1e9 * 2 * 8 = 3.2e10 FLOPs at 1e10/s = 3.2 s,
+    # plus 5 decode steps reading 4e9 bytes at 2e10 B/s = 1 s
+    estimate = CpuEstimate(
+        num_params=10**9,
+        flops=rollout_flops(10**9, 2, 3, 5),
+        flops_per_s=1e10,
+        weight_bytes=4 * 10**9,
+        copy_bytes_per_s=2e10,
+        response_len=5,
+    )
+    assert estimate.flops == 3.2e10 and abs(estimate.seconds - 4.2) < 1e-9
+    assert estimate.describe().endswith("estimate ~4 s")

@@ -454,13 +454,32 @@ def test_checkpoint_staging_counts_against_the_host():
 
 
 def test_cpu_runs_need_every_model_in_host_memory():
-    # fp32 actor 16e9 (weights, gradients, moments), reference 4e9, one 1024-token sequence's fp32
-    # activations 2 * 760,000 * 1024, a checkpoint's staging 4.04e9
-    cpu = request(0, autocast=False, generation_dtype=None)
-    assert cpu_host_need(cpu) == 20e9 + 1_556_480_000 + 4_040_000_000
+    # fp32 actor 16e9 (weights, gradients, moments), reference 4e9; a micro-batch of 4 responses of
+    # 1024-token rows: fp32 activations 4 * 2 * 720,000 * 1024, and its logits over the 511 response
+    # tokens + 1, eight fp32 copies at the peak: 8 * 4 * 10,000 * 4 * 512; what the run loads after the
+    # plan, 64 MiB + the tokenizer's 1,600 bytes an entry * 10,000; a checkpoint's staging 4.04e9
+    cpu = request(0, autocast=False, generation_dtype=None, cpu_rows_per_microbatch=4, response_length=511)
+    rows = 5_898_240_000 + 655_360_000 + 64 * 2**20 + 16_000_000
+    assert cpu_host_need(cpu) == 20e9 + rows + 4_040_000_000
     lora = with_lora(cpu, {"actor": Lora(8, 10**7)})
     # LoRA: fp32 base 4e9, adapters 8 T + 8 T, no reference; staging 4 T
-    assert cpu_host_need(lora) == 4e9 + 16 * 10**7 + 1_556_480_000 + 4 * 10**7
+    assert cpu_host_need(lora) == 4e9 + 16 * 10**7 + rows + 4 * 10**7
+
+
+def test_cpu_micro_batch_keeps_one_copy_of_the_logits_within_256_mib():
+    # README's verl block: mini-batch 8 prompts x n=4, 256 response tokens, Qwen2.5's 151,665 entries:
+    # 4 * 151,665 * 257 = 156 MB a row, so one row; the demo's 101 entries keep relm's 16.
+    from relm.config.loader import load_config
+    from relm.memory.cpu_batching import default_rows_per_microbatch
+
+    verl = translate(load_config(
+        ["actor_rollout_ref.rollout.n=4", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+         "data.max_response_length=256"]
+    ))[0]  # fmt: skip
+    assert default_rows_per_microbatch(verl) == 16  # a GPU run
+    assert default_rows_per_microbatch(verl, cpu_vocab_size=151_665) == 1
+    assert default_rows_per_microbatch(verl, cpu_vocab_size=16_000) == 16  # 16.4 MB a row
+    assert default_rows_per_microbatch(verl, cpu_vocab_size=40_000) == 6  # 41.1 MB a row
 
 
 def test_autocast_caches_the_eager_casts_of_weights_not_the_compiled_pieces():

@@ -552,3 +552,24 @@ def test_gpu_continuous_batching_when_rows_exceed_the_memory_share():
     assert torch.equal(
         out.response_ids, NativeRolloutEngine(model, **common).generate(prompts, params).response_ids
     )
+
+
+@torch.no_grad()
+def test_a_row_ending_at_its_first_token_leaves_its_prompt_intact_for_the_next_sample():
+    # Three slots for two prompts x 2 samples: the second prompt's first sample shares its slot's
+    # prompt columns with the waiting second sample (which takes them without a copy or a prefill).
+    # Ending at its first token, that row was parked one column before its first write, on the
+    # prompt's last column, and the next decode step (the first prompt's rows still running) wrote
+    # the pad token's keys there: every later token of the second sample attended a wrong prompt
+    # (logprob gap 0.026 in the test_rollout_options run that found it).
+    model = zoo_model("tiny/qwen2")
+    prompts = prompts_for(model, [7, 5])
+    params = SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=0)
+    first = native(model, eos=[], max_num_seqs=3).generate(prompts, params).response_ids[2, 0].item()
+    engine = native(model, eos=[first], max_num_seqs=3, eos_check_interval=1)
+    out = engine.generate(prompts, params)
+    lengths = out.response_mask.sum(dim=1).tolist()
+    assert lengths[2] == 1 and lengths[3] > 2 and min(lengths[:2]) > 2, lengths  # the premise
+    expected = trainer_logprobs(model, prompts, out, n=2, temperature=1.0)
+    mask = out.response_mask.bool()
+    torch.testing.assert_close(out.logprobs[mask], expected[mask], atol=1e-4, rtol=0)

@@ -72,10 +72,19 @@ class DecodeBuffers:
         self.input_ids.fill_(pad_token_id)
         self.position_ids.zero_()
 
-    def park(self, slots: list[int]) -> None:
+    def park(self, slots: list[int], prompt_width: int) -> None:
         """Stop the slots' write columns and positions where they are (their rows finished): a slot
-        past its row's last column would write beyond the cache."""
-        self.advance.index_fill_(0, _to_device(slots, self.advance.device), 0)
+        past its row's last column would write beyond the cache.
+
+        An idle slot still writes its column every decode step, so that column must not be a prompt
+        column: a row that ended at its first token still stands one column before its first write,
+        on the prompt's last column, and a sibling sample admitted later reads that slot's prompt
+        columns as they are. Such a slot writes the first response column instead (`prompt_width`).
+        """
+        index = _to_device(slots, self.advance.device)
+        self.advance.index_fill_(0, index, 0)
+        columns = self.cache.write_columns
+        columns.index_copy_(0, index, columns.index_select(0, index).clamp_min(prompt_width))
 
     def per_row_inputs(self, token: torch.Tensor) -> None:
         """Inputs of the next per-row decode: slot i's token `token[i]` goes one column and one

@@ -317,7 +317,7 @@ class NativeRolloutEngine:
                 leaving += [slot for slot in scheduler.active_slots if done[slot]]
             if leaving:
                 scheduler.retire(leaving, step)
-                buffers.park(leaving)
+                buffers.park(leaving, prompt_width)
             if scheduler.done:
                 break
             if scheduler.num_active:
