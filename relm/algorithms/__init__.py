@@ -15,6 +15,7 @@ from relm.algorithms.advantages import (
     estimator_needs,
     register_adv_estimator,
 )
+from relm.algorithms.group_variants import compute_gpg_outcome, compute_grpo_passk_outcome
 from relm.algorithms.kl import (
     KL_KINDS,
     AdaptiveKLController,
@@ -33,8 +34,16 @@ from relm.algorithms.losses import (
     register_policy_loss,
 )
 from relm.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from relm.algorithms.pg_variants import cispo_loss, dppo_kl_loss, dppo_tv_loss, geo_mean_loss, gpg_loss
 
 __all__ = [
+    "cispo_loss",
+    "compute_gpg_outcome",
+    "compute_grpo_passk_outcome",
+    "dppo_kl_loss",
+    "dppo_tv_loss",
+    "geo_mean_loss",
+    "gpg_loss",
     "ADV_ESTIMATORS",
     "AGG_MODES",
     "ESTIMATOR_NEEDS",

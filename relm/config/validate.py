@@ -32,8 +32,21 @@ ADV_ESTIMATORS = (
     "reinforce_plus_plus_baseline",
     "remax",
     "opo",
+    "grpo_vectorized",
+    "rloo_vectorized",
+    "gpg",
+    "grpo_passk",
 )
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo")
+GROUP_ESTIMATORS = (
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus_baseline",
+    "opo",
+    "grpo_vectorized",
+    "rloo_vectorized",
+    "gpg",
+    "grpo_passk",
+)
 """Estimators whose baseline comes from the other responses to the same prompt: they need n >= 2."""
 LOSS_AGG_MODES = (
     "token-mean",
@@ -42,7 +55,7 @@ LOSS_AGG_MODES = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-POLICY_LOSS_MODES = ("vanilla", "gspo")
+POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "dppo_tv", "dppo_kl")
 KL_ESTIMATORS: tuple[str, ...] = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
 # verl 0.9.1: a `+` suffix keeps the value and takes the gradient of k2 (relm.algorithms.kl).
 KL_ESTIMATORS += tuple(kind + "+" for kind in KL_ESTIMATORS)

@@ -1,7 +1,8 @@
 """GSM8K's answer format: the number after the last `####`, and the rule score of a response.
 
 It lives with the data because the format is the dataset's own (its references end with `#### N`):
-the reward registry serves `openai/gsm8k` rows with `gsm8k_score`, and the multi-turn GSM8K tool and
+the reward library offers `gsm8k_score` as `gsm8k_numeric` (`openai/gsm8k` rows score as verl does by
+default, relm/rewards/gsm8k_reward.py), and the multi-turn GSM8K tool and
 interaction (relm/rollout/multi_turn/gsm8k.py), which sit below the rewards, check answers with it too.
 """
 
@@ -44,7 +45,7 @@ def gsm8k_score(
 
     Answers compare as numbers, so `18`, `18.0` and `$18` all match a reference of `18`. verl's scorer
     compares strings and reads only the last 300 characters, so the last two score 0 there; relm keeps
-    judging the number on purpose, and whatever verl scores 1 scores 1 here (docs/algorithms.md).
+    judging the number on purpose (`gsm8k_numeric`; docs/algorithms.md lists the differences).
     """
     answer = extract_gsm8k_answer(solution_str, method)
     if answer is None:

@@ -15,6 +15,11 @@ themselves:
 - `hash_answer`: the number after the last `####` (GSM8K's format), compared as numbers;
 - `answer_line`: the last line that starts with `Answer:` (DAPO's format), compared as `boxed` compares;
 - `multiple_choice`: one option letter (`(B)`, `B)`, `Answer: B`, `\\boxed{B}`, `the answer is B`);
+- `gsm8k_numeric`: relm's GSM8K scorer (the number after the last `####` in the whole response, compared
+  as an exact number); `openai/gsm8k` rows score as verl does by default (relm/rewards/gsm8k_reward.py);
+- `math_normalized`: relm's MATH scorer (the last box, normalised LaTeX, exact rationals), which is
+  `boxed` but for a reference holding a box, reduced to it first; the MATH sources score as verl does by
+  default (relm/rewards/hendrycks_math.py);
 - `math_verify`: math-verify alone (`pip install relm[math]`), the reference read as a boxed answer and
   the response's expressions and LaTeX tried against it, as verl's `math_verify.compute_score` does.
 
@@ -28,7 +33,7 @@ import re
 from typing import Any
 
 from relm.errors import UserError
-from relm.rewards.math_reward import last_boxed_answer, math_answers_equal
+from relm.rewards.math_reward import last_boxed_answer, math_answers_equal, math_score
 from relm.rewards.registry import gsm8k_score
 
 _ANSWER_LINE = re.compile(r"^\s*\**Answer\**\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
@@ -51,6 +56,20 @@ def boxed(data_source: str, solution_str: str, ground_truth: Any, extra_info: An
 def hash_answer(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
     """1.0 when the number after the last `####` equals the reference (GSM8K's format)."""
     return gsm8k_score(solution_str, str(ground_truth), method="strict")
+
+
+def gsm8k_numeric(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """relm's GSM8K scorer: 1.0 when the last `####` number of the whole response equals the reference as a number.
+
+    Unlike verl's (the default for `openai/gsm8k`), `#### 72.0`, `#### 072`, `#### $72`, `####72` and
+    `#### 72.` all score 1 against `72`, and the answer may lie anywhere in a long response.
+    """
+    return gsm8k_score(solution_str, str(ground_truth), method="strict")
+
+
+def math_normalized(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """relm's MATH scorer: the last box against the reference, normalised LaTeX and exact rationals."""
+    return math_score(solution_str, str(ground_truth))
 
 
 def answer_line(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:

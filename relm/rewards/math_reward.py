@@ -1,4 +1,7 @@
-"""The MATH rule scorer (`lighteval/MATH` and its copies): the last `\\boxed{...}` against the reference.
+"""relm's MATH scorer (`custom_reward_function.name=math_normalized`): the last `\\boxed{...}` against the reference.
+
+The MATH data sources score as verl does by default (relm/rewards/hendrycks_math.py); this scorer is the
+more careful one, and `boxed`, `answer_line` in relm/rewards/library.py compare with it.
 
 MATH-style references are short LaTeX answers (`\\frac{1}{2}`, `10\\text{ cm}`, `x=3`), and models write
 the same value many ways. Both sides are normalised (spacing, `\\left`/`\\right`, dollars, units,

@@ -15,11 +15,12 @@ from typing import Any
 
 from relm.data.demo_task import DEMO_DATA_SOURCE, letter_share_score
 from relm.data.gsm8k import extract_gsm8k_answer as extract_gsm8k_answer  # where callers found it
-from relm.data.gsm8k import gsm8k_score
+from relm.data.gsm8k import gsm8k_score as gsm8k_score  # relm's number-comparing scorer (`gsm8k_numeric`)
 from relm.data.lookup_task import LOOKUP_DATA_SOURCE, final_answer_score
 from relm.errors import UserError
+from relm.rewards.gsm8k_reward import gsm8k_verl_score
+from relm.rewards.hendrycks_math import math_verl_score
 from relm.rewards.math_dapo import math_dapo_score
-from relm.rewards.math_reward import math_score
 
 Scorer = Callable[[str, Any], "float | dict[str, Any]"]
 
@@ -94,12 +95,13 @@ register_scorer(DEMO_DATA_SOURCE)(letter_share_score)
 register_scorer(LOOKUP_DATA_SOURCE)(final_answer_score)
 
 
-register_scorer("openai/gsm8k")(gsm8k_score)
-
-
-# verl's MATH sources: the last box against the reference, 1/0, with relm's normalisation (more forgiving
-# than verl's `math_reward`; docs/algorithms.md lists the differences).
-register_scorer("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")(math_score)
+# verl's GSM8K and MATH sources score exactly as verl 0.9.1 scores them (string comparisons, verl's last
+# 300 characters, lm-eval's MATH normaliser), so a run moved from verl keeps its reward curve. relm's more
+# careful scorers are `gsm8k_numeric` and `math_normalized` in relm/rewards/library.py (docs/rewards.md).
+register_scorer("openai/gsm8k")(gsm8k_verl_score)
+register_scorer("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")(
+    math_verl_score
+)
 
 # The sources verl 0.9.1 routes to its DAPO scorer (`Answer:` line, then the box; +1/-1), scored as verl does.
 register_scorer("math_dapo", "math", "math_dapo_reasoning")(math_dapo_score)

@@ -141,11 +141,25 @@ def policy_losses_agree(verl, loss_mode: str, agg_mode: str, seed: int, with_cou
 
 
 @pytest.mark.parametrize("agg_mode", AGG_MODES)
-@pytest.mark.parametrize("loss_mode", ["vanilla", "gspo"])
+@pytest.mark.parametrize("loss_mode", ["vanilla", "gspo", "gpg", "cispo", "geo_mean", "dppo_tv", "dppo_kl"])
 def test_policy_loss_and_gradient_match_verl(verl, loss_mode, agg_mode):
     for seed in range(NUM_CASES // 3):
         policy_losses_agree(verl, loss_mode, agg_mode, seed, with_counts=False)
         policy_losses_agree(verl, loss_mode, agg_mode, seed, with_counts=True)
+
+
+@pytest.mark.parametrize("loss_mode", ["cispo", "geo_mean", "dppo_tv", "dppo_kl"])
+def test_the_random_batches_reach_the_clip_of_each_new_loss(verl, loss_mode):
+    # Without this the comparison above could pass on batches where no clip or divergence bound binds.
+    clipped = 0.0
+    for seed in range(NUM_CASES // 3):
+        batch = random_batch(seed)
+        _, metrics = compute_policy_loss(
+            loss_mode, old_logprobs=batch["old_logprobs"], logprobs=batch["logprobs"],
+            advantages=batch["advantages"], response_mask=batch["mask"], clip_ratio_low=0.2, clip_ratio_high=0.28,
+        )  # fmt: skip
+        clipped += float(metrics["pg_clipfrac"])
+    assert clipped > 1.0
 
 
 def test_the_random_batches_reach_the_clip_and_the_dual_clip(verl):
