@@ -82,6 +82,21 @@ class _Loaded:
     dtype: torch.dtype
 
 
+def check_model_guarded(model: str, options: CompatOptions) -> ModelReport:
+    """`check_model`, with anything it raises outside a stage reported as this model's failure, so one
+    model never ends the command and the others' reports with it (the user's mistakes still raise)."""
+    try:
+        return check_model(model, options)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a model's failure is the report's content
+        report = ModelReport(model=model, status="fail", classification="unknown", reason=_one_line(exc))
+        report.stages.append(
+            StageResult("load", "fail", error_class=type(exc).__name__, error=_one_line(exc))
+        )
+        return report
+
+
 def check_model(model: str, options: CompatOptions) -> ModelReport:
     """Run the four stages on `model` (folder, Hub id in the local cache, or `zoo:NAME`).
 
@@ -108,7 +123,10 @@ def check_model(model: str, options: CompatOptions) -> ModelReport:
     if verdict.status == "unsupported":
         report.status = "unsupported"
         return report
-    report.architecture = inspect_model_architecture(config)
+    try:
+        report.architecture = inspect_model_architecture(config)
+    except Exception as exc:  # noqa: BLE001 - the description is a courtesy; the stages still run
+        report.decisions.append(f"architecture not described ({type(exc).__name__}: {_one_line(exc)})")
     if verdict.status == "probe":
         report.decisions.append(f"probed: {verdict.architecture} is not on relm's verified list")
     elif verdict.reason.startswith("transformers builds"):
@@ -135,6 +153,12 @@ def check_model(model: str, options: CompatOptions) -> ModelReport:
             _release(device)
     _release(device)
     return _finish(report)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's first line (its class name when it has no text, as a bare AssertionError)."""
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]
 
 
 def _finish(report: ModelReport) -> ModelReport:
@@ -177,8 +201,7 @@ def _run_stage(
             result.status, result.error_class, result.error = "fail", "Timeout", str(exc)
         except Exception as exc:  # noqa: BLE001 - a model's failure is the report's content
             result.status, result.error_class = "fail", type(exc).__name__
-            lines = str(exc).strip().splitlines()
-            result.error = (lines[0] if lines else type(exc).__name__)[:300]
+            result.error = _one_line(exc)
     result.seconds = time.perf_counter() - start
     result.peak_memory_mb, result.memory_kind = meter.peak_mb, meter.kind
     report.warnings.extend(w for w in warnings.messages if w not in report.warnings)

@@ -273,10 +273,26 @@ def _family_of_class(cls: type[PreTrainedModel]) -> str:
 
 def _first(config: PretrainedConfig, *names: str, default: Any = None) -> Any:
     for name in names:
-        value = getattr(config, name, None)
+        value = _read(config, name)
         if value is not None:
             return value
     return default
+
+
+def _read(config: PretrainedConfig, name: str) -> Any:
+    """`config.name`; for a per-layer attribute (Gemma-4's head_dim, which transformers refuses to read
+    globally) or a per-layer list (Gemma-3n's intermediate_size), the largest layer's value."""
+    try:
+        value = getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - transformers' heterogeneous configs raise on a global read
+        value = config.to_dict().get(name)
+        layers = getattr(config, "per_layer_config", None)
+        entries = layers.values() if isinstance(layers, dict) else layers or []
+        values = [_read(entry, name) if not isinstance(entry, dict) else entry.get(name) for entry in entries]
+        value = max([v for v in [value, *values] if isinstance(v, int | float)], default=value)
+    if isinstance(value, list | tuple) and value and all(isinstance(v, int | float) for v in value):
+        return max(value)
+    return value
 
 
 def inspect_model_architecture(config: PretrainedConfig) -> ArchitectureInfo:

@@ -8,6 +8,7 @@ distribution the reported logprob comes from, and what a finished row emits.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 
 import torch
@@ -82,15 +83,8 @@ class HFRolloutEngine:
         )  # [N, P]
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [N, P]: left padding does not shift
         num_rows = input_ids.shape[0]
-        cache = DynamicCache(config=getattr(self.model, "config", None))
-        logits = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]  # [N, V]
+        forward = _CacheStepper(self.model)
+        logits = forward(input_ids, attention_mask, position_ids, logits_to_keep=1)  # [N, V]
         next_position = position_ids[:, -1] + 1  # [N]
 
         finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
@@ -109,13 +103,7 @@ class HFRolloutEngine:
             # Finished rows keep feeding pad with mask 1: their outputs are discarded, and a constant
             # batch shape keeps the cache simple.
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(num_rows, 1)], dim=1)
-            logits = self.model(
-                input_ids=token[:, None],
-                attention_mask=attention_mask,
-                position_ids=next_position[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]  # [N, V]
+            logits = forward(token[:, None], attention_mask, next_position[:, None])  # [N, V]
             next_position = next_position + 1
         return columns.pack(stopped_by_eos, params.max_new_tokens)
 
@@ -153,6 +141,52 @@ class HFRolloutEngine:
             if _same_memory(tensor, target):
                 continue
             target.copy_(tensor)
+
+
+class _CacheStepper:
+    """One forward of a decoding loop, with the model's own cache carried from step to step.
+
+    Attention models take a `DynamicCache` as `past_key_values` (built from the config, so hybrid
+    linear-attention layers get their state layers); recurrent ones name their state otherwise:
+    Mamba, Mamba-2, FalconMamba and xLSTM take `cache_params`, RWKV `state`, each returned by the
+    forward for the next step. Position ids and `logits_to_keep` go only to a forward that takes them.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        parameters = inspect.signature(model.forward).parameters
+        self.cache_key = next(
+            (key for key in ("past_key_values", "cache_params", "state") if key in parameters),
+            "past_key_values",
+        )
+        self.takes_positions = "position_ids" in parameters
+        self.takes_logits_to_keep = "logits_to_keep" in parameters
+        self.cache: object = (
+            DynamicCache(config=getattr(model, "config", None))
+            if self.cache_key == "past_key_values"
+            else None
+        )
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        logits_to_keep: int | None = None,
+    ) -> torch.Tensor:
+        """The last position's logits [N, V] for `input_ids` [N, Q] after what the cache holds."""
+        kwargs: dict[str, object] = {self.cache_key: self.cache, "use_cache": True}
+        if self.takes_positions:
+            kwargs["position_ids"] = position_ids
+        if logits_to_keep is not None and self.takes_logits_to_keep:
+            kwargs["logits_to_keep"] = logits_to_keep
+        if self.cache_key != "past_key_values":
+            # A recurrent model's mask covers only the tokens it is given (the state holds the rest).
+            attention_mask = attention_mask[:, -input_ids.shape[1] :]
+        output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        if self.cache_key != "past_key_values":
+            self.cache = getattr(output, self.cache_key)  # a recurrent model returns its new state
+        return output.logits[:, -1]
 
 
 def _no_progress_listener() -> None:
