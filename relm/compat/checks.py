@@ -25,6 +25,7 @@ from relm.compat.report import ModelReport, StageName, StageResult
 from relm.compat.tokenizer_facts import tokenizer_facts
 from relm.compat.verdicts import (
     CheckFailed,
+    attends_to_later_tokens,
     changed_fraction,
     check_generation,
     check_update_metrics,
@@ -148,6 +149,11 @@ def check_model(model: str, options: CompatOptions) -> ModelReport:
             report.stages.append(StageResult(name, "skipped"))
             continue
         report.stages.append(_run_stage(name, run, options, device, report))
+        if name == "load" and "it" in loaded:
+            refusal = attends_to_later_tokens(loaded["it"].model, len(loaded["it"].tokenizer), device)
+            if refusal is not None:
+                report.status, report.classification, report.reason = "unsupported", "unsupported", refusal
+                return report
         if name == "rollout":
             loaded.clear()  # the update stage builds its own models, as `relm train` does
             _release(device)

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENGINES = ("default", "native", "hf")
-"""`default`: compat as a user runs it (HF reference rollout, the default engine in the update stage);
-`native`, `hf`: `--rollout native|hf`."""
+ENGINES = ("native", "hf")
+"""`--rollout native|hf`. The `default` verdict (compat as a user runs it: the HF reference engine in the
+rollout stage, the default engine, native, in the update stage) is put together from the two runs'
+stages rather than run a third time (`default_verdict`)."""
 MAX_TINY_PARAMS = 50_000_000
 """A tiny config still above this could not be shrunk by `tiny_config`: not built (the sweep's limit)."""
 
@@ -53,6 +54,20 @@ def _note(report: dict[str, Any]) -> str:
     return "; ".join(report["conditions"])
 
 
+def default_verdict(hf: dict[str, Any], native: dict[str, Any]) -> tuple[str, str]:
+    """Default compat's verdict and note from `--rollout hf`'s tokenizer, load and rollout stages and
+    `--rollout native`'s update stage (the stages default compat runs on those engines)."""
+    if hf["status"] == "unsupported":
+        return "unsupported", str(hf["reason"])
+    stages = [stage for stage in hf["stages"] if stage["name"] != "update"]
+    stages += [stage for stage in native["stages"] if stage["name"] == "update"]
+    failed = next((stage for stage in stages if stage["status"] == "fail"), None)
+    if failed is not None:
+        return "fail", f"{failed['name']}: {failed['error_class']}: {failed['error']}"
+    conditions = list(dict.fromkeys(hf["conditions"] + native["conditions"]))
+    return ("conditional" if conditions else "pass"), "; ".join(conditions)
+
+
 def check_type(model_type: str, engines: tuple[str, ...], stage_timeout_s: float) -> TypeResult:
     """Build `model_type`'s tiny folder and run compat on it once per engine (in this process)."""
     import torch
@@ -64,6 +79,7 @@ def check_type(model_type: str, engines: tuple[str, ...], stage_timeout_s: float
     from relm.models.tiny_types import default_config, tiny_config
 
     result = TypeResult(model_type)
+    reports: dict[str, dict[str, Any]] = {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"relm-sweep-{model_type}-") as folder:
         try:
@@ -88,8 +104,13 @@ def check_type(model_type: str, engines: tuple[str, ...], stage_timeout_s: float
             report = check_model(folder, options).to_dict()
             result.verdicts[engine] = report["status"]
             result.notes[engine] = _note(report).replace(folder, "MODEL")
+            reports[engine] = report
             if report["status"] == "unsupported":
                 break  # the same refusal on every engine
+    if "native" in reports and "hf" in reports:
+        result.verdicts["default"], result.notes["default"] = default_verdict(
+            reports["hf"], reports["native"]
+        )
     result.seconds = time.perf_counter() - start
     return result
 
@@ -181,19 +202,17 @@ def counts(results: list[TypeResult], engine: str = "default") -> dict[str, int]
 
 def markdown_table(results: list[TypeResult], engines: tuple[str, ...]) -> str:
     """One row a type: its verdict per engine and the one line that says why, where one does."""
-    header = [
-        "type",
-        *(f"{engine} engine" if engine != "default" else "default" for engine in engines),
-        "why",
-    ]
+    columns = ("default", *engines) if set(ENGINES) <= set(engines) else engines
+    header = ["type", *(f"{engine} engine" if engine != "default" else "default" for engine in columns)]
+    header.append("why")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for result in sorted(results, key=lambda r: r.model_type):
         if result.built != "yes":
-            cells = ["not built"] * len(engines)
+            cells = ["not built"] * len(columns)
             why = f"transformers cannot build it at tiny size: {result.built}"
         else:
-            cells = [result.verdicts.get(engine, result.verdicts.get(engines[0], "-")) for engine in engines]
-            why = next((result.notes[e] for e in engines if result.notes.get(e)), "")
+            cells = [result.verdicts.get(engine, result.verdicts.get(engines[0], "-")) for engine in columns]
+            why = next((f"{e}: {result.notes[e]}" for e in columns if result.notes.get(e)), "")
         row = [result.model_type, *cells, why.replace("|", "\\|")]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"

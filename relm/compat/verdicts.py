@@ -50,6 +50,29 @@ def check_generation(
         raise CheckFailed("rollout logprobs are not all finite and <= 0")
 
 
+@torch.no_grad()
+def attends_to_later_tokens(model: nn.Module, vocab: int, device: torch.device) -> str | None:
+    """Why `model` is not a causal LM, when its output at a position changes with a later token, else None.
+
+    Some encoders have a `*ForCausalLM` class that transformers lists as a causal LM (XLM and RoFormer
+    with bidirectional attention unless told otherwise, BERT-generation, XLNet's permutation LM): a
+    rollout and the trainer's forward over the longer sequence then see different contexts. Two forwards
+    that differ only in the last token find them; a causal model gives equal logits before it.
+    """
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(min(5, vocab - 1), vocab, (1, 12), generator=generator)
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1 - min(5, vocab - 1)) % (vocab - min(5, vocab - 1)) + min(5, vocab - 1)
+    logits = [model(input_ids=row.to(device)).logits[0, :-1].float() for row in (ids, changed)]  # [11, V]
+    gap = float((logits[0] - logits[1]).abs().max())
+    if gap <= 1e-4 * max(1.0, float(logits[0].abs().max())):
+        return None
+    return (
+        f"is not causal: its logits at earlier positions change with the last token (by {gap:.3g}; "
+        "bidirectional attention, an encoder); relm trains causal LMs"
+    )
+
+
 REQUIRED_UPDATE_METRICS = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
 
 

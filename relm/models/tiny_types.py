@@ -69,6 +69,8 @@ TINY_KNOBS: dict[str, Any] = {
     "mamba_n_groups": 1,
     "time_step_rank": 8,
     "is_decoder": True,
+    "rotary_dim": 8,  # GPT-J, CodeGen: within head_dim 16
+    "attn_layer_indices": [1],  # Bamba: one attention layer of the two
     # hybrids that place attention and expert layers by period and offset (Jamba): one of each in 2 layers
     "attn_layer_period": 2,
     "attn_layer_offset": 1,

@@ -149,16 +149,17 @@ class _CacheStepper:
     Attention models take a `DynamicCache` as `past_key_values` (built from the config, so hybrid
     linear-attention layers get their state layers); recurrent ones name their state otherwise:
     Mamba, Mamba-2, FalconMamba and xLSTM take `cache_params`, RWKV `state`, each returned by the
-    forward for the next step. Position ids and `logits_to_keep` go only to a forward that takes them.
+    forward for the next step. A model that takes none of these (GPT-1; XLM keeps a `cache` dict of its
+    own) runs over the whole sequence so far each step, as the trainer's forward does. Position ids and
+    `logits_to_keep` go only to a forward that takes them.
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         parameters = inspect.signature(model.forward).parameters
-        self.cache_key = next(
-            (key for key in ("past_key_values", "cache_params", "state") if key in parameters),
-            "past_key_values",
-        )
+        keys = ("past_key_values", "cache_params", "state")
+        self.cache_key = next((key for key in keys if key in parameters), None)
+        self.recurrent = self.cache_key in ("cache_params", "state")
         self.takes_positions = "position_ids" in parameters
         self.takes_logits_to_keep = "logits_to_keep" in parameters
         self.cache: object = (
@@ -166,6 +167,8 @@ class _CacheStepper:
             if self.cache_key == "past_key_values"
             else None
         )
+        self.seen: tuple[torch.Tensor, torch.Tensor] | None = None
+        """Without a cache: the ids and positions fed so far."""
 
     def __call__(
         self,
@@ -175,17 +178,24 @@ class _CacheStepper:
         logits_to_keep: int | None = None,
     ) -> torch.Tensor:
         """The last position's logits [N, V] for `input_ids` [N, Q] after what the cache holds."""
-        kwargs: dict[str, object] = {self.cache_key: self.cache, "use_cache": True}
+        kwargs: dict[str, object] = {}
+        if self.cache_key is None:
+            if self.seen is not None:
+                input_ids = torch.cat([self.seen[0], input_ids], dim=1)
+                position_ids = torch.cat([self.seen[1], position_ids], dim=1)
+            self.seen = (input_ids, position_ids)
+        else:
+            kwargs |= {self.cache_key: self.cache, "use_cache": True}
         if self.takes_positions:
             kwargs["position_ids"] = position_ids
         if logits_to_keep is not None and self.takes_logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
-        if self.cache_key != "past_key_values":
+        if self.recurrent:
             # A recurrent model's mask covers only the tokens it is given (the state holds the rest).
             attention_mask = attention_mask[:, -input_ids.shape[1] :]
         output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        if self.cache_key != "past_key_values":
-            self.cache = getattr(output, self.cache_key)  # a recurrent model returns its new state
+        if self.recurrent:
+            self.cache = getattr(output, str(self.cache_key))  # a recurrent model returns its new state
         return output.logits[:, -1]
 
 
