@@ -27,6 +27,7 @@ from relm.compat.verdicts import (
     CheckFailed,
     attends_to_later_tokens,
     changed_fraction,
+    check_engine_agreement,
     check_generation,
     check_update_metrics,
     sample_weights,
@@ -275,6 +276,8 @@ def _load(
     capped = report.architecture is not None and report.architecture.attn_logit_softcapping
     if attn == "eager" and capped:
         report.decisions.append("eager attention: sdpa would skip the attention soft-capping")
+    elif attn == "eager" and not any("Attention" in type(m).__name__ for m in model.modules()):
+        report.decisions.append("eager attention: an attention-free model (transformers offers it no sdpa)")
     elif attn == "eager":
         report.conditions.append("eager attention: transformers refused sdpa for this architecture")
     num_rows = model.get_input_embeddings().weight.shape[0]  # type: ignore[index]  # nn.Module hides the HF model's API
@@ -402,11 +405,13 @@ def _update(
         text = config.get_text_config()
         validate_config(cfg, max_position_embeddings=getattr(text, "max_position_embeddings", None))
         components = build_components(cfg, folder)
+        engine_name = cfg.actor_rollout_ref.rollout.name
         before = sample_weights(components.actor.module)
         for step in range(1, options.steps + 1):
             step_metrics = ppo_step(components, components.loader.next_batch(), step)
             metrics |= {key: float(step_metrics[key]) for key in _KEPT_UPDATE_METRICS if key in step_metrics}
             check_update_metrics(step_metrics, step)
+            check_engine_agreement(step_metrics, step, pick_dtype(options.dtype, device), engine_name)
         changed = changed_fraction(before, sample_weights(components.actor.module))
         metrics["actor_weights_changed"] = changed
         if options.rollout == "vllm":  # its own copy of the weights: the synced copy must be the actor's
@@ -433,6 +438,7 @@ _KEPT_UPDATE_METRICS = (
     "critic/grad_norm",
     "timing_s/step",
     "rollout/logprob_diff_max",
+    "rollout/logprob_diff_mean",
     "perf/max_memory_allocated_gb",
     "perf/plan_gpu_gb",
     "perf/plan_host_gb",

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput
+from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, logprob_tolerance
 
 
 class CheckFailed(Exception):
@@ -87,6 +87,21 @@ def check_update_metrics(metrics: dict[str, float], step: int) -> None:
     if metrics.get("training/skipped_updates", 0.0):
         raise CheckFailed(
             f"step {step}: {metrics['training/skipped_updates']:g} update(s) skipped (non-finite grads)"
+        )
+
+
+def check_engine_agreement(metrics: dict[str, float], step: int, dtype: torch.dtype, engine: str) -> None:
+    """Raise `CheckFailed` when the run's engine and the trainer disagree on the sampled tokens' logprobs
+    (`rollout/logprob_diff_max|mean`) by more than `logprob_tolerance(dtype)`, as the rollout stage does:
+    a run would train on another model's samples than it believes."""
+    if "rollout/logprob_diff_max" not in metrics:
+        return
+    worst, mean = metrics["rollout/logprob_diff_max"], metrics.get("rollout/logprob_diff_mean", 0.0)
+    max_tolerance, mean_tolerance = logprob_tolerance(dtype)
+    if not (worst <= max_tolerance and mean <= mean_tolerance):
+        raise CheckFailed(
+            f"step {step}: the {engine} engine's and the trainer's logprobs differ by {worst:.3g} max, "
+            f"{mean:.3g} mean (allowed {max_tolerance:g}, {mean_tolerance:g})"
         )
 
 

@@ -20,11 +20,25 @@ from relm.models.loading import load_causal_lm, resolve_model_dir
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
+def _child_holding_embeddings(causal_lm: PreTrainedModel) -> nn.Module | None:
+    """The one child that holds the input embeddings, for a model whose `base_model_prefix` names no
+    child (Llama-4's text model: prefix `language_model`, child `model`)."""
+    embeddings = causal_lm.get_input_embeddings()
+    children = [
+        child
+        for child in causal_lm.children()
+        if child is not causal_lm.get_output_embeddings() and any(m is embeddings for m in child.modules())
+    ]
+    return children[0] if len(children) == 1 else None
+
+
 def _backbone_of(causal_lm: PreTrainedModel) -> nn.Module:
     """The module under the lm_head that returns `last_hidden_state` (`model` for Qwen2 and Llama)."""
     backbone = causal_lm.base_model  # getattr(self, base_model_prefix), or self if there is none
     if backbone is causal_lm and hasattr(causal_lm, "get_decoder"):
         backbone = causal_lm.get_decoder()
+    if backbone is None or backbone is causal_lm:
+        backbone = _child_holding_embeddings(causal_lm)
     if backbone is None or backbone is causal_lm:
         raise UserError(
             f"{type(causal_lm).__name__} exposes no backbone (base_model_prefix or get_decoder); "
