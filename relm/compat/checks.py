@@ -151,7 +151,10 @@ def check_model(model: str, options: CompatOptions) -> ModelReport:
             continue
         report.stages.append(_run_stage(name, run, options, device, report))
         if name == "load" and "it" in loaded:
-            refusal = attends_to_later_tokens(loaded["it"].model, len(loaded["it"].tokenizer), device)
+            try:
+                refusal = attends_to_later_tokens(loaded["it"].model, len(loaded["it"].tokenizer), device)
+            except Exception:  # noqa: BLE001 - a forward that fails here fails the rollout stage, with its line
+                refusal = None
             if refusal is not None:
                 report.status, report.classification, report.reason = "unsupported", "unsupported", refusal
                 return report

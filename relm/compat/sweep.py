@@ -73,7 +73,7 @@ def check_type(model_type: str, engines: tuple[str, ...], stage_timeout_s: float
     import torch
     from transformers import AutoModelForCausalLM
 
-    from relm.compat.checks import CompatOptions, check_model
+    from relm.compat.checks import CompatOptions, check_model_guarded
     from relm.models.char_tokenizer import build_char_tokenizer
     from relm.models.registry import classify
     from relm.models.tiny_types import default_config, tiny_config
@@ -101,7 +101,7 @@ def check_type(model_type: str, engines: tuple[str, ...], stage_timeout_s: float
             options = CompatOptions(
                 device="cpu", stage_timeout_s=stage_timeout_s, rollout=None if engine == "default" else engine
             )
-            report = check_model(folder, options).to_dict()
+            report = check_model_guarded(folder, options).to_dict()
             result.verdicts[engine] = report["status"]
             result.notes[engine] = _note(report).replace(folder, "MODEL")
             reports[engine] = report
@@ -128,7 +128,12 @@ def _worker(engines: tuple[str, ...], stage_timeout_s: float) -> None:
     out = sys.stdout
     sys.stdout = sys.stderr  # anything a model prints stays off the answer channel
     for line in sys.stdin:
-        result = check_type(line.strip(), engines, stage_timeout_s)
+        try:
+            result = check_type(line.strip(), engines, stage_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - one type's failure is its own row, the worker goes on
+            note = f"the sweep itself failed: {type(exc).__name__}: {str(exc).strip()[:200]}"
+            result = TypeResult(line.strip(), verdicts=dict.fromkeys(engines, "crashed"))
+            result.notes = dict.fromkeys(engines, note)
         out.write(json.dumps(result.__dict__) + "\n")
         out.flush()
 

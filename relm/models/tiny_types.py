@@ -25,6 +25,7 @@ TINY_KNOBS: dict[str, Any] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 16,
+    "global_head_dim": 32,  # Gemma-4: full-attention layers wider than sliding ones, as published
     "intermediate_size": 128,
     "vocab_size": 101,
     "max_position_embeddings": 256,
@@ -189,8 +190,12 @@ def _knobs_for(config_class: type[PretrainedConfig]) -> dict[str, Any]:
     parameters = inspect.signature(config_class.__init__).parameters
     aliases = getattr(config_class, "attribute_map", {}) or {}
     knobs: dict[str, Any] = {}
+    try:
+        source = inspect.getsource(config_class)
+    except (OSError, TypeError):
+        source = ""
     for name, value in TINY_KNOBS.items():
-        if name in parameters:
+        if name in parameters or f'"{name}"' in source:  # some knobs are popped from **kwargs
             knobs[name] = value
         elif aliases.get(name) in parameters:
             knobs[aliases[name]] = value

@@ -34,7 +34,9 @@ def _child_holding_embeddings(causal_lm: PreTrainedModel) -> nn.Module | None:
 
 def _backbone_of(causal_lm: PreTrainedModel) -> nn.Module:
     """The module under the lm_head that returns `last_hidden_state` (`model` for Qwen2 and Llama)."""
-    backbone: nn.Module | None = causal_lm.base_model  # getattr(self, base_model_prefix), or self if there is none
+    backbone: nn.Module | None = (
+        causal_lm.base_model
+    )  # getattr(self, base_model_prefix), or self if there is none
     if backbone is causal_lm and hasattr(causal_lm, "get_decoder"):
         backbone = causal_lm.get_decoder()
     if backbone is None or backbone is causal_lm:
