@@ -223,6 +223,36 @@ def markdown_table(results: list[TypeResult], engines: tuple[str, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+DOCS_BEGIN = "<!-- every-type table: written by `make compat-types-docs` -->"
+DOCS_END = "<!-- end of the every-type table -->"
+
+
+def write_docs_table(path: Path, results: list[TypeResult], engines: tuple[str, ...]) -> None:
+    """Put the table, with the counts above it, between `DOCS_BEGIN` and `DOCS_END` in `path`."""
+    import transformers
+
+    text = path.read_text()
+    before, _, rest = text.partition(DOCS_BEGIN)
+    _, _, after = rest.partition(DOCS_END)
+    tally = ", ".join(f"{count} {verdict}" for verdict, count in sorted(counts(results).items()))
+    block = (
+        f"{DOCS_BEGIN}\n\ntransformers {transformers.__version__}: {len(results)} types; default compat: {tally}.\n\n"
+        f"{markdown_table(results, engines)}\n{DOCS_END}"
+    )
+    path.write_text(before + block + after)
+
+
+def docs_table_rows(path: Path) -> dict[str, list[str]]:
+    """type -> its verdict cells, from the table in `path` (for the test that keeps it current)."""
+    _, _, rest = path.read_text().partition(DOCS_BEGIN)
+    rows: dict[str, list[str]] = {}
+    for line in rest.partition(DOCS_END)[0].splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        if line.startswith("| ") and cells[0] not in ("type",) and not cells[0].startswith("---"):
+            rows[cells[0]] = cells[1:-1]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m relm.compat.sweep", description=__doc__)
     parser.add_argument("types", nargs="*", help="model types (default: every causal-LM type)")
@@ -231,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per stage")
     parser.add_argument("--json", help="write every type's result here")
     parser.add_argument("--markdown", help="write the table here")
+    parser.add_argument("--docs", help="replace the table between the sweep's markers in this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     engines = tuple(args.engines.split(","))
@@ -252,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=1) + "\n")
     if args.markdown:
         Path(args.markdown).write_text(markdown_table(results, engines))
+    if args.docs:
+        write_docs_table(Path(args.docs), results, engines)
     return 0
 
 
