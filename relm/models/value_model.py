@@ -65,9 +65,11 @@ class ValueModel(nn.Module):
         self.backbone = _backbone_of(causal_lm)
         self.config = causal_lm.config
         reference = next(self.backbone.parameters())
-        self.value_head = nn.Linear(
-            self.config.hidden_size, 1, device=reference.device, dtype=reference.dtype
-        )
+        # The text model's width (a multimodal wrapper's own config, Gemma-4's, names none).
+        width = getattr(self.config.get_text_config(), "hidden_size", None)
+        if not isinstance(width, int):
+            width = int(causal_lm.get_input_embeddings().weight.shape[1])  # type: ignore[index]  # an embedding's weight
+        self.value_head = nn.Linear(width, 1, device=reference.device, dtype=reference.dtype)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
         # The lm_head is not a child of this module, so it is freed with the causal LM wrapper
