@@ -230,7 +230,16 @@ def non_causal_reason(config: PretrainedConfig, trust_remote_code: bool = False)
             "cannot generate text; pass a decoder-only causal LM"
         )
     remote_causal = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote_causal:
+    registered = any(registered_model_class(name) is not None for name in architectures)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote_causal and not registered:
+        known = [name for name in architectures if name.endswith("ForCausalLM") and hasattr(transformers, name)]
+        if known:
+            # transformers has the class but maps no causal LM to this model_type (Mllama's text model).
+            return (
+                f"has model_type `{model_type}`, which transformers maps to no causal-LM class although it "
+                f"has {known[0]}; build it with that class: `relm compat --register {known[0]}={known[0]}` "
+                f"(or relm.models.registry.register_model_class('{known[0]}', '{known[0]}') for training)"
+            )
         return (
             f"has model_type `{model_type}`, for which transformers has no causal-LM class; upgrade "
             "transformers, register its architecture (relm.models.registry.register_model_class), or set "

@@ -117,3 +117,21 @@ def test_default_verdict_and_table():
                                        notes={"native": "update: CheckFailed: gap", "hf": "", "default": "update: CheckFailed: gap"})],
                            ("native", "hf"))  # fmt: skip
     assert "| x | fail | fail | pass | default: update: CheckFailed: gap |" in table
+
+
+def test_a_refusal_that_names_register_is_lifted_by_it():
+    from transformers import MllamaTextConfig
+
+    from relm.models.registry import non_causal_reason, register_model_class, unregister_model_class
+
+    config = MllamaTextConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2
+    )
+    config.architectures = ["MllamaForCausalLM"]
+    reason = non_causal_reason(config)
+    assert reason is not None and "--register MllamaForCausalLM=MllamaForCausalLM" in reason
+    register_model_class("MllamaForCausalLM", "MllamaForCausalLM")
+    try:
+        assert non_causal_reason(config) is None
+    finally:
+        unregister_model_class("MllamaForCausalLM")
