@@ -107,7 +107,11 @@ def check_type(model_type: str, engines: tuple[str, ...], stage_timeout_s: float
             reports[engine] = report
             if report["status"] == "unsupported":
                 break  # the same refusal on every engine
-    if "native" in reports and "hf" in reports:
+    refusal = next((r for r in reports.values() if r["status"] == "unsupported"), None)
+    if refusal is not None:
+        result.verdicts = dict.fromkeys(("default", *engines), "unsupported")
+        result.notes = dict.fromkeys(("default", *engines), _note(refusal).replace(folder, "MODEL"))
+    elif "native" in reports and "hf" in reports:
         result.verdicts["default"], result.notes["default"] = default_verdict(
             reports["hf"], reports["native"]
         )

@@ -92,17 +92,26 @@ def check_update_metrics(metrics: dict[str, float], step: int) -> None:
 
 def check_engine_agreement(metrics: dict[str, float], step: int, dtype: torch.dtype, engine: str) -> None:
     """Raise `CheckFailed` when the run's engine and the trainer disagree on the sampled tokens' logprobs
-    (`rollout/logprob_diff_max|mean`) by more than `logprob_tolerance(dtype)`, as the rollout stage does:
-    a run would train on another model's samples than it believes."""
+    (`rollout/logprob_diff_max|mean`) by more than the bf16 bounds of `logprob_tolerance`, whatever
+    `dtype`: a run would train on another model's samples than it believes.
+
+    Looser than the rollout stage's fp32 bounds because the run's engine has kernels of its own (the
+    native engine's grouped attention and fused projections), whose last-bit differences can flip an MoE
+    router's choice for a token: tiny/phimoe's update stage measured 0.078 max, 0.0014 mean in fp32.
+    """
     if "rollout/logprob_diff_max" not in metrics:
         return
     worst, mean = metrics["rollout/logprob_diff_max"], metrics.get("rollout/logprob_diff_mean", 0.0)
-    max_tolerance, mean_tolerance = logprob_tolerance(dtype)
+    max_tolerance, mean_tolerance = logprob_tolerance(max(dtype, torch.bfloat16, key=_looser))
     if not (worst <= max_tolerance and mean <= mean_tolerance):
         raise CheckFailed(
             f"step {step}: the {engine} engine's and the trainer's logprobs differ by {worst:.3g} max, "
             f"{mean:.3g} mean (allowed {max_tolerance:g}, {mean_tolerance:g})"
         )
+
+
+def _looser(dtype: torch.dtype) -> float:
+    return logprob_tolerance(dtype)[0]
 
 
 @torch.no_grad()

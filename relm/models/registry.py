@@ -232,7 +232,9 @@ def non_causal_reason(config: PretrainedConfig, trust_remote_code: bool = False)
     remote_causal = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     registered = any(registered_model_class(name) is not None for name in architectures)
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote_causal and not registered:
-        known = [name for name in architectures if name.endswith("ForCausalLM") and hasattr(transformers, name)]
+        known = [
+            name for name in architectures if name.endswith("ForCausalLM") and hasattr(transformers, name)
+        ]
         if known:
             # transformers has the class but maps no causal LM to this model_type (Mllama's text model).
             return (
