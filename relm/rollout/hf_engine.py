@@ -169,6 +169,8 @@ class _CacheStepper:
         )
         self.seen: tuple[torch.Tensor, torch.Tensor] | None = None
         """Without a cache: the ids and positions fed so far."""
+        self.own_cache = False
+        """The model refused a DynamicCache and carries the cache it built (MiniMax)."""
 
     def __call__(
         self,
@@ -193,9 +195,18 @@ class _CacheStepper:
         if self.recurrent:
             # A recurrent model's mask covers only the tokens it is given (the state holds the rest).
             attention_mask = attention_mask[:, -input_ids.shape[1] :]
-        output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        if self.recurrent:
-            self.cache = getattr(output, str(self.cache_key))  # a recurrent model returns its new state
+        try:
+            output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        except ValueError as exc:
+            if self.own_cache or not isinstance(self.cache, DynamicCache) or "cache" not in str(exc):
+                raise
+            # A model that refuses a DynamicCache (MiniMax's own cache class) builds its own when given
+            # none; the forward returns it for the next step.
+            self.own_cache = True
+            kwargs[str(self.cache_key)] = None
+            output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        if self.recurrent or self.own_cache:
+            self.cache = getattr(output, str(self.cache_key))  # the model's own state for the next step
         return output.logits[:, -1]
 
 
