@@ -23,6 +23,8 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 def _child_holding_embeddings(causal_lm: PreTrainedModel) -> nn.Module | None:
     """The one child that holds the input embeddings, for a model whose `base_model_prefix` names no
     child (Llama-4's text model: prefix `language_model`, child `model`)."""
+    if not hasattr(causal_lm, "get_input_embeddings"):
+        return None
     embeddings = causal_lm.get_input_embeddings()
     children = [
         child
