@@ -18,7 +18,8 @@ VERL_RELEASES := 0.4.1 0.5.0 0.6.1 0.7.0 0.9.1
 VERL_WHEELS := .cache/verl
 VERL_WHEELS_STAMP := $(VERL_WHEELS)/.downloaded
 
-.PHONY: demo test lint format setup setup-box setup-vllm setup-verl test-vllm test-kernels test-verl verl-wheels clean
+.PHONY: demo test lint format setup setup-box setup-vllm setup-verl test-vllm test-kernels test-verl verl-wheels clean \
+	test-compat-types compat-types-docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -99,6 +100,14 @@ test-kernels: $(VLLM_STAMP)
 # their gradients, KL, rule scorers. Without verl installed `make test` skips them, saying so.
 test-verl: $(VERL_STAMP)
 	$(BIN)/python -m pytest -q -m verl tests/parity
+
+# `relm compat` on a tiny model of every type in transformers' causal-LM mapping (marker `every_type`, which
+# `make test` deselects): the verdicts must be those docs/models.md lists. `compat-types-docs` rewrites them.
+test-compat-types: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m every_type tests/integration/test_compat_every_type.py
+
+compat-types-docs: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m relm.compat.sweep --docs docs/models.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check relm tests

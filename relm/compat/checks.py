@@ -25,7 +25,9 @@ from relm.compat.report import ModelReport, StageName, StageResult
 from relm.compat.tokenizer_facts import tokenizer_facts
 from relm.compat.verdicts import (
     CheckFailed,
+    attends_to_later_tokens,
     changed_fraction,
+    check_engine_agreement,
     check_generation,
     check_update_metrics,
     sample_weights,
@@ -82,6 +84,21 @@ class _Loaded:
     dtype: torch.dtype
 
 
+def check_model_guarded(model: str, options: CompatOptions) -> ModelReport:
+    """`check_model`, with anything it raises outside a stage reported as this model's failure, so one
+    model never ends the command and the others' reports with it (the user's mistakes still raise)."""
+    try:
+        return check_model(model, options)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a model's failure is the report's content
+        report = ModelReport(model=model, status="fail", classification="unknown", reason=_one_line(exc))
+        report.stages.append(
+            StageResult("load", "fail", error_class=type(exc).__name__, error=_one_line(exc))
+        )
+        return report
+
+
 def check_model(model: str, options: CompatOptions) -> ModelReport:
     """Run the four stages on `model` (folder, Hub id in the local cache, or `zoo:NAME`).
 
@@ -108,7 +125,10 @@ def check_model(model: str, options: CompatOptions) -> ModelReport:
     if verdict.status == "unsupported":
         report.status = "unsupported"
         return report
-    report.architecture = inspect_model_architecture(config)
+    try:
+        report.architecture = inspect_model_architecture(config)
+    except Exception as exc:  # noqa: BLE001 - the description is a courtesy; the stages still run
+        report.decisions.append(f"architecture not described ({type(exc).__name__}: {_one_line(exc)})")
     if verdict.status == "probe":
         report.decisions.append(f"probed: {verdict.architecture} is not on relm's verified list")
     elif verdict.reason.startswith("transformers builds"):
@@ -130,11 +150,25 @@ def check_model(model: str, options: CompatOptions) -> ModelReport:
             report.stages.append(StageResult(name, "skipped"))
             continue
         report.stages.append(_run_stage(name, run, options, device, report))
+        if name == "load" and "it" in loaded:
+            try:
+                refusal = attends_to_later_tokens(loaded["it"].model, len(loaded["it"].tokenizer), device)
+            except Exception:  # noqa: BLE001 - a forward that fails here fails the rollout stage, with its line
+                refusal = None
+            if refusal is not None:
+                report.status, report.classification, report.reason = "unsupported", "unsupported", refusal
+                return report
         if name == "rollout":
             loaded.clear()  # the update stage builds its own models, as `relm train` does
             _release(device)
     _release(device)
     return _finish(report)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's first line (its class name when it has no text, as a bare AssertionError)."""
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]
 
 
 def _finish(report: ModelReport) -> ModelReport:
@@ -177,8 +211,7 @@ def _run_stage(
             result.status, result.error_class, result.error = "fail", "Timeout", str(exc)
         except Exception as exc:  # noqa: BLE001 - a model's failure is the report's content
             result.status, result.error_class = "fail", type(exc).__name__
-            lines = str(exc).strip().splitlines()
-            result.error = (lines[0] if lines else type(exc).__name__)[:300]
+            result.error = _one_line(exc)
     result.seconds = time.perf_counter() - start
     result.peak_memory_mb, result.memory_kind = meter.peak_mb, meter.kind
     report.warnings.extend(w for w in warnings.messages if w not in report.warnings)
@@ -246,6 +279,8 @@ def _load(
     capped = report.architecture is not None and report.architecture.attn_logit_softcapping
     if attn == "eager" and capped:
         report.decisions.append("eager attention: sdpa would skip the attention soft-capping")
+    elif attn == "eager" and not any("Attention" in type(m).__name__ for m in model.modules()):
+        report.decisions.append("eager attention: an attention-free model (transformers offers it no sdpa)")
     elif attn == "eager":
         report.conditions.append("eager attention: transformers refused sdpa for this architecture")
     num_rows = model.get_input_embeddings().weight.shape[0]  # type: ignore[index]  # nn.Module hides the HF model's API
@@ -400,11 +435,13 @@ def _update(
         text = config.get_text_config()
         validate_config(cfg, max_position_embeddings=getattr(text, "max_position_embeddings", None))
         components = build_components(cfg, folder)
+        engine_name = cfg.actor_rollout_ref.rollout.name
         before = sample_weights(components.actor.module)
         for step in range(1, options.steps + 1):
             step_metrics = ppo_step(components, components.loader.next_batch(), step)
             metrics |= {key: float(step_metrics[key]) for key in _KEPT_UPDATE_METRICS if key in step_metrics}
             check_update_metrics(step_metrics, step)
+            check_engine_agreement(step_metrics, step, pick_dtype(options.dtype, device), engine_name)
         changed = changed_fraction(before, sample_weights(components.actor.module))
         metrics["actor_weights_changed"] = changed
         if options.rollout == "vllm":  # its own copy of the weights: the synced copy must be the actor's
@@ -431,6 +468,7 @@ _KEPT_UPDATE_METRICS = (
     "critic/grad_norm",
     "timing_s/step",
     "rollout/logprob_diff_max",
+    "rollout/logprob_diff_mean",
     "perf/max_memory_allocated_gb",
     "perf/plan_gpu_gb",
     "perf/plan_host_gb",

@@ -145,7 +145,7 @@ def compat_command(argv: list[str]) -> int:
     from relm.logs import setup_logging
 
     setup_logging()
-    from relm.compat.checks import CompatOptions, check_model
+    from relm.compat.checks import CompatOptions, check_model_guarded
     from relm.compat.report import exit_code, print_table, to_markdown, write_json
     from relm.models.loading import resolve_model_dir
     from relm.trainer.components import pick_device
@@ -176,7 +176,7 @@ def compat_command(argv: list[str]) -> int:
     with _quiet_console(args.verbose):
         for model in models:
             print(f"checking {model} ...", file=sys.stderr, flush=True)
-            reports.append(check_model(model, options))
+            reports.append(check_model_guarded(model, options))
     elapsed = time.perf_counter() - start
 
     env = environment(device, args.rollout)
@@ -203,9 +203,10 @@ def _say_cpu_memory(models: list[str]) -> None:
     for model in models:
         try:
             _, config, _ = load_config(model)
-        except UserError:
-            continue  # a model relm cannot run: its check reports why, with the others
-        note = cpu_memory_note(model, ModelShape.from_config(config).num_params, available_host_bytes())
+            num_params = ModelShape.from_config(config).num_params
+        except Exception:  # noqa: BLE001 - a model relm cannot run or size: its check reports why, with the others
+            continue
+        note = cpu_memory_note(model, num_params, available_host_bytes())
         if note is not None:
             line, warn = note
             (logging.getLogger("relm").warning if warn else logging.getLogger("relm").info)(line)

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput
+from relm.rollout.base import FINISH_LENGTH, FINISH_STOP, GenerationOutput, logprob_tolerance
 
 
 class CheckFailed(Exception):
@@ -50,6 +50,29 @@ def check_generation(
         raise CheckFailed("rollout logprobs are not all finite and <= 0")
 
 
+@torch.no_grad()
+def attends_to_later_tokens(model: nn.Module, vocab: int, device: torch.device) -> str | None:
+    """Why `model` is not a causal LM, when its output at a position changes with a later token, else None.
+
+    Some encoders have a `*ForCausalLM` class that transformers lists as a causal LM (XLM and RoFormer
+    with bidirectional attention unless told otherwise, BERT-generation, XLNet's permutation LM): a
+    rollout and the trainer's forward over the longer sequence then see different contexts. Two forwards
+    that differ only in the last token find them; a causal model gives equal logits before it.
+    """
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(min(5, vocab - 1), vocab, (1, 12), generator=generator)
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1 - min(5, vocab - 1)) % (vocab - min(5, vocab - 1)) + min(5, vocab - 1)
+    logits = [model(input_ids=row.to(device)).logits[0, :-1].float() for row in (ids, changed)]  # [11, V]
+    gap = float((logits[0] - logits[1]).abs().max())
+    if gap <= 1e-4 * max(1.0, float(logits[0].abs().max())):
+        return None
+    return (
+        f"is not causal: its logits at earlier positions change with the last token (by {gap:.3g}; "
+        "bidirectional attention, an encoder); relm trains causal LMs"
+    )
+
+
 REQUIRED_UPDATE_METRICS = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
 
 
@@ -65,6 +88,30 @@ def check_update_metrics(metrics: dict[str, float], step: int) -> None:
         raise CheckFailed(
             f"step {step}: {metrics['training/skipped_updates']:g} update(s) skipped (non-finite grads)"
         )
+
+
+def check_engine_agreement(metrics: dict[str, float], step: int, dtype: torch.dtype, engine: str) -> None:
+    """Raise `CheckFailed` when the run's engine and the trainer disagree on the sampled tokens' logprobs
+    (`rollout/logprob_diff_max|mean`) by more than the bf16 bounds of `logprob_tolerance`, whatever
+    `dtype`: a run would train on another model's samples than it believes.
+
+    Looser than the rollout stage's fp32 bounds because the run's engine has kernels of its own (the
+    native engine's grouped attention and fused projections), whose last-bit differences can flip an MoE
+    router's choice for a token: tiny/phimoe's update stage measured 0.078 max, 0.0014 mean in fp32.
+    """
+    if "rollout/logprob_diff_max" not in metrics:
+        return
+    worst, mean = metrics["rollout/logprob_diff_max"], metrics.get("rollout/logprob_diff_mean", 0.0)
+    max_tolerance, mean_tolerance = logprob_tolerance(max(dtype, torch.bfloat16, key=_looser))
+    if not (worst <= max_tolerance and mean <= mean_tolerance):
+        raise CheckFailed(
+            f"step {step}: the {engine} engine's and the trainer's logprobs differ by {worst:.3g} max, "
+            f"{mean:.3g} mean (allowed {max_tolerance:g}, {mean_tolerance:g})"
+        )
+
+
+def _looser(dtype: torch.dtype) -> float:
+    return logprob_tolerance(dtype)[0]
 
 
 @torch.no_grad()

@@ -47,15 +47,15 @@ class ModelShape:
     def of(cls, model: nn.Module) -> ModelShape:
         backbone = getattr(model, "backbone", model)  # a value model wraps its causal LM
         config = backbone.config.get_text_config()  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
-        hidden = config.hidden_size
+        hidden = _size(config, "hidden_size", "n_embd", "d_model") or _widest_embedding(backbone)
         output = backbone.get_output_embeddings() if hasattr(backbone, "get_output_embeddings") else None  # type: ignore[operator]  # nn.Module hides the HF model's API
         head = getattr(model, "value_head", None)
         return cls(
             num_params=sum(p.numel() for p in model.parameters()),
-            num_layers=config.num_hidden_layers,
+            num_layers=_size(config, "num_hidden_layers", "n_layer", "num_layers") or 1,
             hidden_size=hidden,
-            intermediate_size=getattr(config, "intermediate_size", None) or 4 * hidden,
-            vocab_size=config.vocab_size,
+            intermediate_size=_size(config, "intermediate_size") or 4 * hidden,
+            vocab_size=_size(config, "vocab_size") or 0,
             linears=tuple(
                 (name, module.in_features, module.out_features)
                 for name, module in backbone.named_modules()
@@ -125,6 +125,25 @@ class ModelShape:
         """This shape with LoRA's saved inputs counted (every adaptable Linear: `all-linear`, the default;
         fewer targets keep fewer, so the count errs on the side of memory)."""
         return replace(self, lora_input_bytes_per_token=2 * sum(fan_in for _, fan_in, _ in self.linears))
+
+
+def _size(config: object, *names: str) -> int | None:
+    """The first of `names` the config has, as one number: a per-layer list (Gemma-3n's
+    intermediate_size) counts as its largest entry, which errs on the side of memory."""
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, list | tuple) and value and all(isinstance(v, int) for v in value):
+            value = max(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _widest_embedding(backbone: nn.Module) -> int:
+    """The embedding width, for a config that names none (BLT's byte-level patches)."""
+    embedding = backbone.get_input_embeddings() if hasattr(backbone, "get_input_embeddings") else None  # type: ignore[operator]  # nn.Module hides the HF model's API
+    weight = getattr(embedding, "weight", None)
+    return int(weight.shape[1]) if weight is not None else 0
 
 
 def _eagerly_cast_params(backbone: nn.Module, output: nn.Module | None) -> int:

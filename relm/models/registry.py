@@ -229,7 +229,18 @@ def non_causal_reason(config: PretrainedConfig, trust_remote_code: bool = False)
             "cannot generate text; pass a decoder-only causal LM"
         )
     remote_causal = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote_causal:
+    registered = any(registered_model_class(name) is not None for name in architectures)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote_causal and not registered:
+        known = [
+            name for name in architectures if name.endswith("ForCausalLM") and hasattr(transformers, name)
+        ]
+        if known:
+            # transformers has the class but maps no causal LM to this model_type (Mllama's text model).
+            return (
+                f"has model_type `{model_type}`, which transformers maps to no causal-LM class although it "
+                f"has {known[0]}; build it with that class: `relm compat --register {known[0]}={known[0]}` "
+                f"(or relm.models.registry.register_model_class('{known[0]}', '{known[0]}') for training)"
+            )
         return (
             f"has model_type `{model_type}`, for which transformers has no causal-LM class; upgrade "
             "transformers, register its architecture (relm.models.registry.register_model_class), or set "
@@ -272,10 +283,26 @@ def _family_of_class(cls: type[PreTrainedModel]) -> str:
 
 def _first(config: PretrainedConfig, *names: str, default: Any = None) -> Any:
     for name in names:
-        value = getattr(config, name, None)
+        value = _read(config, name)
         if value is not None:
             return value
     return default
+
+
+def _read(config: PretrainedConfig, name: str) -> Any:
+    """`config.name`; for a per-layer attribute (Gemma-4's head_dim, which transformers refuses to read
+    globally) or a per-layer list (Gemma-3n's intermediate_size), the largest layer's value."""
+    try:
+        value = getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - transformers' heterogeneous configs raise on a global read
+        value = config.to_dict().get(name)
+        layers = getattr(config, "per_layer_config", None)
+        entries = layers.values() if isinstance(layers, dict) else layers or []
+        values = [_read(entry, name) if not isinstance(entry, dict) else entry.get(name) for entry in entries]
+        value = max([v for v in [value, *values] if isinstance(v, int | float)], default=value)
+    if isinstance(value, list | tuple) and value and all(isinstance(v, int | float) for v in value):
+        return max(value)
+    return value
 
 
 def inspect_model_architecture(config: PretrainedConfig) -> ArchitectureInfo:

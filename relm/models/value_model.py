@@ -20,11 +20,29 @@ from relm.models.loading import load_causal_lm, resolve_model_dir
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
+def _child_holding_embeddings(causal_lm: PreTrainedModel) -> nn.Module | None:
+    """The one child that holds the input embeddings, for a model whose `base_model_prefix` names no
+    child (Llama-4's text model: prefix `language_model`, child `model`)."""
+    if not hasattr(causal_lm, "get_input_embeddings"):
+        return None
+    embeddings = causal_lm.get_input_embeddings()
+    children = [
+        child
+        for child in causal_lm.children()
+        if child is not causal_lm.get_output_embeddings() and any(m is embeddings for m in child.modules())
+    ]
+    return children[0] if len(children) == 1 else None
+
+
 def _backbone_of(causal_lm: PreTrainedModel) -> nn.Module:
     """The module under the lm_head that returns `last_hidden_state` (`model` for Qwen2 and Llama)."""
-    backbone = causal_lm.base_model  # getattr(self, base_model_prefix), or self if there is none
+    backbone: nn.Module | None = (
+        causal_lm.base_model
+    )  # getattr(self, base_model_prefix), or self if there is none
     if backbone is causal_lm and hasattr(causal_lm, "get_decoder"):
         backbone = causal_lm.get_decoder()
+    if backbone is None or backbone is causal_lm:
+        backbone = _child_holding_embeddings(causal_lm)
     if backbone is None or backbone is causal_lm:
         raise UserError(
             f"{type(causal_lm).__name__} exposes no backbone (base_model_prefix or get_decoder); "
@@ -49,9 +67,11 @@ class ValueModel(nn.Module):
         self.backbone = _backbone_of(causal_lm)
         self.config = causal_lm.config
         reference = next(self.backbone.parameters())
-        self.value_head = nn.Linear(
-            self.config.hidden_size, 1, device=reference.device, dtype=reference.dtype
-        )
+        # The text model's width (a multimodal wrapper's own config, Gemma-4's, names none).
+        width = getattr(self.config.get_text_config(), "hidden_size", None)
+        if not isinstance(width, int):
+            width = int(causal_lm.get_input_embeddings().weight.shape[1])  # type: ignore[index]  # an embedding's weight
+        self.value_head = nn.Linear(width, 1, device=reference.device, dtype=reference.dtype)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
         # The lm_head is not a child of this module, so it is freed with the causal LM wrapper

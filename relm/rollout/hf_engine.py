@@ -8,6 +8,7 @@ distribution the reported logprob comes from, and what a finished row emits.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 
 import torch
@@ -82,15 +83,8 @@ class HFRolloutEngine:
         )  # [N, P]
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [N, P]: left padding does not shift
         num_rows = input_ids.shape[0]
-        cache = DynamicCache(config=getattr(self.model, "config", None))
-        logits = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]  # [N, V]
+        forward = _CacheStepper(self.model)
+        logits = forward(input_ids, attention_mask, position_ids, logits_to_keep=1)  # [N, V]
         next_position = position_ids[:, -1] + 1  # [N]
 
         finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
@@ -109,13 +103,7 @@ class HFRolloutEngine:
             # Finished rows keep feeding pad with mask 1: their outputs are discarded, and a constant
             # batch shape keeps the cache simple.
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(num_rows, 1)], dim=1)
-            logits = self.model(
-                input_ids=token[:, None],
-                attention_mask=attention_mask,
-                position_ids=next_position[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]  # [N, V]
+            logits = forward(token[:, None], attention_mask, next_position[:, None])  # [N, V]
             next_position = next_position + 1
         return columns.pack(stopped_by_eos, params.max_new_tokens)
 
@@ -153,6 +141,73 @@ class HFRolloutEngine:
             if _same_memory(tensor, target):
                 continue
             target.copy_(tensor)
+
+
+class _CacheStepper:
+    """One forward of a decoding loop, with the model's own cache carried from step to step.
+
+    Attention models take a `DynamicCache` as `past_key_values` (built from the config, so hybrid
+    linear-attention layers get their state layers); recurrent ones name their state otherwise:
+    Mamba, Mamba-2, FalconMamba and xLSTM take `cache_params`, RWKV `state`, each returned by the
+    forward for the next step. A model that takes none of these (GPT-1; XLM keeps a `cache` dict of its
+    own) runs over the whole sequence so far each step, as the trainer's forward does. Position ids and
+    `logits_to_keep` go only to a forward that takes them.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        parameters = inspect.signature(model.forward).parameters
+        keys = ("past_key_values", "cache_params", "state")
+        self.cache_key = next((key for key in keys if key in parameters), None)
+        self.recurrent = self.cache_key in ("cache_params", "state")
+        self.takes_positions = "position_ids" in parameters
+        self.takes_logits_to_keep = "logits_to_keep" in parameters
+        self.cache: object = (
+            DynamicCache(config=getattr(model, "config", None))
+            if self.cache_key == "past_key_values"
+            else None
+        )
+        self.seen: tuple[torch.Tensor, torch.Tensor] | None = None
+        """Without a cache: the ids and positions fed so far."""
+        self.own_cache = False
+        """The model refused a DynamicCache and carries the cache it built (MiniMax)."""
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        logits_to_keep: int | None = None,
+    ) -> torch.Tensor:
+        """The last position's logits [N, V] for `input_ids` [N, Q] after what the cache holds."""
+        kwargs: dict[str, object] = {}
+        if self.cache_key is None:
+            if self.seen is not None:
+                input_ids = torch.cat([self.seen[0], input_ids], dim=1)
+                position_ids = torch.cat([self.seen[1], position_ids], dim=1)
+            self.seen = (input_ids, position_ids)
+        else:
+            kwargs |= {self.cache_key: self.cache, "use_cache": True}
+        if self.takes_positions:
+            kwargs["position_ids"] = position_ids
+        if logits_to_keep is not None and self.takes_logits_to_keep:
+            kwargs["logits_to_keep"] = logits_to_keep
+        if self.recurrent:
+            # A recurrent model's mask covers only the tokens it is given (the state holds the rest).
+            attention_mask = attention_mask[:, -input_ids.shape[1] :]
+        try:
+            output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        except ValueError as exc:
+            if self.own_cache or not isinstance(self.cache, DynamicCache) or "cache" not in str(exc):
+                raise
+            # A model that refuses a DynamicCache (MiniMax's own cache class) builds its own when given
+            # none; the forward returns it for the next step.
+            self.own_cache = True
+            kwargs[str(self.cache_key)] = None
+            output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        if self.recurrent or self.own_cache:
+            self.cache = getattr(output, str(self.cache_key))  # the model's own state for the next step
+        return output.logits[:, -1]
 
 
 def _no_progress_listener() -> None:

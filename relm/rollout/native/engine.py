@@ -33,9 +33,11 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 from relm.config.validate import ROLLOUT_QUANTIZATIONS
 from relm.memory.rollout_budget import check_rollout_memory, rows_within_budget
@@ -514,8 +516,38 @@ def _native_blocker(model: nn.Module) -> str | None:
         return f"{type(model).__name__} is not a transformers model"
     if not model._can_set_attn_implementation():  # type: ignore[operator]  # nn.Module hides the HF model's API
         return f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface"
+    if "past_key_values" not in inspect.signature(model.forward).parameters:
+        return f"{type(model).__name__} keeps a cache of its own (its forward takes no past_key_values)"
+    stateful = _stateful_layer_types(model.config)
+    if stateful:
+        return (
+            f"{type(model).__name__} has {', '.join(stateful)} layers, whose state (recurrent, convolution "
+            "or sparse-index keys) the native KV cache does not carry"
+        )
     register_native_attention()
     return None
+
+
+_KV_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+"""Layer kinds whose whole cache is keys and values, what `PreallocatedKVCache` holds."""
+
+
+_STATELESS_BLOCKS = frozenset({"attention", "moe", "mlp", "dense"})
+"""Block names (outside `layer_types`) whose cache is keys and values, or nothing."""
+
+
+def _stateful_layer_types(config: Any) -> list[str]:
+    """The layer kinds of `config` (as transformers' own cache reads them) that keep more than keys and
+    values: linear attention, SSM or convolution state, sparse indexers' keys (`indexed_attention`)."""
+    try:
+        layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    except Exception:  # noqa: BLE001 - a config transformers' cache cannot read: the first forward will tell
+        return []
+    text = config.get_text_config(decoder=True)
+    # Older hybrids name their blocks elsewhere (RecurrentGemma's block_types, Zamba's layers_block_type).
+    blocks = [getattr(text, name, None) or [] for name in ("block_types", "layers_block_type")]
+    kinds = set(layer_types) | {kind for names in blocks for kind in names if isinstance(kind, str)}
+    return sorted(kind for kind in kinds if kind not in _KV_LAYER_TYPES and kind not in _STATELESS_BLOCKS)
 
 
 def prefill_chunks(lengths: list[int], width: int, budget: int) -> list[tuple[list[int], int]]:

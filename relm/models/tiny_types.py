@@ -1,0 +1,214 @@
+"""A tiny config for any model type in transformers' causal-LM mapping, built from its config class.
+
+The compat sweep (`relm.compat.sweep`) checks every type transformers lists in
+`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, so a type a new release adds is checked without anyone writing its
+config by hand. Each config class takes a different set of size knobs (`n_embd` or `hidden_size`,
+`num_local_experts` or `n_routed_experts`, linear-attention and SSM widths ...): every knob below is
+passed where the class's constructor takes it (directly or through its `attribute_map`), so the
+class's own `__init__`/`post_init` derives what depends on them (layer types, per-layer lists) as it
+would for a published config. Sizes: 2 layers, hidden 64, 4 heads of 16, the character tokenizer's
+101-token vocabulary and its pad/bos/eos ids.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from transformers import CONFIG_MAPPING, PretrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+TINY_KNOBS: dict[str, Any] = {
+    # every decoder
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "global_head_dim": 32,  # Gemma-4: full-attention layers wider than sliding ones, as published
+    "intermediate_size": 128,
+    "vocab_size": 101,
+    "max_position_embeddings": 256,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 3,
+    # mixtures of experts
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "moe_num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    # latent attention (DeepSeek-V2/V3 style)
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    # sparse-attention indexers (DeepSeek-V3.2 style)
+    "index_n_heads": 2,
+    "index_head_dim": 16,
+    "index_topk": 128,  # as published (2048), above every sequence here: the selection keeps every key
+    # linear attention (Qwen3-Next style gated delta rule)
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    # state-space layers
+    "state_size": 16,
+    "ssm_state_size": 16,
+    "mamba_d_state": 16,
+    "mamba_n_heads": 4,
+    "mamba_d_head": 16,
+    "mamba_head_dim": 16,
+    "n_groups": 1,
+    "mamba_n_groups": 1,
+    "time_step_rank": 8,
+    "is_decoder": True,
+    "rotary_dim": 8,  # GPT-J, CodeGen: within head_dim 16
+    "attn_layer_indices": [1],  # Bamba: one attention layer of the two
+    # hybrids that place attention and expert layers by period and offset (Jamba): one of each in 2 layers
+    "attn_layer_period": 2,
+    "attn_layer_offset": 1,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+    # per-layer input embeddings (Gemma-3n/4) and hashed byte groups (BLT)
+    "vocab_size_per_layer_input": 101,
+    "hidden_size_per_layer_input": 16,
+    "encoder_hash_byte_group_vocab": 101,
+}
+"""Knob name -> tiny value, passed to a config class only where its constructor takes the name."""
+
+
+def causal_lm_types() -> list[str]:
+    """Every model type the installed transformers maps to a causal-LM class, sorted."""
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def tiny_config(model_type: str) -> PretrainedConfig:
+    """The config of `model_type` with every size knob its class takes set small (see `TINY_KNOBS`).
+
+    Per-layer lists (layer types, per-layer widths) of the default config are cut to one layer of each
+    kind in their order, so a hybrid keeps one layer of each kind; knobs the class refuses (its own
+    validation) are left at the class's default, one at a time. A composite config's text config is
+    shrunk the same way.
+
+    Raises:
+        Exception: whatever the config class raises for the smallest sizes it took (the sweep reports it).
+    """
+    config_class = CONFIG_MAPPING[model_type]
+    config = _shrunk(config_class, {})
+    for name in ("text_config", "decoder"):
+        sub = getattr(config, name, None)
+        if isinstance(sub, PretrainedConfig):
+            setattr(config, name, _shrunk(type(sub), sub.to_dict()))
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
+    return config
+
+
+def _shrunk(config_class: type[PretrainedConfig], base: dict[str, Any]) -> PretrainedConfig:
+    default = config_class(**base)
+    layers = _per_layer_fields(default)
+    knobs = _knobs_for(config_class)
+    kept: dict[str, Any] = dict(base)
+    for group in _groups(knobs, layers):
+        try:
+            config_class(**{**kept, **group})
+        except Exception:  # noqa: BLE001 - the class's own validation refused this knob: keep its default
+            continue
+        kept.update(group)
+    return config_class(**kept)
+
+
+def _groups(knobs: dict[str, Any], layers: dict[str, Any]) -> list[dict[str, Any]]:
+    """The knobs in the order they are tried: layer count with its per-layer lists first, then the
+    widths together (classes check hidden size against head counts), then one knob at a time."""
+    groups: list[dict[str, Any]] = []
+    if layers:
+        groups.append(layers)
+    widths = {k: v for k, v in knobs.items() if k in _WIDTHS}
+    groups.append(widths)
+    groups += [{k: v} for k, v in knobs.items() if k not in _WIDTHS and k not in layers]
+    return groups
+
+
+_WIDTHS = (
+    "num_heads",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+)
+
+
+def _per_layer_fields(default: PretrainedConfig) -> dict[str, Any]:
+    """`num_hidden_layers` and every per-layer list or layer-keyed dict, cut to one layer of each kind."""
+    num_layers = getattr(default, "num_hidden_layers", None)
+    if not isinstance(num_layers, int) or num_layers < 2:
+        return {}
+    fields = {
+        key: value
+        for key, value in default.to_dict().items()
+        if isinstance(value, list) and len(value) == num_layers
+    }
+    kinds = [value for value in fields.values() if all(isinstance(item, str) for item in value)]
+    keep: list[int] = [0, 1]
+    for kind in kinds:
+        for index, item in enumerate(kind):
+            if all(kind[i] != item for i in keep) and index not in keep:
+                keep.append(index)
+    layer_keyed = getattr(default, "per_layer_config", None)
+    if isinstance(layer_keyed, dict):
+        keep += [int(key) for key in layer_keyed if int(key) not in keep][:1]
+    keep.sort()
+    out: dict[str, Any] = {"num_hidden_layers": len(keep)}
+    if getattr(default, "num_kv_shared_layers", None):
+        out["num_kv_shared_layers"] = 0  # layers reading an earlier layer's cache need more layers than 2
+    for key, value in fields.items():
+        if key in TINY_KNOBS:
+            out[key] = [TINY_KNOBS[key]] * len(keep)
+        else:
+            out[key] = [value[i] for i in keep]
+    if isinstance(layer_keyed, dict):
+        out["per_layer_config"] = {
+            str(keep.index(int(key))): {
+                k: (2 * TINY_KNOBS[k] if k in TINY_KNOBS else v) for k, v in value.items()
+            }
+            for key, value in layer_keyed.items()
+            if int(key) in keep
+        }
+    return out
+
+
+def _knobs_for(config_class: type[PretrainedConfig]) -> dict[str, Any]:
+    parameters = inspect.signature(config_class.__init__).parameters
+    aliases = getattr(config_class, "attribute_map", {}) or {}
+    knobs: dict[str, Any] = {}
+    try:
+        source = inspect.getsource(config_class)
+    except (OSError, TypeError):
+        source = ""
+    for name, value in TINY_KNOBS.items():
+        if name in parameters or f'"{name}"' in source:  # some knobs are popped from **kwargs
+            knobs[name] = value
+        elif aliases.get(name) in parameters:
+            knobs[aliases[name]] = value
+    if "kv_lora_rank" in knobs and "num_key_value_heads" in knobs:
+        knobs["num_key_value_heads"] = knobs["num_attention_heads"]  # latent attention expands to every head
+    # A state-space mixer's own heads (Mamba-2): hidden 64 x expand 2 = 8 heads of 16.
+    if "num_heads" in parameters and "num_heads" not in knobs and "expand" in parameters:
+        knobs["num_heads"] = 8
+    return knobs
+
+
+def default_config(model_type: str) -> PretrainedConfig:
+    """The config class's defaults (a published model's shape): enough to classify without building."""
+    config = CONFIG_MAPPING[model_type]()
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
+    return config

@@ -1,0 +1,137 @@
+"""The pieces that let every causal-LM type in transformers pass `relm compat` or be refused in one line:
+tiny configs from the config classes, per-layer attributes, recurrent caches on the HF engine, the
+native engine stepping aside for stateful layers, the causality probe and the engine-agreement verdict.
+The whole sweep is `make test-compat-types` (tests/integration/test_compat_every_type.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from relm.compat.checks import CompatOptions, check_model_guarded
+from relm.compat.sweep import TypeResult, default_verdict, markdown_table
+from relm.compat.verdicts import CheckFailed, attends_to_later_tokens, check_engine_agreement
+from relm.learner.forward import response_logprobs
+from relm.memory.model_shape import ModelShape
+from relm.models.registry import inspect_model_architecture
+from relm.models.tiny_types import causal_lm_types, tiny_config
+from relm.rollout.base import SamplingParams
+from relm.rollout.hf_engine import HFRolloutEngine
+from relm.rollout.native.engine import NativeRolloutEngine
+from relm.rollout.padding import left_pad
+
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+
+
+def _model(model_type: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
+
+
+def _trainer_gap(model: torch.nn.Module, out) -> float:
+    """Largest |engine - trainer| logprob over the responses (the trainer's padded forward)."""
+    prompt_ids, prompt_mask = left_pad([p for p in PROMPTS for _ in range(2)], 0)
+    input_ids = torch.cat([prompt_ids, out.response_ids], dim=1)
+    mask = torch.cat([prompt_mask, out.response_mask], dim=1)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logprobs, _ = response_logprobs(
+            model, input_ids, mask, positions, out.response_ids.shape[1], temperature=1.0
+        )
+    return float((logprobs - out.logprobs).abs()[out.response_mask.bool()].max())
+
+
+def test_types_come_from_transformers_mapping_and_shrink():
+    types = causal_lm_types()
+    assert {"llama", "qwen3_next", "deepseek_v32", "gemma4_text", "mamba"} <= set(types)
+    config = tiny_config("qwen3_next")
+    assert config.num_hidden_layers <= 3 and config.hidden_size == 64  # layers 0, 1 and the first full one
+    assert set(config.layer_types) == {"linear_attention", "full_attention"}  # one layer of each kind
+
+
+def test_per_layer_attributes_are_described_not_raised():
+    info = inspect_model_architecture(tiny_config("gemma4_text"))  # per-layer head_dim raised on main
+    assert info.head_dim == 32 and info.num_layers == tiny_config("gemma4_text").num_hidden_layers
+    shape = ModelShape.from_config(tiny_config("gemma3n_text"))  # per-layer intermediate_size list
+    assert shape.intermediate_size == 128 and shape.hidden_size == 64
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "openai-gpt"])
+def test_hf_engine_carries_each_models_own_cache(model_type):
+    model = _model(model_type)
+    engine = HFRolloutEngine(model, pad_token_id=0, eos_token_ids=[], device="cpu", seed=0)
+    out = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=0))
+    assert _trainer_gap(model, out) < 2e-3
+
+
+def test_native_engine_steps_aside_for_linear_attention_layers():
+    model = _model("qwen3_next")
+    native = NativeRolloutEngine(model, pad_token_id=0, eos_token_ids=[], device="cpu", seed=0)
+    assert "linear_attention" in native.fallback_reason
+    params = SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=0)
+    out = native.generate(PROMPTS, params)
+    reference = HFRolloutEngine(model, pad_token_id=0, eos_token_ids=[], device="cpu", seed=0).generate(
+        PROMPTS, params
+    )
+    assert torch.equal(out.response_ids, reference.response_ids)
+    assert _trainer_gap(model, out) < 2e-3
+
+
+def test_causality_probe_refuses_bidirectional_models():
+    assert attends_to_later_tokens(_model("llama"), 101, torch.device("cpu")) is None
+    reason = attends_to_later_tokens(_model("xlm"), 101, torch.device("cpu"))  # XLM: causal=False by default
+    assert reason is not None and reason.startswith("is not causal")
+
+
+def test_engine_gap_over_tolerance_fails_the_update():
+    check_engine_agreement(
+        {"rollout/logprob_diff_max": 1e-4, "rollout/logprob_diff_mean": 1e-5}, 1, torch.float32, "native"
+    )
+    with pytest.raises(CheckFailed, match="native engine's and the trainer's logprobs differ by 0.46"):
+        check_engine_agreement(
+            {"rollout/logprob_diff_max": 0.46, "rollout/logprob_diff_mean": 0.1}, 1, torch.float32, "native"
+        )
+
+
+def test_a_model_that_breaks_outside_a_stage_is_one_failed_row(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": "two"}'
+    )
+    report = check_model_guarded(str(tmp_path), CompatOptions(device="cpu"))
+    assert report.status == "fail" and report.failed_stage == "load" and report.stages[0].error
+
+
+def test_default_verdict_and_table():
+    hf = {
+        "status": "pass",
+        "conditions": [],
+        "reason": "",
+        "stages": [{"name": n, "status": "pass"} for n in ("load", "rollout", "update")],
+    }
+    native = {"status": "fail", "conditions": [], "reason": "", "stages": [
+        {"name": "load", "status": "pass"}, {"name": "rollout", "status": "pass"},
+        {"name": "update", "status": "fail", "error_class": "CheckFailed", "error": "gap"}]}  # fmt: skip
+    assert default_verdict(hf, native) == ("fail", "update: CheckFailed: gap")
+    table = markdown_table([TypeResult("x", verdicts={"native": "fail", "hf": "pass", "default": "fail"},
+                                       notes={"native": "update: CheckFailed: gap", "hf": "", "default": "update: CheckFailed: gap"})],
+                           ("native", "hf"))  # fmt: skip
+    assert "| x | fail | fail | pass | default: update: CheckFailed: gap |" in table
+
+
+def test_a_refusal_that_names_register_is_lifted_by_it():
+    from transformers import MllamaTextConfig
+
+    from relm.models.registry import non_causal_reason, register_model_class, unregister_model_class
+
+    config = MllamaTextConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2
+    )
+    config.architectures = ["MllamaForCausalLM"]
+    reason = non_causal_reason(config)
+    assert reason is not None and "--register MllamaForCausalLM=MllamaForCausalLM" in reason
+    register_model_class("MllamaForCausalLM", "MllamaForCausalLM")
+    try:
+        assert non_causal_reason(config) is None
+    finally:
+        unregister_model_class("MllamaForCausalLM")
