@@ -162,13 +162,14 @@ def full_state(model: torch.nn.Module, optimizer: Any, c: Any, names: str) -> di
 
 def build(args: argparse.Namespace, algo: str, dist: Any) -> Any:
     from relm.config.loader import load_config
+    from relm.config.translate import translate
     from relm.config.validate import validate_config
     from relm.models.loading import resolve_model_dir
     from relm.trainer.components import build_components
 
     cfg = load_config(overrides(args, algo, dist.world_size))
     validate_config(cfg)
-    return build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path), dist=dist)
+    return build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path), dist=dist)
 
 
 def load_algo(args: argparse.Namespace, algo: str, dist: Any, source: Path) -> None:

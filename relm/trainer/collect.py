@@ -28,16 +28,16 @@ SCORE_METRICS = ("score", "seq_reward", "seq_final_reward")
 
 def sampling_params(c: RunComponents, step: int, round_index: int = 0) -> SamplingParams:
     """This step's sampling; the seed comes from (seed, step, round) so a resumed run samples the same."""
-    rollout = c.cfg.actor_rollout_ref.rollout
+    sampling = c.spec.engine.sampling
     return SamplingParams(
-        seed=c.cfg.seed * 1_000_003 + step * 1_000 + round_index,
-        n=rollout.n,
-        max_new_tokens=c.cfg.data.max_response_length,
-        temperature=rollout.temperature,
-        top_p=rollout.top_p,
-        top_k=rollout.top_k,
-        do_sample=rollout.do_sample,
-        ignore_eos=rollout.ignore_eos,
+        seed=c.spec.loop.seed * 1_000_003 + step * 1_000 + round_index,
+        n=sampling.n,
+        max_new_tokens=c.spec.data.max_response_length,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        do_sample=sampling.do_sample,
+        ignore_eos=c.spec.engine.ignore_eos,
     )
 
 
@@ -59,7 +59,7 @@ def _reward(c: RunComponents, batch: Rollout, prompts: PromptBatch, n: int) -> R
             data_sources=batch.data_sources,
             ground_truths=batch.ground_truths,
             extra_infos=batch.extra_infos,
-            custom_function=c.cfg.custom_reward_function.path is not None,
+            custom_function=c.spec.reward.custom_function_path is not None,
         )
     else:
         scored = c.reward(
@@ -95,7 +95,7 @@ def _generate(
 
 def _greedy_baseline(c: RunComponents, prompts: PromptBatch, n: int) -> torch.Tensor:
     """ReMax's baseline: the score of one greedy response per prompt, repeated for its `n` samples."""
-    params = SamplingParams(n=1, max_new_tokens=c.cfg.data.max_response_length, do_sample=False)
+    params = SamplingParams(n=1, max_new_tokens=c.spec.data.max_response_length, do_sample=False)
     greedy = build_rollout(prompts, _generate(c, prompts, params), n=1, pad_token_id=c.tokenizer.pad_token_id)
     return _reward(c, greedy, prompts, 1).scores.repeat_interleave(n)
 
@@ -125,19 +125,19 @@ def score(
     token_scores = scored.token_scores
     if "acc" not in extras:  # as verl's naive and DAPO managers do, a plain float score is also `acc`
         extras["acc"] = token_scores.sum(-1)
-    overlong = c.cfg.reward_model.overlong_buffer
+    overlong = c.spec.reward.overlong
     if overlong.enable:
         penalty = overlong_penalty(
             rollout.response_attention_mask.sum(-1),
-            max_response_length=c.cfg.data.max_response_length,
-            buffer_len=overlong.len,
+            max_response_length=c.spec.reward.max_response_length,
+            buffer_len=overlong.length,
             penalty_factor=overlong.penalty_factor,
         )
         token_scores = token_scores + place_on_last_token(penalty, rollout.response_mask)
         extras["overlong_penalty"] = penalty
     baseline = (
         _greedy_baseline(c, prompts, n)
-        if estimator_needs(c.cfg.algorithm.adv_estimator).greedy_baseline
+        if estimator_needs(c.spec.algorithm.adv_estimator).greedy_baseline
         else None
     )
     record = Scored(
@@ -166,8 +166,7 @@ def collect_experience(
     """Generate and score `prompts`; with DAPO's dynamic sampling, keep only groups whose responses
     differ and draw more prompts from the loader until `data.train_batch_size` groups are kept."""
     batch, extras = generate_and_score(c, prompts, sampling_params(c, step), metrics=metrics)
-    filt = c.cfg.algorithm.filter_groups
-    if filt.enable:
+    if c.spec.algorithm.filter_groups:
         batch, extras = _fill_with_varied_groups(c, prompts, batch, extras, step, metrics)
     metrics.update(c.reward.take_failure_metrics())  # reward/timeouts, reward/errors, reward/non_finite
     for name, values in extras.items():
@@ -184,13 +183,15 @@ def _fill_with_varied_groups(
     step: int,
     metrics: dict[str, float],
 ) -> tuple[Scored, dict[str, torch.Tensor]]:
-    filt, n = c.cfg.algorithm.filter_groups, c.cfg.actor_rollout_ref.rollout.n
-    wanted = c.cfg.data.train_batch_size * n
+    algo, n = c.spec.algorithm, c.spec.engine.sampling.n
+    wanted = c.spec.data.prompts_per_step * n
     pad = c.tokenizer.pad_token_id
     kept, dropped = [], []
     rounds = 0
     while True:
-        keep = groups_with_variance(batch.rollout.group_ids, _filter_values(batch, extras, filt.metric))
+        keep = groups_with_variance(
+            batch.rollout.group_ids, _filter_values(batch, extras, algo.filter_metric)
+        )
         kept.append((batch.select(torch.nonzero(keep).squeeze(-1)), {k: v[keep] for k, v in extras.items()}))
         dropped.append(
             (batch.select(torch.nonzero(~keep).squeeze(-1)), {k: v[~keep] for k, v in extras.items()})
@@ -199,14 +200,14 @@ def _fill_with_varied_groups(
         num_kept = sum(len(b) for b, _ in kept)
         if num_kept >= wanted:
             break
-        if 0 < filt.max_num_gen_batches <= rounds:
+        if 0 < algo.max_num_gen_batches <= rounds:
             logger.warning(
                 "step %d: only %d of %d responses come from groups with differing %s after %d generation rounds "
                 "(algorithm.filter_groups.max_num_gen_batches); filling up with uniform groups",
                 step,
                 num_kept,
                 wanted,
-                filt.metric,
+                algo.filter_metric,
                 rounds,
             )
             kept.extend(dropped)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.models.loading import resolve_model_dir
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import build_components
@@ -30,7 +31,7 @@ CORRECTION = (
 
 def test_decoupled_mode_weighs_and_rejects_before_the_advantages(tmp_path: Path) -> None:
     cfg = load_config([*TINY_OVERRIDES, *CORRECTION, f"trainer.default_local_dir={tmp_path}"])
-    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
     scored = collect_experience(c, c.loader.next_batch(), 1, {})
     # The engine gave the first token of response 0 a logprob 1 lower than the trainer's: r = e there,
     # truncated to 2, and k1 = -1 < log 0.5, rejected. Elsewhere the engine is the actor (CPU): r = 1.
