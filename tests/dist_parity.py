@@ -199,7 +199,7 @@ def run_algo(args: argparse.Namespace, algo: str, dist: Any) -> None:
     # Every process generates the whole batch itself, with the same seeds: one global batch for all.
     c.engine = CutLengths(getattr(engine, "engine", engine), c.tokenizer.pad_token_id)
     metrics: dict[str, float] = {}
-    scored = collect_experience(c, c.loader.next_batch(), 1, metrics)
+    scored = collect_experience(c.experience_sources, c.loader.next_batch(), 1, metrics)
     c.engine = engine
     grads: dict[str, list] = {"actor": [], "critic": []}
     record_gradients(c.actor.module, c.actor.optimizer, c, args.params, grads["actor"])
@@ -207,7 +207,7 @@ def run_algo(args: argparse.Namespace, algo: str, dist: Any) -> None:
         record_gradients(c.critic.module, c.critic.optimizer, c, args.params, grads["critic"])
     with c.precision.autocast():
         annotated, annotate_metrics = annotate(c, scored)
-        batch, advantage_metrics = estimate_advantages(c, annotated)
+        batch, advantage_metrics = estimate_advantages(c.spec.algorithm, c.kl_ctrl, annotated)
         _, update_metrics = update_models(c, batch, 1)
     metrics |= annotate_metrics | advantage_metrics | update_metrics
     old = annotated.old_logprobs

@@ -17,7 +17,7 @@ from relm.rewards.model_reward import score_with_reward_model
 from relm.rewards.shaping import overlong_penalty
 from relm.rollout.base import GenerationOutput, SamplingParams
 from relm.rollout.multi_turn.conversations import row_kwargs
-from relm.trainer.components import RunComponents
+from relm.trainer.components import ExperienceSources
 from relm.trainer.experience import build_rollout
 
 logger = logging.getLogger("relm")
@@ -26,7 +26,7 @@ SCORE_METRICS = ("score", "seq_reward", "seq_final_reward")
 """`algorithm.filter_groups.metric` values that mean the response's total score."""
 
 
-def sampling_params(c: RunComponents, step: int, round_index: int = 0) -> SamplingParams:
+def sampling_params(c: ExperienceSources, step: int, round_index: int = 0) -> SamplingParams:
     """This step's sampling; the seed comes from (seed, step, round) so a resumed run samples the same."""
     sampling = c.spec.engine.sampling
     return SamplingParams(
@@ -41,7 +41,7 @@ def sampling_params(c: RunComponents, step: int, round_index: int = 0) -> Sampli
     )
 
 
-def _reward(c: RunComponents, batch: Rollout, prompts: PromptBatch, n: int) -> RewardResult:
+def _reward(c: ExperienceSources, batch: Rollout, prompts: PromptBatch, n: int) -> RewardResult:
     """Scores of whole responses (a multi-turn conversation's tool results included, as verl scores
     them), each placed on the last token the model sampled."""
     if c.reward_model is not None:
@@ -75,7 +75,10 @@ def _reward(c: RunComponents, batch: Rollout, prompts: PromptBatch, n: int) -> R
 
 
 def _generate(
-    c: RunComponents, prompts: PromptBatch, params: SamplingParams, metrics: dict[str, float] | None = None
+    c: ExperienceSources,
+    prompts: PromptBatch,
+    params: SamplingParams,
+    metrics: dict[str, float] | None = None,
 ) -> GenerationOutput:
     """The engine's responses, or with `rollout.multi_turn.enable` whole conversations with tools
     (their statistics into `metrics`)."""
@@ -93,7 +96,7 @@ def _generate(
     return out.generation
 
 
-def _greedy_baseline(c: RunComponents, prompts: PromptBatch, n: int) -> torch.Tensor:
+def _greedy_baseline(c: ExperienceSources, prompts: PromptBatch, n: int) -> torch.Tensor:
     """ReMax's baseline: the score of one greedy response per prompt, repeated for its `n` samples."""
     params = SamplingParams(n=1, max_new_tokens=c.spec.data.max_response_length, do_sample=False)
     greedy = build_rollout(prompts, _generate(c, prompts, params), n=1, pad_token_id=c.tokenizer.pad_token_id)
@@ -101,7 +104,7 @@ def _greedy_baseline(c: RunComponents, prompts: PromptBatch, n: int) -> torch.Te
 
 
 def generate_and_score(
-    c: RunComponents,
+    c: ExperienceSources,
     prompts: PromptBatch,
     params: SamplingParams,
     group_offset: int = 0,
@@ -116,7 +119,7 @@ def generate_and_score(
 
 
 def score(
-    c: RunComponents, rollout: Rollout, prompts: PromptBatch, n: int
+    c: ExperienceSources, rollout: Rollout, prompts: PromptBatch, n: int
 ) -> tuple[Scored, dict[str, torch.Tensor]]:
     """The `Scored` record of a rollout (DAPO's overlong penalty included, ReMax's greedy baseline where the
     estimator reads it), and the reward function's extras per row."""
@@ -161,7 +164,7 @@ def _filter_values(batch: Scored, extras: dict[str, torch.Tensor], metric: str) 
 
 
 def collect_experience(
-    c: RunComponents, prompts: PromptBatch, step: int, metrics: dict[str, float]
+    c: ExperienceSources, prompts: PromptBatch, step: int, metrics: dict[str, float]
 ) -> Scored:
     """Generate and score `prompts`; with DAPO's dynamic sampling, keep only groups whose responses
     differ and draw more prompts from the loader until `data.train_batch_size` groups are kept."""
@@ -176,7 +179,7 @@ def collect_experience(
 
 
 def _fill_with_varied_groups(
-    c: RunComponents,
+    c: ExperienceSources,
     prompts: PromptBatch,
     batch: Scored,
     extras: dict[str, torch.Tensor],

@@ -101,6 +101,22 @@ class Sizes:
     total_training_steps: int
 
 
+@dataclass(frozen=True)
+class ExperienceSources:
+    """What the rollout phase (trainer/collect.py) reaches: the prompts, the engine and its conversation
+    driver, the reward side, and the specs that say how to sample and score. Not the trained models, their
+    optimizers, the memory residency or the data-parallel context: collecting experience changes none of them.
+    """
+
+    spec: RunSpec
+    loader: PromptLoader
+    engine: RolloutEngine
+    multi_turn: ConversationRollout | None
+    tokenizer: PreTrainedTokenizerBase
+    reward: RewardManager
+    reward_model: ModelScorer | None
+
+
 @dataclass
 class RunComponents:
     """Everything a PPO run holds; built by `build_components`."""
@@ -152,6 +168,19 @@ class RunComponents:
         if builds_reference(self.spec) and has_lora(self.actor.module):
             return adapters_disabled(self.actor.module)
         return None
+
+    @property
+    def experience_sources(self) -> ExperienceSources:
+        """The part of the run the rollout phase reads (`trainer/collect.collect_experience`)."""
+        return ExperienceSources(
+            spec=self.spec,
+            loader=self.loader,
+            engine=self.engine,
+            multi_turn=self.multi_turn,
+            tokenizer=self.tokenizer,
+            reward=self.reward,
+            reward_model=self.reward_model,
+        )
 
     @property
     def trainees(self) -> list[Trainee]:

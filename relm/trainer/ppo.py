@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from relm.algorithms.advantages import compute_advantages
-from relm.algorithms.kl import apply_kl_penalty
+from relm.algorithms.kl import KLController, apply_kl_penalty
+from relm.config.specs import AlgorithmSpec
 from relm.data.prompt_batch import PromptBatch
 from relm.learner.actor import update_actor
 from relm.learner.batch import (
@@ -70,7 +71,7 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
         engine_stage(c.engine, f"rollout of step {step}"),
     ):
         # Generation and scoring (and DAPO's resampling rounds) are one phase; scoring is cheap beside it.
-        scored = collect_experience(c, prompts, step, metrics)
+        scored = collect_experience(c.experience_sources, prompts, step, metrics)
         if c.spec.engine.free_cache_engine:
             c.engine.release_memory()
     if c.dist.is_main and c.spec.loop.rollout_data_dir:
@@ -82,7 +83,7 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
         annotated, annotate_metrics = annotate(c, scored)
         metrics.update(annotate_metrics)
         with timed(metrics, "adv"):
-            batch, advantage_metrics = estimate_advantages(c, annotated)
+            batch, advantage_metrics = estimate_advantages(c.spec.algorithm, c.kl_ctrl, annotated)
         metrics.update(advantage_metrics)
         skipped, update_metrics = update_models(c, batch, step)
         metrics.update(update_metrics)
@@ -171,10 +172,11 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
     return annotated, metrics
 
 
-def estimate_advantages(c: RunComponents, annotated: Annotated) -> tuple[Advantaged, dict[str, float]]:
+def estimate_advantages(
+    algo: AlgorithmSpec, kl_ctrl: KLController, annotated: Annotated
+) -> tuple[Advantaged, dict[str, float]]:
     """Token rewards (scores minus the in-reward KL penalty, if any), the loss mask (less the tokens the rollout
     correction rejects), then advantages and returns; the metrics of each."""
-    algo = c.spec.algorithm
     metrics: dict[str, float] = {}
     rollout, token_scores, old = annotated.rollout, annotated.scored.token_scores, annotated.old_logprobs
     if algo.use_kl_in_reward:
@@ -184,16 +186,16 @@ def estimate_advantages(c: RunComponents, annotated: Annotated) -> tuple[Advanta
             )
         token_rewards, kl_metrics = apply_kl_penalty(
             token_scores, old.logprobs, annotated.ref_logprobs, rollout.response_mask,
-            c.kl_ctrl.value, algo.kl_penalty,
+            kl_ctrl.value, algo.kl_penalty,
         )  # fmt: skip
         metrics["actor/reward_kl_penalty"] = float(kl_metrics["reward_kl"])
-        metrics["actor/reward_kl_penalty_coeff"] = c.kl_ctrl.value
-        c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(annotated))
+        metrics["actor/reward_kl_penalty_coeff"] = kl_ctrl.value
+        kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(annotated))
     else:
         token_rewards = token_scores
     if isinstance(old, ActorForward):  # verl's decoupled mode
         # parsed once, by relm.config.translate
-        correction = rollout_correction(old.logprobs, rollout, c.spec.algorithm.rollout_correction)
+        correction = rollout_correction(old.logprobs, rollout, algo.rollout_correction)
         loss_mask, weights = correction.loss_mask, correction.weights
         metrics.update(correction.metrics)
     else:
