@@ -29,6 +29,7 @@ import torch
 
 import relm.trainer.ppo as ppo
 from relm.bench.step import REPORTED, bench_config, parse_args, write_prompts
+from relm.config.translate import translate
 from relm.logs import setup_logging
 from relm.models.loading import resolve_model_dir
 from relm.models.tokenizer import load_tokenizer
@@ -41,7 +42,7 @@ UPDATE_METRICS = ("actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac", "actor/k
 def run(args, train_file: Path, run_dir: Path) -> dict[str, float]:
     """One warm-up step and `args.steps` measured ones; the mean of each reported metric."""
     cfg = bench_config(args, "grpo", train_file, run_dir)
-    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
     source = ppo.old_logprob_source(c.spec)
     measured = []
     for step in range(1, args.steps + 2):

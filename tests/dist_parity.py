@@ -162,13 +162,14 @@ def full_state(model: torch.nn.Module, optimizer: Any, c: Any, names: str) -> di
 
 def build(args: argparse.Namespace, algo: str, dist: Any) -> Any:
     from relm.config.loader import load_config
+    from relm.config.translate import translate
     from relm.config.validate import validate_config
     from relm.models.loading import resolve_model_dir
     from relm.trainer.components import build_components
 
     cfg = load_config(overrides(args, algo, dist.world_size))
     validate_config(cfg)
-    return build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path), dist=dist)
+    return build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path), dist=dist)
 
 
 def load_algo(args: argparse.Namespace, algo: str, dist: Any, source: Path) -> None:
@@ -198,7 +199,7 @@ def run_algo(args: argparse.Namespace, algo: str, dist: Any) -> None:
     # Every process generates the whole batch itself, with the same seeds: one global batch for all.
     c.engine = CutLengths(getattr(engine, "engine", engine), c.tokenizer.pad_token_id)
     metrics: dict[str, float] = {}
-    scored = collect_experience(c, c.loader.next_batch(), 1, metrics)
+    scored = collect_experience(c.experience_sources, c.loader.next_batch(), 1, metrics)
     c.engine = engine
     grads: dict[str, list] = {"actor": [], "critic": []}
     record_gradients(c.actor.module, c.actor.optimizer, c, args.params, grads["actor"])
@@ -206,7 +207,7 @@ def run_algo(args: argparse.Namespace, algo: str, dist: Any) -> None:
         record_gradients(c.critic.module, c.critic.optimizer, c, args.params, grads["critic"])
     with c.precision.autocast():
         annotated, annotate_metrics = annotate(c, scored)
-        batch, advantage_metrics = estimate_advantages(c, annotated)
+        batch, advantage_metrics = estimate_advantages(c.spec.algorithm, c.kl_ctrl, annotated)
         _, update_metrics = update_models(c, batch, 1)
     metrics |= annotate_metrics | advantage_metrics | update_metrics
     old = annotated.old_logprobs

@@ -152,12 +152,13 @@ def run_algo(
     args: argparse.Namespace, algo: str, train_file: Path, run_dir: Path, dist: DistContext | None = None
 ) -> dict[str, float]:
     """Warm-up step, then `args.steps` measured steps; returns each reported metric's mean."""
+    from relm.config.translate import translate
     from relm.models.loading import resolve_model_dir
     from relm.trainer.components import build_components
     from relm.trainer.ppo import ppo_step
 
     cfg = bench_config(args, algo, train_file, run_dir)
-    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path), dist=dist)
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path), dist=dist)
     from relm.memory.choices import host_budget_bytes
     from relm.memory.host import HostWatchdog, watching
     from relm.trainer.metrics import memory_report

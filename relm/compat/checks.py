@@ -422,6 +422,7 @@ def _update(
 ) -> None:
     """`steps` full PPO steps with critic, reference and KL loss, through the trainer's `ppo_step`."""
     from relm.config.loader import load_config
+    from relm.config.translate import translate
     from relm.config.validate import validate_config
     from relm.data.demo_task import write_demo_parquet
     from relm.learner.compact_adamw import CompactAdamW
@@ -434,7 +435,7 @@ def _update(
         cfg = load_config(_update_overrides(folder, train_file, run_dir, options, device))
         text = config.get_text_config()
         validate_config(cfg, max_position_embeddings=getattr(text, "max_position_embeddings", None))
-        components = build_components(cfg, folder)
+        components = build_components(translate(cfg)[0], folder)
         engine_name = cfg.actor_rollout_ref.rollout.name
         before = sample_weights(components.actor.module)
         for step in range(1, options.steps + 1):

@@ -17,7 +17,7 @@ from relm.rewards.model_reward import score_with_reward_model
 from relm.rewards.shaping import overlong_penalty
 from relm.rollout.base import GenerationOutput, SamplingParams
 from relm.rollout.multi_turn.conversations import row_kwargs
-from relm.trainer.components import RunComponents
+from relm.trainer.components import ExperienceSources
 from relm.trainer.experience import build_rollout
 
 logger = logging.getLogger("relm")
@@ -26,22 +26,22 @@ SCORE_METRICS = ("score", "seq_reward", "seq_final_reward")
 """`algorithm.filter_groups.metric` values that mean the response's total score."""
 
 
-def sampling_params(c: RunComponents, step: int, round_index: int = 0) -> SamplingParams:
+def sampling_params(c: ExperienceSources, step: int, round_index: int = 0) -> SamplingParams:
     """This step's sampling; the seed comes from (seed, step, round) so a resumed run samples the same."""
-    rollout = c.cfg.actor_rollout_ref.rollout
+    sampling = c.spec.engine.sampling
     return SamplingParams(
-        seed=c.cfg.seed * 1_000_003 + step * 1_000 + round_index,
-        n=rollout.n,
-        max_new_tokens=c.cfg.data.max_response_length,
-        temperature=rollout.temperature,
-        top_p=rollout.top_p,
-        top_k=rollout.top_k,
-        do_sample=rollout.do_sample,
-        ignore_eos=rollout.ignore_eos,
+        seed=c.spec.loop.seed * 1_000_003 + step * 1_000 + round_index,
+        n=sampling.n,
+        max_new_tokens=c.spec.data.max_response_length,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        do_sample=sampling.do_sample,
+        ignore_eos=c.spec.engine.ignore_eos,
     )
 
 
-def _reward(c: RunComponents, batch: Rollout, prompts: PromptBatch, n: int) -> RewardResult:
+def _reward(c: ExperienceSources, batch: Rollout, prompts: PromptBatch, n: int) -> RewardResult:
     """Scores of whole responses (a multi-turn conversation's tool results included, as verl scores
     them), each placed on the last token the model sampled."""
     if c.reward_model is not None:
@@ -59,7 +59,7 @@ def _reward(c: RunComponents, batch: Rollout, prompts: PromptBatch, n: int) -> R
             data_sources=batch.data_sources,
             ground_truths=batch.ground_truths,
             extra_infos=batch.extra_infos,
-            custom_function=c.cfg.custom_reward_function.path is not None,
+            custom_function=c.spec.reward.custom_function_path is not None,
         )
     else:
         scored = c.reward(
@@ -75,7 +75,10 @@ def _reward(c: RunComponents, batch: Rollout, prompts: PromptBatch, n: int) -> R
 
 
 def _generate(
-    c: RunComponents, prompts: PromptBatch, params: SamplingParams, metrics: dict[str, float] | None = None
+    c: ExperienceSources,
+    prompts: PromptBatch,
+    params: SamplingParams,
+    metrics: dict[str, float] | None = None,
 ) -> GenerationOutput:
     """The engine's responses, or with `rollout.multi_turn.enable` whole conversations with tools
     (their statistics into `metrics`)."""
@@ -93,15 +96,15 @@ def _generate(
     return out.generation
 
 
-def _greedy_baseline(c: RunComponents, prompts: PromptBatch, n: int) -> torch.Tensor:
+def _greedy_baseline(c: ExperienceSources, prompts: PromptBatch, n: int) -> torch.Tensor:
     """ReMax's baseline: the score of one greedy response per prompt, repeated for its `n` samples."""
-    params = SamplingParams(n=1, max_new_tokens=c.cfg.data.max_response_length, do_sample=False)
+    params = SamplingParams(n=1, max_new_tokens=c.spec.data.max_response_length, do_sample=False)
     greedy = build_rollout(prompts, _generate(c, prompts, params), n=1, pad_token_id=c.tokenizer.pad_token_id)
     return _reward(c, greedy, prompts, 1).scores.repeat_interleave(n)
 
 
 def generate_and_score(
-    c: RunComponents,
+    c: ExperienceSources,
     prompts: PromptBatch,
     params: SamplingParams,
     group_offset: int = 0,
@@ -116,7 +119,7 @@ def generate_and_score(
 
 
 def score(
-    c: RunComponents, rollout: Rollout, prompts: PromptBatch, n: int
+    c: ExperienceSources, rollout: Rollout, prompts: PromptBatch, n: int
 ) -> tuple[Scored, dict[str, torch.Tensor]]:
     """The `Scored` record of a rollout (DAPO's overlong penalty included, ReMax's greedy baseline where the
     estimator reads it), and the reward function's extras per row."""
@@ -125,19 +128,19 @@ def score(
     token_scores = scored.token_scores
     if "acc" not in extras:  # as verl's naive and DAPO managers do, a plain float score is also `acc`
         extras["acc"] = token_scores.sum(-1)
-    overlong = c.cfg.reward_model.overlong_buffer
+    overlong = c.spec.reward.overlong
     if overlong.enable:
         penalty = overlong_penalty(
             rollout.response_attention_mask.sum(-1),
-            max_response_length=c.cfg.data.max_response_length,
-            buffer_len=overlong.len,
+            max_response_length=c.spec.reward.max_response_length,
+            buffer_len=overlong.length,
             penalty_factor=overlong.penalty_factor,
         )
         token_scores = token_scores + place_on_last_token(penalty, rollout.response_mask)
         extras["overlong_penalty"] = penalty
     baseline = (
         _greedy_baseline(c, prompts, n)
-        if estimator_needs(c.cfg.algorithm.adv_estimator).greedy_baseline
+        if estimator_needs(c.spec.algorithm.adv_estimator).greedy_baseline
         else None
     )
     record = Scored(
@@ -161,13 +164,12 @@ def _filter_values(batch: Scored, extras: dict[str, torch.Tensor], metric: str) 
 
 
 def collect_experience(
-    c: RunComponents, prompts: PromptBatch, step: int, metrics: dict[str, float]
+    c: ExperienceSources, prompts: PromptBatch, step: int, metrics: dict[str, float]
 ) -> Scored:
     """Generate and score `prompts`; with DAPO's dynamic sampling, keep only groups whose responses
     differ and draw more prompts from the loader until `data.train_batch_size` groups are kept."""
     batch, extras = generate_and_score(c, prompts, sampling_params(c, step), metrics=metrics)
-    filt = c.cfg.algorithm.filter_groups
-    if filt.enable:
+    if c.spec.algorithm.filter_groups:
         batch, extras = _fill_with_varied_groups(c, prompts, batch, extras, step, metrics)
     metrics.update(c.reward.take_failure_metrics())  # reward/timeouts, reward/errors, reward/non_finite
     for name, values in extras.items():
@@ -177,20 +179,22 @@ def collect_experience(
 
 
 def _fill_with_varied_groups(
-    c: RunComponents,
+    c: ExperienceSources,
     prompts: PromptBatch,
     batch: Scored,
     extras: dict[str, torch.Tensor],
     step: int,
     metrics: dict[str, float],
 ) -> tuple[Scored, dict[str, torch.Tensor]]:
-    filt, n = c.cfg.algorithm.filter_groups, c.cfg.actor_rollout_ref.rollout.n
-    wanted = c.cfg.data.train_batch_size * n
+    algo, n = c.spec.algorithm, c.spec.engine.sampling.n
+    wanted = c.spec.data.prompts_per_step * n
     pad = c.tokenizer.pad_token_id
     kept, dropped = [], []
     rounds = 0
     while True:
-        keep = groups_with_variance(batch.rollout.group_ids, _filter_values(batch, extras, filt.metric))
+        keep = groups_with_variance(
+            batch.rollout.group_ids, _filter_values(batch, extras, algo.filter_metric)
+        )
         kept.append((batch.select(torch.nonzero(keep).squeeze(-1)), {k: v[keep] for k, v in extras.items()}))
         dropped.append(
             (batch.select(torch.nonzero(~keep).squeeze(-1)), {k: v[~keep] for k, v in extras.items()})
@@ -199,14 +203,14 @@ def _fill_with_varied_groups(
         num_kept = sum(len(b) for b, _ in kept)
         if num_kept >= wanted:
             break
-        if 0 < filt.max_num_gen_batches <= rounds:
+        if 0 < algo.max_num_gen_batches <= rounds:
             logger.warning(
                 "step %d: only %d of %d responses come from groups with differing %s after %d generation rounds "
                 "(algorithm.filter_groups.max_num_gen_batches); filling up with uniform groups",
                 step,
                 num_kept,
                 wanted,
-                filt.metric,
+                algo.filter_metric,
                 rounds,
             )
             kept.extend(dropped)

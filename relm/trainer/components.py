@@ -4,14 +4,16 @@ Kept apart from the loop so that `trainer/ppo.py` reads as the algorithm alone, 
 a run's parts and drive one step by hand. Each trained model (the actor, the critic when the estimator
 reads values) is loaded, sharded and given its optimizer by the same code (`load_trained_model`,
 `build_trainee`) from its own `TrainedModelSpec`; every builder takes its part of the `RunSpec` that
-`relm.config.translate` made once from the config (`RunComponents.cfg` stays for the loop's remaining reads).
+`relm.config.translate` made once from the config; nothing here reads the config itself (only the entry
+points speak verl's config language: tests/unit/test_config_boundary.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from relm.algorithms.kl import KLController, make_kl_controller
-from relm.config.schema import RelmConfig
 from relm.config.specs import DataSpec, EngineSpec, RewardSpec, RunSpec, TrainedModelSpec
-from relm.config.translate import translate
 from relm.data.dataset import PromptDataset
 from relm.data.demo_task import DEMO_DATA_SOURCE, write_demo_parquet
 from relm.data.loader import PromptLoader
@@ -102,13 +102,28 @@ class Sizes:
     total_training_steps: int
 
 
+@dataclass(frozen=True)
+class ExperienceSources:
+    """What the rollout phase (trainer/collect.py) reaches: the prompts, the engine and its conversation
+    driver, the reward side, and the specs that say how to sample and score. Not the trained models, their
+    optimizers, the memory residency or the data-parallel context: collecting experience changes none of them.
+    """
+
+    spec: RunSpec
+    loader: PromptLoader
+    engine: RolloutEngine
+    multi_turn: ConversationRollout | None
+    tokenizer: PreTrainedTokenizerBase
+    reward: RewardManager
+    reward_model: ModelScorer | None
+
+
 @dataclass
 class RunComponents:
     """Everything a PPO run holds; built by `build_components`."""
 
-    cfg: RelmConfig
     spec: RunSpec
-    """Every component's spec, translated once from `cfg` (`relm.config.translate`)."""
+    """Every component's spec, translated once from the config (`relm.config.translate`)."""
     device: torch.device
     run_dir: Path
     tokenizer: PreTrainedTokenizerBase
@@ -143,6 +158,9 @@ class RunComponents:
     multi_turn: ConversationRollout | None = None
     """Drives `engine` through conversations with tools when `rollout.multi_turn.enable` (else None);
     data-parallel, each rank runs whole conversations for its share of the prompts."""
+    tracked_config: Mapping[str, Any] = field(default_factory=dict)
+    """The config as the user wrote it, as a plain dict: what an experiment tracker records beside the
+    metrics (W&B's run config). Never read to run anything; the specs say what the run does."""
 
     def reference(self) -> contextlib.AbstractContextManager[nn.Module] | None:
         """The reference policy for a forward (`with c.reference() as ref:`), or None when nothing reads one."""
@@ -151,6 +169,19 @@ class RunComponents:
         if builds_reference(self.spec) and has_lora(self.actor.module):
             return adapters_disabled(self.actor.module)
         return None
+
+    @property
+    def experience_sources(self) -> ExperienceSources:
+        """The part of the run the rollout phase reads (`trainer/collect.collect_experience`)."""
+        return ExperienceSources(
+            spec=self.spec,
+            loader=self.loader,
+            engine=self.engine,
+            multi_turn=self.multi_turn,
+            tokenizer=self.tokenizer,
+            reward=self.reward,
+            reward_model=self.reward_model,
+        )
 
     @property
     def trainees(self) -> list[Trainee]:
@@ -223,22 +254,21 @@ def compute_sizes(spec: RunSpec, batches_per_epoch: int, default_micro: int | No
 
 
 def build_components(
-    cfg: RelmConfig,
+    spec: RunSpec,
     model_dir: str,
     *,
-    spec: RunSpec | None = None,
+    tracked_config: Mapping[str, Any] | None = None,
     compute_score: ComputeScore | None = None,
     dist: DistContext | None = None,
 ) -> RunComponents:
-    """Load tokenizer, actor (+ reference, critic), engine, data and reward for `cfg`.
+    """Load tokenizer, actor (+ reference, critic), engine, data and reward for `spec`.
 
     `model_dir` is the resolved local folder of `actor_rollout_ref.model.path`; `compute_score` the
     already-loaded reward function (loaded from `custom_reward_function` when not given); `dist` the
     context of a torchrun process (`relm.distributed.context.init_distributed`): with it the models are
-    sharded with FSDP2 and the engine generates this rank's share of each batch. `spec` is `cfg` translated
-    (`relm.config.translate.translate`; translated here when not given).
+    sharded with FSDP2 and the engine generates this rank's share of each batch. `spec` is the config
+    translated (`relm.config.translate.translate`); `tracked_config` the config as a dict for the trackers.
     """
-    spec = spec or translate(cfg)[0]
     dist = dist or DistContext()
     device = dist.device if dist.is_distributed else pick_device(spec.loop.device)
     # Planned before loading: the plan's last rung loads the trained models in bf16.
@@ -314,7 +344,6 @@ def build_components(
         lora=lora,
     )
     return RunComponents(
-        cfg=cfg,
         spec=spec,
         device=device,
         run_dir=Path(spec.loop.run_dir),
@@ -350,6 +379,7 @@ def build_components(
         multi_turn=_multi_turn(spec, tools, engine, tokenizer, engine_model)
         if spec.engine.multi_turn.enable
         else None,
+        tracked_config=tracked_config or {},
     )
 
 

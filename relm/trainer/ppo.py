@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from relm.algorithms.advantages import compute_advantages
-from relm.algorithms.kl import apply_kl_penalty
+from relm.algorithms.kl import KLController, apply_kl_penalty
+from relm.config.specs import AlgorithmSpec
 from relm.data.prompt_batch import PromptBatch
 from relm.learner.actor import update_actor
 from relm.learner.batch import (
@@ -70,11 +71,11 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
         engine_stage(c.engine, f"rollout of step {step}"),
     ):
         # Generation and scoring (and DAPO's resampling rounds) are one phase; scoring is cheap beside it.
-        scored = collect_experience(c, prompts, step, metrics)
-        if c.cfg.actor_rollout_ref.rollout.free_cache_engine:
+        scored = collect_experience(c.experience_sources, prompts, step, metrics)
+        if c.spec.engine.free_cache_engine:
             c.engine.release_memory()
-    if c.dist.is_main and c.cfg.trainer.rollout_data_dir:
-        dump_rollout(c.cfg.trainer.rollout_data_dir, c.tokenizer, scored, step)  # every rank holds every row
+    if c.dist.is_main and c.spec.loop.rollout_data_dir:
+        dump_rollout(c.spec.loop.rollout_data_dir, c.tokenizer, scored, step)  # every rank holds every row
 
     # Forward and backward passes compute in bf16 on a GPU; weights and optimizer states stay fp32.
     # There the layers' norms, MLPs and rotary embeddings also run as compiled, fused kernels.
@@ -82,7 +83,7 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
         annotated, annotate_metrics = annotate(c, scored)
         metrics.update(annotate_metrics)
         with timed(metrics, "adv"):
-            batch, advantage_metrics = estimate_advantages(c, annotated)
+            batch, advantage_metrics = estimate_advantages(c.spec.algorithm, c.kl_ctrl, annotated)
         metrics.update(advantage_metrics)
         skipped, update_metrics = update_models(c, batch, step)
         metrics.update(update_metrics)
@@ -107,7 +108,7 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
     """
     metrics: dict[str, float] = {}
     rollout = scored.rollout
-    rows = rank_rows(rollout, c.dist, c.trainees, balance=c.cfg.trainer.balance_batch)
+    rows = rank_rows(rollout, c.dist, c.trainees, balance=c.spec.loop.balance_batch)
     actor = c.actor
     # The actor's token budget (made smaller by an update that ran out of memory) also cuts the
     # reference's forwards: the two models have one shape.
@@ -171,10 +172,11 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
     return annotated, metrics
 
 
-def estimate_advantages(c: RunComponents, annotated: Annotated) -> tuple[Advantaged, dict[str, float]]:
+def estimate_advantages(
+    algo: AlgorithmSpec, kl_ctrl: KLController, annotated: Annotated
+) -> tuple[Advantaged, dict[str, float]]:
     """Token rewards (scores minus the in-reward KL penalty, if any), the loss mask (less the tokens the rollout
     correction rejects), then advantages and returns; the metrics of each."""
-    algo = c.cfg.algorithm
     metrics: dict[str, float] = {}
     rollout, token_scores, old = annotated.rollout, annotated.scored.token_scores, annotated.old_logprobs
     if algo.use_kl_in_reward:
@@ -184,16 +186,16 @@ def estimate_advantages(c: RunComponents, annotated: Annotated) -> tuple[Advanta
             )
         token_rewards, kl_metrics = apply_kl_penalty(
             token_scores, old.logprobs, annotated.ref_logprobs, rollout.response_mask,
-            c.kl_ctrl.value, algo.kl_penalty,
+            kl_ctrl.value, algo.kl_penalty,
         )  # fmt: skip
         metrics["actor/reward_kl_penalty"] = float(kl_metrics["reward_kl"])
-        metrics["actor/reward_kl_penalty_coeff"] = c.kl_ctrl.value
-        c.kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(annotated))
+        metrics["actor/reward_kl_penalty_coeff"] = kl_ctrl.value
+        kl_ctrl.update(float(kl_metrics["reward_kl"]), n_steps=len(annotated))
     else:
         token_rewards = token_scores
     if isinstance(old, ActorForward):  # verl's decoupled mode
         # parsed once, by relm.config.translate
-        correction = rollout_correction(old.logprobs, rollout, c.spec.algorithm.rollout_correction)
+        correction = rollout_correction(old.logprobs, rollout, algo.rollout_correction)
         loss_mask, weights = correction.loss_mask, correction.weights
         metrics.update(correction.metrics)
     else:
@@ -232,7 +234,7 @@ def update_models(c: RunComponents, batch: Advantaged, step: int) -> tuple[int, 
     """
     metrics: dict[str, float] = {}
     skipped = 0
-    rows = rank_rows(batch.rollout, c.dist, c.trainees, balance=c.cfg.trainer.balance_batch)
+    rows = rank_rows(batch.rollout, c.dist, c.trainees, balance=c.spec.loop.balance_batch)
     mine = local_rows(batch, rows)
     shared: dict[str, Any] = dict(device=c.device, rng=c.generator, dist=c.dist)
     if c.critic is not None:
@@ -240,7 +242,7 @@ def update_models(c: RunComponents, batch: Advantaged, step: int) -> tuple[int, 
             result = update_critic(c.critic, mine, critic_objective_of(c.spec), **shared)
         metrics.update(mean_of_lists(reduce_update_metrics(result.metrics, c.dist)))
         skipped += result.num_skipped_updates
-    if step > c.cfg.trainer.critic_warmup:
+    if step > c.spec.loop.critic_warmup:
         with timed(metrics, "update_actor"), c.residency.phase("update_actor"):
             result = update_actor(
                 c.actor, mine, actor_objective_of(c.spec), temperature=c.sizes.logprob_temperature, **shared
@@ -259,7 +261,7 @@ def update_models(c: RunComponents, batch: Advantaged, step: int) -> tuple[int, 
 
 def perf_metrics(c: RunComponents, batch: Rollout, metrics: dict[str, float]) -> dict[str, float]:
     """Throughput over the whole step (verl's `perf/throughput`, per GPU) and actor MFU where the peak is known."""
-    trainer = c.cfg.trainer
+    trainer = c.spec.loop
     num_tokens = int(batch.attention_mask.sum())
     perf = {
         "perf/total_num_tokens": float(num_tokens),
@@ -289,7 +291,7 @@ def train(c: RunComponents) -> None:
     run = Run.open(c)
     if run is None:  # resumed a finished run
         return
-    if c.cfg.trainer.val_only:
+    if c.spec.loop.val_only:
         run.validate_only()
         return
     with run.running() as stop:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 
 from relm.errors import UserError
@@ -46,7 +45,7 @@ class Run:
     """
 
     def __init__(self, c: RunComponents, start: int, guard: SkipGuard, resumed: bool) -> None:
-        trainer = c.cfg.trainer
+        trainer = c.spec.loop
         self.c = c
         self.start = start
         """The last step done before this process started (0 for a new run)."""
@@ -59,15 +58,15 @@ class Run:
         if trainer.val_only and self.val_dataset is None:
             raise UserError("`trainer.val_only=true` has nothing to validate: set `data.val_files`")
         self.loggers: list[MetricsLogger] = make_loggers(
-            trainer.logger, c.run_dir, self.total, resume_step=start if resumed else None,
-            project=trainer.project_name, experiment=trainer.experiment_name, config=asdict(c.cfg),
+            list(trainer.loggers), c.run_dir, self.total, resume_step=start if resumed else None,
+            project=trainer.project_name, experiment=trainer.experiment_name, config=dict(c.tracked_config),
         ) if c.dist.is_main else []  # fmt: skip
         self.val_params = build_val_params(
             c.spec.engine.val_sampling, c.spec.data.max_response_length, seed=c.spec.loop.seed
         )
         self.val_samples = ValidationSamples(c.spec.loop, c.run_dir)
         self.degenerate = DegenerateBatchReporter()
-        self.num_responses = c.cfg.data.train_batch_size * c.cfg.actor_rollout_ref.rollout.n
+        self.num_responses = c.spec.data.prompts_per_step * c.spec.engine.sampling.n
         self.cpu_threads = CpuThreads(c.device)  # fewer torch threads while other processes hold cores
         self.step = start
         """The step in progress, for the host watchdog's message."""
@@ -77,7 +76,7 @@ class Run:
     def open(c: RunComponents) -> Run | None:
         """Clear a crashed save's staging folders, resume from the checkpoint `trainer.resume_mode` names
         and open the loggers; None when the resumed run is already finished (and not `trainer.val_only`)."""
-        trainer = c.cfg.trainer
+        trainer = c.spec.loop
         if c.dist.is_main:
             remove_stale_staging(c.run_dir)
         c.dist.barrier()
@@ -108,7 +107,7 @@ class Run:
         assert self.val_dataset is not None, "called only with a validation set"
         with c.residency.phase("generate"), engine_stage(c.engine, f"validation after step {step}"):
             result = run_validation(
-                c.engine, c.reward, self.val_dataset, params=self.val_params, batch_size=c.cfg.data.val_batch_size,
+                c.engine, c.reward, self.val_dataset, params=self.val_params, batch_size=c.spec.data.val_batch_size,
                 keep_samples=self.val_samples.wanted, multi_turn=c.multi_turn,
             )  # fmt: skip
         if c.dist.is_main:
@@ -137,7 +136,7 @@ class Run:
         try:
             with stop_on_signals() as stop, watching(watchdog):
                 self.stop = stop
-                if self.val_dataset is not None and c.cfg.trainer.val_before_train and self.start == 0:
+                if self.val_dataset is not None and c.spec.loop.val_before_train and self.start == 0:
                     self.log(0, self.validate(0))
                 yield stop
                 if c.dist.any_true(stop.requested) and self.last_step > self.last_saved:
@@ -165,11 +164,11 @@ class Run:
         Raises:
             TrainingDiverged: more than `trainer.max_skipped_steps` steps in a row skipped updates.
         """
-        c, trainer = self.c, self.c.cfg.trainer
+        c, trainer = self.c, self.c.spec.loop
         if step == self.start + 1 and c.dist.is_main:
             for report in (
                 memory_report(metrics),
-                rollout_gap_report(metrics, c.cfg.actor_rollout_ref.rollout.quantization),
+                rollout_gap_report(metrics, c.spec.engine.quantization),
             ):
                 if report:
                     logger.info("%s", report)
@@ -192,7 +191,7 @@ class Run:
 
     def save(self, step: int) -> None:
         """A checkpoint of `step`, then the oldest ones beyond `trainer.max_*_ckpt_to_keep` removed."""
-        c, trainer = self.c, self.c.cfg.trainer
+        c, trainer = self.c, self.c.spec.loop
         c.residency.current = "checkpoint save"
         save_checkpoint(c, step, loop_state={"skip_guard": self.guard.state_dict()})
         if c.dist.is_main:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import nullcontext
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,9 @@ def _train_in_folder(
             print(CONFIG_OK_MESSAGE, flush=True)
             record_run_config(cfg)
 
-        components = build_components(cfg, model_dir, spec=spec, compute_score=compute_score, dist=dist)
+        components = build_components(
+            spec, model_dir, tracked_config=asdict(cfg), compute_score=compute_score, dist=dist
+        )
         try:
             train(components)
         finally:

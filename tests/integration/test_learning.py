@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.models.loading import resolve_model_dir
 from relm.trainer.components import build_components
 from relm.trainer.main_ppo import main
@@ -127,7 +128,7 @@ def test_run_builds_only_the_models_its_algorithm_reads(
     overrides: list[str], has_critic: bool, has_ref: bool, tmp_path: Path
 ) -> None:
     cfg = load_config([*overrides, f"trainer.default_local_dir={tmp_path}"])
-    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
 
     assert (c.critic is not None) == has_critic
     assert [trainee.name for trainee in c.trainees] == ["actor", "critic"][: 1 + has_critic]

@@ -34,7 +34,7 @@ ON_POLICY = (
 
 def one_step(tmp_path: Path, name: str) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     cfg = load_config([*TINY_OVERRIDES, *ON_POLICY, f"trainer.default_local_dir={tmp_path / name}"])
-    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
     ppo.ppo_step(c, c.loader.next_batch(), step=1)
     metrics = ppo.ppo_step(c, c.loader.next_batch(), step=2)  # the reference is no longer the actor: KL > 0
     weights = {key: value.detach().clone() for key, value in c.actor.module.state_dict().items()}

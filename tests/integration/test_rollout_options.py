@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.learner.batch import ActorForward, EngineLogprobs
 from relm.models.loading import resolve_model_dir
 from relm.trainer.collect import collect_experience
@@ -33,8 +34,8 @@ def test_old_logprobs_come_from_the_actor_or_in_bypass_mode_from_the_engine(
             f"trainer.default_local_dir={tmp_path}",
         ]
     )
-    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
-    scored = collect_experience(c, c.loader.next_batch(), 1, {})
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    scored = collect_experience(c.experience_sources, c.loader.next_batch(), 1, {})
     # A distinct engine value: were old logprobs recomputed, they could not equal it.
     rollout = scored.rollout
     rollout = replace(rollout, rollout_logprobs=rollout.rollout_logprobs - 0.25 * rollout.response_mask)
@@ -75,8 +76,8 @@ def test_max_num_seqs_continuously_batches_the_native_engine_and_matches_the_act
             f"trainer.default_local_dir={tmp_path}",
         ]
     )
-    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
-    _, metrics = annotate(c, collect_experience(c, c.loader.next_batch(), 1, {}))
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    _, metrics = annotate(c, collect_experience(c.experience_sources, c.loader.next_batch(), 1, {}))
 
     engine = c.engine.engine  # inside the stall watchdog
     assert engine.max_num_seqs == 3 and engine.max_prefill_tokens == 4

@@ -1,6 +1,5 @@
 """Only the entry points speak verl's config language (issue 28): outside relm/config/, a module that imports
-`relm.config.schema` (where `RelmConfig` and its sections live) is an entry point or is on the shrinking list
-below. Every other component is built from its spec (`relm.config.specs`), translated once by
+`relm.config.schema` (where `RelmConfig` and its sections live) is an entry point. Every other component is built from its spec (`relm.config.specs`), translated once by
 `relm.config.translate`."""
 
 from __future__ import annotations
@@ -20,12 +19,6 @@ ENTRY_POINTS = {
 """The commands: they load the config, check it and translate it (`trainer.run_config` is `relm train`'s record
 of the config as the user wrote it, for the run folder and the checks of a resume)."""
 
-PENDING = {
-    "relm.trainer.components",
-}
-"""Modules still reading `RelmConfig` or a schema section, to be moved onto specs; an entry leaves this set
-when its module stops importing the schema (the test below fails until it does)."""
-
 
 def _importers() -> set[str]:
     return {
@@ -37,9 +30,7 @@ def _importers() -> set[str]:
     }
 
 
-def test_only_entry_points_and_the_pending_list_import_the_schema():
-    """And the pending list only shrinks: an entry whose module no longer imports the schema is stale
-    (remove it, so it cannot come back)."""
-    importers = _importers()
-    assert sorted(importers - ENTRY_POINTS - PENDING) == []
-    assert sorted(PENDING - importers) == []
+def test_only_entry_points_import_the_schema():
+    """A component that needs a config value reads its spec; a new importer of the schema is either a new
+    command (add it to ENTRY_POINTS) or a component that should take a spec."""
+    assert sorted(_importers() - ENTRY_POINTS) == []

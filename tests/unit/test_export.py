@@ -12,6 +12,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 from relm.cli import main as relm_main
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.models.loading import resolve_model_dir
 from relm.models.value_model import load_value_model
 from relm.trainer.checkpoint import save_checkpoint
@@ -28,7 +29,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> RunComponents:
                        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
                        f"trainer.default_local_dir={run_dir}"])  # fmt: skip
-    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
     # Weights that differ from the zoo's initial ones: an export that re-read the base model would fail.
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():

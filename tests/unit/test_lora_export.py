@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from relm.cli import main as relm_main
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.learner.lora import lora_layers
 from relm.models.loading import resolve_model_dir
 from relm.trainer.checkpoint import save_checkpoint
@@ -47,7 +48,7 @@ def lora_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
                            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
                            "actor_rollout_ref.model.path=models/tiny", "actor_rollout_ref.model.lora_rank=8",
                            *RECIPES[request.param], f"trainer.default_local_dir={root / 'run'}"])  # fmt: skip
-        c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+        c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for _, layer in lora_layers(c.actor.module):

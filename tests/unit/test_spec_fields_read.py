@@ -20,13 +20,6 @@ from relm.config import specs
 
 RELM = Path(relm.__file__).parent
 
-READ_THROUGH_CFG = {
-    "RewardSpec.overlong": "DAPO's shaping is applied in trainer/collect.py, which reads `reward_model.overlong_buffer`",
-    "AlgorithmSpec.filter_metric": "trainer/collect.py reads `algorithm.filter_groups.metric`",
-}
-"""Spec fields whose keys still act through `RunComponents.cfg` or `Trainee.cfg` (the loop's and the learner's
-files, being reworked on their own branch); an entry leaves when its field is read."""
-
 
 def attributes_read_outside_config() -> set[str]:
     names: set[str] = set()
@@ -52,11 +45,5 @@ def test_every_spec_field_is_read_outside_config():
     read = attributes_read_outside_config()
     fields = spec_fields()
     assert len(fields) > 100  # the walk found the specs
-    unread = sorted(f for f in fields if f.split(".")[1] not in read and f not in READ_THROUGH_CFG)
+    unread = sorted(f for f in fields if f.split(".")[1] not in read)
     assert not unread, f"spec fields read nowhere outside relm/config/ (wire them): {unread}"
-
-
-def test_the_list_of_fields_read_through_the_config_is_true():
-    read = attributes_read_outside_config()
-    stale = sorted(f for f in READ_THROUGH_CFG if f not in spec_fields() or f.split(".")[1] in read)
-    assert not stale, f"remove from READ_THROUGH_CFG: {stale}"

@@ -78,9 +78,9 @@ def test_reference_and_value_forwards_follow_their_own_keys(tmp_path: Path, pack
             f"trainer.default_local_dir={tmp_path}",
         ]
     )
-    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
     assert c.critic is not None and c.ref is not None
-    batch = collect_experience(c, c.loader.next_batch(), 1, {})
+    batch = collect_experience(c.experience_sources, c.loader.next_batch(), 1, {})
     assert len(batch) == 8
     seen = {
         "actor": forward_rows(c.actor.module),

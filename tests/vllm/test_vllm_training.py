@@ -10,6 +10,7 @@ import pytest
 
 from relm.compat.cli import compat_command
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.models.loading import resolve_model_dir
 from relm.rollout.watchdog import RolloutStalled
 from relm.trainer.components import build_components
@@ -60,7 +61,7 @@ def test_a_stalled_rollout_ends_the_run_naming_the_step(tmp_path: Path) -> None:
             f"trainer.default_local_dir={tmp_path}",
         ]
     )
-    c = build_components(cfg, resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
     c.engine.llm.sleep(level=0, mode="keep")  # the scheduler takes requests and never runs them
 
     with pytest.raises(
