@@ -26,10 +26,14 @@ QWEN = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "tokenizer
 skip_module_without_box()
 
 TOOL = PythonTool({"timeout_s": 3, "memory_mb": 256, "max_output_chars": 200})
+# The same limits with room for a loaded machine: a box call took 0.1-0.15 s on a quiet 2-core VM and
+# over 3 s at load average 10 (CI's `print(6 * 7)` timed out there), so the checks that a call works
+# never hang on the 3-second limit the timeout cases test.
+ROOMY = PythonTool({"timeout_s": 60, "memory_mb": 256, "max_output_chars": 200})
 
 
-def call(code: str):
-    return asyncio.run(run_tool(TOOL, {"code": code}, ToolContext(row=0)))
+def call(code: str, tool: PythonTool = TOOL):
+    return asyncio.run(run_tool(tool, {"code": code}, ToolContext(row=0)))
 
 
 @pytest.mark.parametrize(
@@ -48,10 +52,10 @@ def call(code: str):
 def test_a_bad_snippet_is_a_tool_error_with_its_cause(code, kind, says):
     started = time.monotonic()
     result = call(code)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # a hang, not a slow machine: the limit is 3 s
     assert result.error == kind and result.text.startswith("error:") and says in result.text
     assert len(result.text) < 2500
-    assert call("print(6 * 7)").text == "42\n"  # the tool still works after it
+    assert call("print(6 * 7)", ROOMY).text == "42\n"  # the tool still works after it
 
 
 def test_no_network():
@@ -63,14 +67,17 @@ def test_no_network():
 
 
 def test_calls_run_concurrently():
-    async def both():
-        return await asyncio.gather(
-            *(run_tool(TOOL, {"code": "import time; time.sleep(1)"}, ToolContext(row=i)) for i in range(4))
-        )
+    """Each call prints when its code started and ended (the box shares the wall clock): run concurrently,
+    every call starts before any ends. No bound on the total time, which a loaded machine stretches."""
+    code = "import time; a = time.time(); time.sleep(1); print(a, time.time())"
 
-    started = time.monotonic()
-    results = asyncio.run(both())
-    assert all(r.error is None for r in results) and time.monotonic() - started < 3.5
+    async def all_four():
+        return await asyncio.gather(*(run_tool(ROOMY, {"code": code}, ToolContext(row=i)) for i in range(4)))
+
+    results = asyncio.run(all_four())
+    assert all(r.error is None for r in results), results
+    spans = [tuple(map(float, r.text.split())) for r in results]
+    assert max(start for start, _ in spans) < min(end for _, end in spans), spans
 
 
 def test_missing_code_argument():
