@@ -161,7 +161,8 @@ def test_a_background_child_cannot_hold_a_call_past_its_timeout_or_outlive_it(de
     started = time.monotonic()
     try:
         result = call(f"import subprocess, time; subprocess.Popen({argv!r}); time.sleep(100)", tool)
-        assert time.monotonic() - started < 2.0
+        # held by the child, the call would last the snippet's 100 s; 30 leaves a loaded machine room
+        assert time.monotonic() - started < 30
         assert result.error == "timeout"
         assert processes_with(marker) == []
     finally:
@@ -170,11 +171,10 @@ def test_a_background_child_cannot_hold_a_call_past_its_timeout_or_outlive_it(de
 
 def test_a_call_ends_when_its_code_does_and_kills_what_it_left_running():
     marker = f"0.00{os.getpid()}9"
-    started = time.monotonic()
     try:
         result = call(f"import subprocess; subprocess.Popen(['sleep', 'inf', {marker!r}]); print('done')")
+        # had the call waited for `sleep inf`, it would have ended at its 3 s timeout, an error
         assert result.error is None and result.text == "done\n"
-        assert time.monotonic() - started < 1.5
         assert processes_with(marker) == []
     finally:
         kill_all(processes_with(marker))
@@ -207,10 +207,8 @@ except OSError:
     pass
 print(started)
 """
-    begun = time.monotonic()
-    result = call(code)
+    result = call(code)  # waiting for the 5 s children would end in the 3 s timeout, an error
     assert result.error is None and 0 < int(result.text) < LIMITS["max_processes"], result.text
-    assert time.monotonic() - begun < 2
 
 
 @pytest.mark.parametrize("use_cgroups", [True, False], ids=["cgroup", "watchdog"])
@@ -248,11 +246,9 @@ try:
 except OSError as exc:
     print(type(exc).__name__, written)
 """
-    started = time.monotonic()
-    result = call(code)
+    result = call(code)  # a limit that never bit would leave 2 GiB to write within the 3 s timeout
     kind, mib = result.text.split()
     assert kind == "OSError" and int(mib) <= LIMITS["disk_mb"], result.text
-    assert time.monotonic() - started < 2
 
 
 def test_tool_code_cannot_reach_the_trainers_loopback():
