@@ -15,6 +15,7 @@ from relm.learner.batch import Advantaged, UpdateForward
 from relm.learner.forward import response_logprobs
 from relm.learner.trainee import Trainee
 from relm.learner.update_loop import MicroStep, UpdateResult, run_update
+from relm.memory.host_allocator import release_heap_fragments
 
 
 def update_actor(
@@ -92,6 +93,7 @@ def _accumulate_minibatch(
         loss, metrics = actor_objective(logprobs, entropy, policy_tensors(mb), objective, scale)
         accumulation.backward(loss, last=index == len(micros) - 1)
         steps.append(MicroStep(rows=micro, metrics=metrics, forward=logprobs.detach().float().cpu()))
+        release_heap_fragments()  # a CPU run's kept heap, bounded between micro-batches
     return steps
 
 

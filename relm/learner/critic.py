@@ -16,6 +16,7 @@ from relm.learner.batch import Advantaged
 from relm.learner.forward import response_values
 from relm.learner.trainee import Trainee
 from relm.learner.update_loop import MicroStep, UpdateResult, run_update
+from relm.memory.host_allocator import release_heap_fragments
 
 
 @dataclass(frozen=True)
@@ -94,4 +95,5 @@ def _accumulate_minibatch(
         vpred = masked_mean(values.detach(), mb.loss_mask)
         metrics = {"vf_loss": vf_loss.detach(), "vpred_mean": vpred, **vf_metrics}
         steps.append(MicroStep(rows=micro, metrics=metrics, forward=values.detach().float().cpu()))
+        release_heap_fragments()  # a CPU run's kept heap, bounded between micro-batches
     return steps

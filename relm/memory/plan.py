@@ -590,11 +590,14 @@ def _checkpoint_staging(request: PlanRequest) -> int:
     return largest
 
 
-CPU_LOGIT_BUFFERS = 8
+CPU_LOGIT_BUFFERS = 9
 """[rows, response + 1, vocabulary] fp32 tensors a CPU step holds at its peak, as measured (README's tour,
 docs/benchmarks.md): the logits, their gradient, the log-softmax's and the entropy's fp32 chunks, and
-the blocks of the heap freed ones leave between them (a CPU run keeps freed memory for reuse,
-`relm.memory.host_allocator`)."""
+the blocks of the heap freed ones leave between them (a CPU run keeps freed memory for reuse and gives
+the holes back past a bound, `relm.memory.host_allocator`). Nine sits in the middle of what README's
+tour measured after that bound (2026-12-05, docs/benchmarks.md): the GSM8K and reward-file tours
+(16-token responses, 8 rows a micro-batch) -14% to -18%, the verl block (256 tokens, 1 row) +9% to +29%
+over five runs; eight left the verl block at +21% to +37%, ten put the reward-file tour at -26%."""
 CPU_LATE_BYTES = 64 * 2**20
 """Host memory a CPU run takes after the plan is made besides the tokenizer: the dataset's rows and token
 ids, the reward manager, torch's first-use kernels and thread pools (the demo: ~0.07 GiB)."""

@@ -456,10 +456,10 @@ def test_checkpoint_staging_counts_against_the_host():
 def test_cpu_runs_need_every_model_in_host_memory():
     # fp32 actor 16e9 (weights, gradients, moments), reference 4e9; a micro-batch of 4 responses of
     # 1024-token rows: fp32 activations 4 * 2 * 720,000 * 1024, and its logits over the 511 response
-    # tokens + 1, eight fp32 copies at the peak: 8 * 4 * 10,000 * 4 * 512; what the run loads after the
+    # tokens + 1, nine fp32 copies at the peak: 9 * 4 * 10,000 * 4 * 512; what the run loads after the
     # plan, 64 MiB + the tokenizer's 1,600 bytes an entry * 10,000; a checkpoint's staging 4.04e9
     cpu = request(0, autocast=False, generation_dtype=None, cpu_rows_per_microbatch=4, response_length=511)
-    rows = 5_898_240_000 + 655_360_000 + 64 * 2**20 + 16_000_000
+    rows = 5_898_240_000 + 737_280_000 + 64 * 2**20 + 16_000_000
     assert cpu_host_need(cpu) == 20e9 + rows + 4_040_000_000
     lora = with_lora(cpu, {"actor": Lora(8, 10**7)})
     # LoRA: fp32 base 4e9, adapters 8 T + 8 T, no reference; staging 4 T
