@@ -55,7 +55,20 @@ LOSS_AGG_MODES = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "dppo_tv", "dppo_kl")
+POLICY_LOSS_MODES = (
+    "vanilla",
+    "gspo",
+    "gpg",
+    "cispo",
+    "geo_mean",
+    "dppo_tv",
+    "dppo_kl",
+    "sapo",
+    "dro",
+    "clip_cov",
+    "kl_cov",
+    "bypass_mode",
+)
 KL_ESTIMATORS: tuple[str, ...] = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
 # verl 0.9.1: a `+` suffix keeps the value and takes the gradient of k2 (relm.algorithms.kl).
 KL_ESTIMATORS += tuple(kind + "+" for kind in KL_ESTIMATORS)
@@ -146,6 +159,7 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
     _check_fsdp_sizes(cfg)
     _check_features(cfg)
     _check_rollout_correction(cfg)
+    _check_policy_loss_settings(cfg)
     _check_lora(cfg)
     data = cfg.data
     if data.val_files and not data.train_files and not cfg.trainer.val_only:
@@ -167,12 +181,39 @@ def _check_rollout_correction(cfg: RelmConfig) -> None:
     loss is not asked for beside another policy loss it would replace."""
     correction = parse_rollout_correction(cfg.algorithm.rollout_correction)
     loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
-    if correction.bypass and correction.loss_type == "reinforce" and loss_mode != "vanilla":
+    if (
+        correction.bypass
+        and correction.loss_type == "reinforce"
+        and loss_mode not in ("vanilla", "bypass_mode")
+    ):
         raise UserError(
             "`algorithm.rollout_correction.loss_type=reinforce` replaces the policy loss, so "
             f"`actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}` would not act: set loss_mode=vanilla "
             "or loss_type=ppo_clip"
         )
+
+
+def _check_policy_loss_settings(cfg: RelmConfig) -> None:
+    """The settings the chosen policy loss reads are ones its formula can take (verl asserts the same)."""
+    actor = cfg.actor_rollout_ref.actor
+    loss = actor.policy_loss
+    key = "actor_rollout_ref.actor"
+    needs: dict[str, tuple[tuple[str, float | None], ...]] = {
+        "sapo": (("tau_pos", actor.tau_pos), ("tau_neg", actor.tau_neg)),
+        "dro": (("policy_loss.dro_beta", loss.dro_beta),),
+        "clip_cov": (("policy_loss.clip_cov_ratio", loss.clip_cov_ratio),),
+        "kl_cov": (("policy_loss.kl_cov_ratio", loss.kl_cov_ratio),),
+    }
+    for name, value in needs.get(loss.loss_mode, ()):
+        if value is None or value <= 0:
+            raise UserError(
+                f"`{key}.{name}={_yaml_value(value)}`: the `{loss.loss_mode}` policy loss needs a positive value; "
+                f"set {key}.{name}=<value > 0>"
+            )
+
+
+def _yaml_value(value: float | None) -> str:
+    return "null" if value is None else str(value)
 
 
 def _check_lora(cfg: RelmConfig) -> None:

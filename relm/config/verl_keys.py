@@ -49,8 +49,11 @@ _MEGATRON = "Megatron is not supported; relm trains with PyTorch FSDP"
 _SHM = "relm loads models directly, without a shared-memory copy"
 _DYN_LOGPROB = "log-prob forwards use the actor's `use_dynamic_bsz` and `ppo_max_token_len_per_gpu`"
 _ENTROPY_MEM = "relm computes the entropy in one pass"
-_CLIP_COV = "only used by the `clip_cov`/`kl_cov` policy losses, which relm does not implement"
 _ASYNC = "relm generates synchronously, in-process"
+_SAPO_TAU = (
+    "verl's `sapo` reads `actor_rollout_ref.actor.tau_{0}`, not this key (its own scripts set this one, which "
+    "leaves the default); set actor_rollout_ref.actor.tau_{0}"
+)
 _QAT = "quantization-aware training is not implemented"
 _QUANT_FILE = "a torchao/vLLM quantization config file; relm's `rollout.quantization=fp8` takes no file"
 _ROUTER_REPLAY = "MoE router replay is not implemented"
@@ -111,11 +114,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": _ENTROPY_MEM,
     "actor_rollout_ref.actor.entropy_checkpointing": _ENTROPY_MEM,
     "actor_rollout_ref.actor.use_remove_padding": "relm reads `actor_rollout_ref.model.use_remove_padding`",
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": _CLIP_COV,
-    "actor_rollout_ref.actor.policy_loss.clip_cov_lb": _CLIP_COV,
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ub": _CLIP_COV,
-    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": _CLIP_COV,
-    "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": _CLIP_COV,
     "actor_rollout_ref.actor.megatron.*": _MEGATRON,
     "actor_rollout_ref.ref.strategy": "the reference uses the actor's backend",
     "actor_rollout_ref.ref.use_torch_compile": _COMPILE,
@@ -214,10 +212,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.actor.entropy_from_logits_chunk_size": _ENTROPY_MEM,
     "actor_rollout_ref.actor.pad_to_length": "relm packs or pads micro-batches itself",
     "actor_rollout_ref.actor.rollout_n": _ROLLOUT_N,
-    "actor_rollout_ref.actor.tau_pos": "only used by verl's `sapo` policy loss, which relm does not implement",
-    "actor_rollout_ref.actor.tau_neg": "only used by verl's `sapo` policy loss, which relm does not implement",
     "actor_rollout_ref.actor.use_prefix_grouper": "shared-prefix forwards are not implemented",
-    "actor_rollout_ref.actor.policy_loss.dro_beta": "only used by verl's `dro` policy loss, which relm does not implement",
     "actor_rollout_ref.actor.optim.optimizer": _OPTIM,
     "actor_rollout_ref.actor.optim.optimizer_impl": _OPTIM,
     "actor_rollout_ref.actor.optim.override_optimizer_config": _OPTIM,
@@ -297,8 +292,8 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.actor.torchtitan.*": _OTHER_ENGINE,
     "actor_rollout_ref.ref.torchtitan.*": _OTHER_ENGINE,
     "critic.torchtitan.*": _OTHER_ENGINE,
-    "actor_rollout_ref.actor.policy_loss.tau_pos": "only used by verl's `sapo` policy loss, which relm does not implement",
-    "actor_rollout_ref.actor.policy_loss.tau_neg": "only used by verl's `sapo` policy loss, which relm does not implement",
+    "actor_rollout_ref.actor.policy_loss.tau_pos": _SAPO_TAU.format("pos"),
+    "actor_rollout_ref.actor.policy_loss.tau_neg": _SAPO_TAU.format("neg"),
     "actor_rollout_ref.actor.optim.override_optimizer_config.*": _OPTIM,
     "critic.optim.override_optimizer_config.*": _OPTIM,
     "actor_rollout_ref.rollout.moe_tensor_parallel_size": _IN_PROCESS,
