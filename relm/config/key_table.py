@@ -259,6 +259,8 @@ SPEC_KEYS: dict[str, str] = {
     "algorithm.rollout_correction.rollout_rs_threshold": "algorithm.rollout_correction.rejection",
     "algorithm.rollout_correction.bypass_mode": "algorithm.rollout_correction.bypass",
     "algorithm.rollout_correction.loss_type": "algorithm.rollout_correction.loss_type",
+    "algorithm.gdpo_reward_keys": "algorithm.gdpo_reward_keys",
+    "algorithm.gdpo_reward_weights": "algorithm.gdpo_reward_weights",
     # the loop
     "trainer.total_epochs": "loop.total_epochs",
     "trainer.total_training_steps": "loop.total_training_steps",

@@ -161,7 +161,7 @@ class PolicyLossConfig:
     """`kl_cov`: share of valid tokens, those of largest advantage-logprob covariance, that get the KL
     penalty, at least one."""
     ppo_kl_coef: float = 0.1
-    """`kl_cov`: weight of |log pi - log pi_old| on those tokens."""
+    """`kl_cov`: weight of the absolute log-ratio (log pi - log pi_old) on those tokens."""
     dro_beta: float | None = None
     """`dro`: weight of the quadratic log-ratio penalty; required (> 0) with `loss_mode=dro`."""
 
@@ -612,6 +612,11 @@ class AlgorithmConfig:
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Which policy's logprobs the update treats as old (the actor's, or the engine's in bypass mode) and the
     importance weights and rejection that correct for the engine's gap."""
+    gdpo_reward_keys: list[str] | None = None
+    """`gdpo`: the reward function's dict keys (returned beside `score`) normalised one by one within each
+    group; required with `adv_estimator=gdpo`."""
+    gdpo_reward_weights: list[float] | None = None
+    """`gdpo`: one weight per `gdpo_reward_keys` entry for the sum of the normalised rewards; unset: all 1."""
 
 
 @dataclass

@@ -368,6 +368,10 @@ class AlgorithmSpec:
     max_num_gen_batches: int
     rollout_correction: RolloutCorrection
     """Parsed once (`relm.config.rollout_correction.parse_rollout_correction`)."""
+    gdpo_reward_keys: tuple[str, ...]
+    """`gdpo`: the reward function's keys normalised one by one; empty for every other estimator's run."""
+    gdpo_reward_weights: tuple[float, ...] | None
+    """`gdpo`: their weights; None weighs each 1."""
 
 
 @dataclass(frozen=True)

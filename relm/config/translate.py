@@ -334,6 +334,8 @@ def algorithm_spec(cfg: RelmConfig) -> AlgorithmSpec:
         filter_metric=algo.filter_groups.metric,
         max_num_gen_batches=algo.filter_groups.max_num_gen_batches,
         rollout_correction=parse_rollout_correction(algo.rollout_correction),
+        gdpo_reward_keys=tuple(algo.gdpo_reward_keys or ()),
+        gdpo_reward_weights=None if algo.gdpo_reward_weights is None else tuple(algo.gdpo_reward_weights),
     )
 
 

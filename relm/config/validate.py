@@ -36,6 +36,7 @@ ADV_ESTIMATORS = (
     "rloo_vectorized",
     "gpg",
     "grpo_passk",
+    "gdpo",
 )
 GROUP_ESTIMATORS = (
     "grpo",
@@ -46,8 +47,18 @@ GROUP_ESTIMATORS = (
     "rloo_vectorized",
     "gpg",
     "grpo_passk",
+    "gdpo",
 )
 """Estimators whose baseline comes from the other responses to the same prompt: they need n >= 2."""
+ESTIMATORS_NOT_YET = {
+    name: (
+        f"`algorithm.adv_estimator={name}` needs each token's sum of squared policy probabilities (verl's "
+        "`sum_pi_squared`, from the actor's old-logprob forward with `actor_rollout_ref.actor.calculate_sum_pi_squared"
+        "=true`), which relm's forwards do not compute yet; use grpo or rloo"
+    )
+    for name in ("optimal_token_baseline", "tir_optimal_token_baseline")
+}
+"""verl 0.9.1 estimators relm refuses with a reason (docs/algorithms.md): the inputs they read are not built."""
 LOSS_AGG_MODES = (
     "token-mean",
     "token-sum",
@@ -153,6 +164,8 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
     Raises:
         UserError: naming the key, its value and the fix.
     """
+    if cfg.algorithm.adv_estimator in ESTIMATORS_NOT_YET:
+        raise UserError(ESTIMATORS_NOT_YET[cfg.algorithm.adv_estimator])
     _check_choices(cfg)
     _check_ranges(cfg)
     _check_batches(cfg)
@@ -160,6 +173,7 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
     _check_features(cfg)
     _check_rollout_correction(cfg)
     _check_policy_loss_settings(cfg)
+    _check_gdpo(cfg)
     _check_lora(cfg)
     data = cfg.data
     if data.val_files and not data.train_files and not cfg.trainer.val_only:
@@ -210,6 +224,24 @@ def _check_policy_loss_settings(cfg: RelmConfig) -> None:
                 f"`{key}.{name}={_yaml_value(value)}`: the `{loss.loss_mode}` policy loss needs a positive value; "
                 f"set {key}.{name}=<value > 0>"
             )
+
+
+def _check_gdpo(cfg: RelmConfig) -> None:
+    """GDPO reads the reward function's numbers by name: it needs the names (verl asserts so), one weight each."""
+    algo = cfg.algorithm
+    if algo.adv_estimator != "gdpo":
+        return
+    if not algo.gdpo_reward_keys:
+        raise UserError(
+            "`algorithm.adv_estimator=gdpo` normalises each reward the reward function returns by name: set "
+            "`+algorithm.gdpo_reward_keys=[key1,key2]` to keys of its dict (e.g. format_reward, accuracy_reward)"
+        )
+    weights = algo.gdpo_reward_weights
+    if weights is not None and len(weights) != len(algo.gdpo_reward_keys):
+        raise UserError(
+            f"`algorithm.gdpo_reward_weights` has {len(weights)} entries for {len(algo.gdpo_reward_keys)} "
+            "`algorithm.gdpo_reward_keys`: give one weight per key, or none (each weighs 1)"
+        )
 
 
 def _yaml_value(value: float | None) -> str:

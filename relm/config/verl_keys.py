@@ -205,7 +205,10 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.model.mtp.*": _MTP,
     "actor_rollout_ref.model.tiled_mlp.*": _TILED_MLP,
     "actor_rollout_ref.actor.calculate_entropy": "relm always computes the entropy (`actor/entropy`)",
-    "actor_rollout_ref.actor.calculate_sum_pi_squared": "a diagnostic relm does not compute",
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": (
+        "relm's forwards do not compute sum_pi_squared (it feeds verl's optimal_token_baseline estimators, which "
+        "relm refuses)"
+    ),
     "actor_rollout_ref.actor.data_loader_seed": _SEED,
     "actor_rollout_ref.actor.freeze_vision_tower": _MULTIMODAL,
     "actor_rollout_ref.actor.loss_scale_factor": "a constant loss divisor is not implemented; `loss_agg_mode` decides",
@@ -301,7 +304,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.ref.mindspeed.*": "MindSpeed (Ascend's Megatron) is not supported; relm trains with PyTorch FSDP",
     "actor_rollout_ref.actor.optim.min_lr": "relm's cosine schedule decays to `optim.min_lr_ratio` x `optim.lr`",
     "critic.optim.min_lr": "relm's cosine schedule decays to `optim.min_lr_ratio` x `optim.lr`",
-    "algorithm.gdpo_reward_keys": "only used by verl's `gdpo` estimator, which relm does not implement",
     # top level
     "model_engine": "relm trains with PyTorch FSDP (verl's `dp` engine)",
     "ray_init.*": _RAY,
