@@ -404,9 +404,11 @@ def bypass_mode_loss(
 ) -> tuple[torch.Tensor, Metrics]:
     """verl's `bypass_mode` loss name: `bypass_policy_loss` of `vanilla`, `old_logprobs` taken as the rollout's.
 
-    verl's bypass mode sets this name itself; named by hand, it runs with `params.correction`, which relm
-    fills from `algorithm.rollout_correction` in bypass mode and leaves None (`DEFAULT_CORRECTION`, verl's
-    default) otherwise. `rollout_is_weights` are ignored, as in verl: the weights are computed here.
+    verl's bypass mode sets this name itself; relm's bypass mode calls `bypass_policy_loss` with
+    `algorithm.rollout_correction` instead (reading this name as `vanilla`), so this function runs when the
+    name is given outside bypass mode, with `params.correction`: None in relm's runs, which is verl's
+    `policy_loss.rollout_correction` default (`DEFAULT_CORRECTION`) there. `rollout_is_weights` are ignored,
+    as in verl: the weights are computed here.
     """
     return bypass_policy_loss(
         "vanilla", DEFAULT_CORRECTION if params is None or params.correction is None else params.correction,

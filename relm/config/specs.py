@@ -187,8 +187,9 @@ class LossParams:
     dro_beta: float | None = None
     """`policy_loss.dro_beta`: DRO's quadratic log-ratio penalty (required, > 0, for `dro`)."""
     correction: RolloutCorrection | None = None
-    """The rollout correction verl's `bypass_mode` loss reads: `algorithm.rollout_correction` in bypass mode,
-    None (every correction off, verl's `policy_loss.rollout_correction` default) otherwise."""
+    """The rollout correction verl's `bypass_mode` loss reads; None: verl's `policy_loss.rollout_correction`
+    default (relm's runs leave it None: in bypass mode the learner passes `algorithm.rollout_correction`
+    to `bypass_policy_loss` itself)."""
 
 
 @dataclass(frozen=True)

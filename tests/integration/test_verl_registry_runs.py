@@ -91,8 +91,12 @@ def test_gdpo_trains_and_names_a_key_the_reward_does_not_return(
             "actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.1",
         ),
         ("actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",),
+        (
+            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",
+            "algorithm.rollout_correction.bypass_mode=true",
+        ),
     ],
-    ids=lambda overrides: overrides[0].rsplit("=", 1)[1],
+    ids=["sapo", "dro", "clip_cov", "kl_cov", "bypass_mode", "bypass_mode-in-bypass-mode"],
 )
 def test_each_loss_with_its_keys_trains_a_step(
     train: Callable[..., RunResult], varied_reward, overrides
