@@ -27,6 +27,7 @@ from relm.algorithms.kl import (
 from relm.algorithms.losses import (
     AGG_MODES,
     POLICY_LOSSES,
+    LossParams,
     agg_loss,
     compute_entropy_loss,
     compute_policy_loss,
@@ -34,9 +35,16 @@ from relm.algorithms.losses import (
     register_policy_loss,
 )
 from relm.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from relm.algorithms.pg_params import clip_cov_loss, dro_loss, kl_cov_loss, sapo_loss
 from relm.algorithms.pg_variants import cispo_loss, dppo_kl_loss, dppo_tv_loss, geo_mean_loss, gpg_loss
+from relm.algorithms.rollout_correction import bypass_mode_loss
 
 __all__ = [
+    "bypass_mode_loss",
+    "clip_cov_loss",
+    "dro_loss",
+    "kl_cov_loss",
+    "sapo_loss",
     "cispo_loss",
     "compute_gpg_outcome",
     "compute_grpo_passk_outcome",
@@ -49,6 +57,7 @@ __all__ = [
     "ESTIMATOR_NEEDS",
     "EstimatorNeeds",
     "KL_KINDS",
+    "LossParams",
     "POLICY_LOSSES",
     "AdaptiveKLController",
     "FixedKLController",

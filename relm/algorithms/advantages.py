@@ -12,7 +12,7 @@ A new estimator is a function registered with `@register_adv_estimator("name")`.
 are picked by name from the inputs of `compute_advantages` (see `_INPUT_NAMES`); any other
 parameter must have a default. What the run must build for it is read from the same signature
 (`EstimatorNeeds`): a required `values` asks for a critic, a required `baseline_scores` for a greedy
-response per prompt; a reference is declared with `needs_reference=True`. The loop asks
+response per prompt, a required `score_components` for the reward function's named numbers; a reference is declared with `needs_reference=True`. The loop asks
 `estimator_needs(name)` and never compares estimator names.
 """
 
@@ -43,6 +43,9 @@ class EstimatorNeeds:
     """The score of one greedy response per prompt (`baseline_scores`, ReMax)."""
     reference: bool = False
     """Reference-policy logprobs, whatever the KL settings say."""
+    score_components: bool = False
+    """Several numbers per response from the reward function (`score_components`, GDPO): the values of the
+    keys `algorithm.gdpo_reward_keys` names."""
 
 
 ESTIMATOR_NEEDS: dict[str, EstimatorNeeds] = {}
@@ -57,6 +60,8 @@ _INPUT_NAMES = (
     "lam",
     "norm_by_std",
     "baseline_scores",
+    "score_components",
+    "score_weights",
 )
 
 
@@ -93,6 +98,7 @@ def register_adv_estimator(
             critic="values" in required,
             greedy_baseline="baseline_scores" in required,
             reference=needs_reference,
+            score_components="score_components" in required,
         )
         return fn
 
@@ -115,6 +121,8 @@ def compute_advantages(
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
     baseline_scores: torch.Tensor | None = None,
+    score_components: torch.Tensor | None = None,
+    score_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator named by `algorithm.adv_estimator`, passing it the inputs it declares.
 
@@ -139,6 +147,8 @@ def compute_advantages(
         "lam": lam,
         "norm_by_std": norm_adv_by_std_in_grpo,
         "baseline_scores": baseline_scores,
+        "score_components": score_components,
+        "score_weights": score_weights,
     }
     kwargs = {}
     for param in inspect.signature(fn).parameters.values():
@@ -229,14 +239,21 @@ def compute_grpo_outcome(
     biases updates towards too easy and too hard prompts. Returns equal the advantages.
     """
     scores = torch.where(response_mask != 0, token_rewards, 0.0).sum(dim=-1)  # [N]
+    advantages = _broadcast(_group_normalised(scores, group_ids, norm_by_std, eps), response_mask)
+    return advantages, advantages
+
+
+def _group_normalised(
+    scores: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool, eps: float
+) -> torch.Tensor:
+    """GRPO's per-response advantage [N]: score minus its group's mean, over the group's std + eps."""
     inverse, counts = _per_group(group_ids, scores)
     single = counts < 2
     mean = torch.where(single, 0.0, _group_sum(scores, inverse) / counts)  # [N]
     sq_dev = _group_sum((scores - mean) ** 2, inverse)
     std = torch.where(single, 1.0, (sq_dev / (counts - 1).clamp(min=1)).sqrt())  # [N]
     centred = scores - mean
-    advantages = _broadcast(centred / (std + eps) if norm_by_std else centred, response_mask)
-    return advantages, advantages
+    return centred / (std + eps) if norm_by_std else centred
 
 
 @register_adv_estimator("rloo")

@@ -8,6 +8,7 @@ Registered under verl's names (`algorithm.adv_estimator`), so a verl script that
   advantage 0 (`rloo` keeps its raw score).
 - `gpg`: Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546).
 - `grpo_passk`: Pass@k training (Chen et al. 2025, arXiv:2503.19595).
+- `gdpo`: GDPO (arXiv:2601.05242), GRPO on each of several rewards apart, then summed.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import torch
 
 from relm.algorithms.advantages import (
     _broadcast,
+    _group_normalised,
     _group_sum,
     _per_group,
     compute_grpo_outcome,
     register_adv_estimator,
 )
+from relm.algorithms.masked import masked_whiten
 
 register_adv_estimator("grpo_vectorized")(compute_grpo_outcome)
 
@@ -95,4 +98,33 @@ def compute_grpo_passk_outcome(
             gap = gap / (group_scores.std() + eps)
         advantages[rows[top_index[0]]] = gap
     advantages = _broadcast(advantages, response_mask)
+    return advantages, advantages
+
+
+@register_adv_estimator("gdpo")
+@torch.no_grad()
+def compute_gdpo_outcome(
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    score_components: torch.Tensor,
+    score_weights: torch.Tensor | None = None,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO, Group reward-Decoupled normalization Policy Optimization (arXiv:2601.05242).
+
+    Summing several rewards (format, accuracy, ...) before GRPO's group normalisation lets the one with the
+    largest spread drown the others; GDPO normalises each within the group first (`compute_grpo_outcome`
+    on each row of `score_components` [K, N], std division per `norm_by_std`), sums them with
+    `score_weights` [K] (default all 1), then whitens the sum over the batch's valid tokens. The token
+    rewards are not read: the components are the rewards (verl reads them from the reward function's
+    dict, as relm does through `algorithm.gdpo_reward_keys`). Returns equal the advantages.
+    """
+    weights = torch.ones(len(score_components)) if score_weights is None else score_weights
+    # A response's components count in its group's statistics whatever its mask (verl sums them unmasked),
+    # so a response the rollout correction rejects still shapes its group's baseline.
+    total = torch.zeros(response_mask.shape, dtype=score_components.dtype, device=response_mask.device)
+    for weight, scores in zip(weights.tolist(), score_components, strict=True):
+        total = total + weight * _group_normalised(scores, group_ids, norm_by_std, eps).unsqueeze(-1)
+    advantages = masked_whiten(total, response_mask) * response_mask
     return advantages, advantages

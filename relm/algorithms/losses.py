@@ -2,7 +2,8 @@
 
 Each loss returns `(loss, metrics)`: a scalar to backpropagate and detached 0-dim tensors named
 without prefix (the trainer adds `actor/` or `critic/`). A new policy loss is a function registered
-with `@register_policy_loss("name")` taking the keyword arguments of `compute_policy_loss`.
+with `@register_policy_loss("name")` taking the keyword arguments of `compute_policy_loss`; settings
+beyond the clip ranges come in one `LossParams` record (`params`; defined with the specs, which carry it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from relm.algorithms.masked import masked_mean, masked_sum
+from relm.config.specs import LossParams
 
 AGG_MODES = (
     "token-mean",
@@ -123,6 +125,7 @@ def compute_policy_loss(
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    params: LossParams | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Run the policy loss named by `actor.policy_loss.loss_mode`.
 
@@ -151,6 +154,7 @@ def compute_policy_loss(
         loss_agg_mode=loss_agg_mode,
         agg_scale=agg_scale,
         rollout_is_weights=rollout_is_weights,
+        params=LossParams() if params is None else params,
     )
 
 
@@ -171,6 +175,7 @@ def ppo_clip_loss(
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    params: LossParams | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with dual clip (Ye et al.
     2020, arXiv:1912.09729).
@@ -218,6 +223,7 @@ def gspo_loss(
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    params: LossParams | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).
 

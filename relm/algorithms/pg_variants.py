@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from relm.algorithms.losses import AggScale, _weighted, agg_loss, register_policy_loss
+from relm.algorithms.losses import AggScale, LossParams, _weighted, agg_loss, register_policy_loss
 from relm.algorithms.masked import masked_mean
 
 Metrics = dict[str, torch.Tensor]
@@ -45,6 +45,7 @@ def gpg_loss(
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    params: LossParams | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """GPG's loss: per token -A log pi (no ratio, no clip); no metrics, as verl reports none."""
     logprobs, _ = _valid_logprobs(logprobs, old_logprobs, response_mask)
@@ -65,6 +66,7 @@ def cispo_loss(
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    params: LossParams | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """CISPO: per token -sg[clip(ratio, 1 - low, 1 + high)] * A * log pi.
 
@@ -98,6 +100,7 @@ def geo_mean_loss(
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    params: LossParams | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """GMPO: -mean over responses of A_i * exp(mean_t clip(log ratio)), clipped the pessimistic way for A's sign.
 
@@ -182,6 +185,7 @@ def dppo_tv_loss(
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    params: LossParams | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """DPPO-Binary-TV: tokens whose probability rose more than `high` (A > 0) or fell more than `low` (A < 0) are dropped.
 
@@ -207,6 +211,7 @@ def dppo_kl_loss(
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    params: LossParams | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """DPPO-Binary-KL: as `dppo_tv`, the move measured as the binary KL of the token's probability.
 

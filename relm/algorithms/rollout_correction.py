@@ -27,7 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
-from relm.algorithms.losses import AggScale, compute_policy_loss, reinforce_loss
+from relm.algorithms.losses import (
+    AggScale,
+    LossParams,
+    compute_policy_loss,
+    register_policy_loss,
+    reinforce_loss,
+)
 from relm.algorithms.masked import masked_mean, masked_sum
 from relm.config.rollout_correction import RejectionBound, RolloutCorrection
 
@@ -332,13 +338,15 @@ def bypass_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     agg_scale: AggScale | None = None,
+    params: LossParams | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Bypass mode's loss (verl's `compute_policy_loss_bypass_mode`): the engine's logprobs are the old ones.
 
     The weights and rejection are computed per micro-batch against the current policy (detached logprobs).
-    `ppo_clip`: the `loss_mode` policy loss against the engine's logprobs over the kept tokens, with no
-    weights (its ratio pi / pi_rollout is already the correction); `reinforce`: `reinforce_loss` with the
-    weights. Metrics: the loss's own, plus `rollout_corr/...`.
+    `ppo_clip`: the `loss_mode` policy loss (`vanilla` for verl's own name `bypass_mode`, the loss verl's
+    bypass mode always runs) against the engine's logprobs over the kept tokens, with no weights (its
+    ratio pi / pi_rollout is already the correction); `reinforce`: `reinforce_loss` with the weights.
+    Metrics: the loss's own, plus `rollout_corr/...`.
     """
     if response_mask.any():
         corrected = correct(logprobs.detach(), rollout_logprobs, response_mask, spec)
@@ -356,7 +364,7 @@ def bypass_policy_loss(
         )
     else:
         loss, metrics = compute_policy_loss(
-            loss_mode,
+            "vanilla" if loss_mode == "bypass_mode" else loss_mode,
             old_logprobs=rollout_logprobs,
             logprobs=logprobs,
             advantages=advantages,
@@ -366,5 +374,45 @@ def bypass_policy_loss(
             clip_ratio_c=clip_ratio_c,
             loss_agg_mode=loss_agg_mode,
             agg_scale=agg_scale,
+            params=params,
         )
     return loss, {**metrics, **corrected.metrics}
+
+
+DEFAULT_CORRECTION = RolloutCorrection(
+    is_level="sequence", is_upper=2.0, is_lower=None, is_batch_normalize=False, rejection=(), bypass=False,
+    loss_type="ppo_clip",
+)  # fmt: skip
+"""verl's `policy_loss.rollout_correction` default (its dataclass's: `rollout_is=sequence`, threshold 2, no
+rejection, `ppo_clip`): with `ppo_clip` the weights are not applied, so it only adds their metrics."""
+
+
+@register_policy_loss("bypass_mode")
+def bypass_mode_loss(
+    *,
+    old_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+    agg_scale: AggScale | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    params: LossParams | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """verl's `bypass_mode` loss name: `bypass_policy_loss` of `vanilla`, `old_logprobs` taken as the rollout's.
+
+    verl's bypass mode sets this name itself; relm's bypass mode calls `bypass_policy_loss` with
+    `algorithm.rollout_correction` instead (reading this name as `vanilla`), so this function runs when the
+    name is given outside bypass mode, with `params.correction`: None in relm's runs, which is verl's
+    `policy_loss.rollout_correction` default (`DEFAULT_CORRECTION`) there. `rollout_is_weights` are ignored,
+    as in verl: the weights are computed here.
+    """
+    return bypass_policy_loss(
+        "vanilla", DEFAULT_CORRECTION if params is None or params.correction is None else params.correction,
+        rollout_logprobs=old_logprobs, logprobs=logprobs, advantages=advantages, response_mask=response_mask,
+        clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c,
+        loss_agg_mode=loss_agg_mode, agg_scale=agg_scale, params=params,
+    )  # fmt: skip

@@ -140,6 +140,14 @@ SPEC_KEYS: dict[str, str] = {
     f"{_ACTOR}.kl_loss_coef": "actor_loss.kl_loss_coef",
     f"{_ACTOR}.kl_loss_type": "actor_loss.kl_loss_type",
     f"{_ACTOR}.policy_loss.loss_mode": "actor_loss.loss_mode",
+    f"{_ACTOR}.tau_pos": "actor_loss.params.tau_pos",
+    f"{_ACTOR}.tau_neg": "actor_loss.params.tau_neg",
+    f"{_ACTOR}.policy_loss.clip_cov_ratio": "actor_loss.params.clip_cov_ratio",
+    f"{_ACTOR}.policy_loss.clip_cov_lb": "actor_loss.params.clip_cov_lb",
+    f"{_ACTOR}.policy_loss.clip_cov_ub": "actor_loss.params.clip_cov_ub",
+    f"{_ACTOR}.policy_loss.kl_cov_ratio": "actor_loss.params.kl_cov_ratio",
+    f"{_ACTOR}.policy_loss.ppo_kl_coef": "actor_loss.params.ppo_kl_coef",
+    f"{_ACTOR}.policy_loss.dro_beta": "actor_loss.params.dro_beta",
     # the reference
     f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": "reference.rows_per_forward",
     f"{_ARR}.ref.log_prob_micro_batch_size": "reference.rows_per_forward",
@@ -251,6 +259,8 @@ SPEC_KEYS: dict[str, str] = {
     "algorithm.rollout_correction.rollout_rs_threshold": "algorithm.rollout_correction.rejection",
     "algorithm.rollout_correction.bypass_mode": "algorithm.rollout_correction.bypass",
     "algorithm.rollout_correction.loss_type": "algorithm.rollout_correction.loss_type",
+    "algorithm.gdpo_reward_keys": "algorithm.gdpo_reward_keys",
+    "algorithm.gdpo_reward_weights": "algorithm.gdpo_reward_weights",
     # the loop
     "trainer.total_epochs": "loop.total_epochs",
     "trainer.total_training_steps": "loop.total_training_steps",

@@ -150,6 +150,20 @@ class PolicyLossConfig:
 
     loss_mode: str = "vanilla"
     """`vanilla` (clipped PPO surrogate) or another registered policy loss."""
+    clip_cov_ratio: float = 0.0002
+    """`clip_cov`: share of valid tokens (of those PPO's clip left alone, covariance in (lb, ub)) taken out
+    of the gradient, at least one."""
+    clip_cov_lb: float = 1.0
+    """`clip_cov`: a candidate's advantage-logprob covariance exceeds this..."""
+    clip_cov_ub: float = 5.0
+    """`clip_cov`: ...and stays below this."""
+    kl_cov_ratio: float = 0.0002
+    """`kl_cov`: share of valid tokens, those of largest advantage-logprob covariance, that get the KL
+    penalty, at least one."""
+    ppo_kl_coef: float = 0.1
+    """`kl_cov`: weight of the absolute log-ratio (log pi - log pi_old) on those tokens."""
+    dro_beta: float | None = None
+    """`dro`: weight of the quadratic log-ratio penalty; required (> 0) with `loss_mode=dro`."""
 
 
 @dataclass
@@ -196,6 +210,10 @@ class ActorConfig:
     """Weight of the KL loss term."""
     kl_loss_type: str = "low_var_kl"
     """KL estimator for the loss: `kl` (k1), `abs`, `mse` (k2), `low_var_kl` (k3); `+` (`k3+`): k2's gradient."""
+    tau_pos: float = 1.0
+    """`sapo`: gate temperature on tokens with a positive advantage."""
+    tau_neg: float = 1.05
+    """`sapo`: gate temperature on the others (larger: negative updates fade faster off-policy)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -594,6 +612,11 @@ class AlgorithmConfig:
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Which policy's logprobs the update treats as old (the actor's, or the engine's in bypass mode) and the
     importance weights and rejection that correct for the engine's gap."""
+    gdpo_reward_keys: list[str] | None = None
+    """`gdpo`: the reward function's dict keys (returned beside `score`) normalised one by one within each
+    group; required with `adv_estimator=gdpo`."""
+    gdpo_reward_weights: list[float] | None = None
+    """`gdpo`: one weight per `gdpo_reward_keys` entry for the sum of the normalised rewards; unset: all 1."""
 
 
 @dataclass

@@ -163,6 +163,36 @@ class TrainedModelSpec:
 
 
 @dataclass(frozen=True)
+class LossParams:
+    """Settings only some policy losses read, under verl 0.9.1's key names and defaults.
+
+    One record passed to every loss (rather than a keyword each) keeps the losses' signatures alike, so
+    `compute_policy_loss` runs any registered loss the same way; a loss reads the fields it needs.
+    """
+
+    tau_pos: float = 1.0
+    """`actor.tau_pos`: SAPO's gate temperature where A > 0."""
+    tau_neg: float = 1.05
+    """`actor.tau_neg`: SAPO's gate temperature where A <= 0."""
+    clip_cov_ratio: float = 0.0002
+    """`policy_loss.clip_cov_ratio`: share of valid tokens Clip-Cov may take out of the gradient."""
+    clip_cov_lb: float = 1.0
+    """`policy_loss.clip_cov_lb`: Clip-Cov's candidates have covariance above this..."""
+    clip_cov_ub: float = 5.0
+    """`policy_loss.clip_cov_ub`: ...and below this."""
+    kl_cov_ratio: float = 0.0002
+    """`policy_loss.kl_cov_ratio`: share of valid tokens (largest covariance) KL-Cov penalises."""
+    ppo_kl_coef: float = 0.1
+    """`policy_loss.ppo_kl_coef`: KL-Cov's weight of |log ratio| on those tokens."""
+    dro_beta: float | None = None
+    """`policy_loss.dro_beta`: DRO's quadratic log-ratio penalty (required, > 0, for `dro`)."""
+    correction: RolloutCorrection | None = None
+    """The rollout correction verl's `bypass_mode` loss reads; None: verl's `policy_loss.rollout_correction`
+    default (relm's runs leave it None: in bypass mode the learner passes `algorithm.rollout_correction`
+    to `bypass_policy_loss` itself)."""
+
+
+@dataclass(frozen=True)
 class ActorLossSpec:
     """The policy objective (`actor_rollout_ref.actor.*` loss keys)."""
 
@@ -176,6 +206,8 @@ class ActorLossSpec:
     kl_loss_type: str
     use_torch_compile: bool
     """Compiled fused layer pieces in every training forward (GPU only)."""
+    params: LossParams
+    """Settings of the losses that read their own (`sapo`'s taus, `clip_cov`, `kl_cov`, `dro`, `bypass_mode`)."""
 
 
 @dataclass(frozen=True)
@@ -337,6 +369,10 @@ class AlgorithmSpec:
     max_num_gen_batches: int
     rollout_correction: RolloutCorrection
     """Parsed once (`relm.config.rollout_correction.parse_rollout_correction`)."""
+    gdpo_reward_keys: tuple[str, ...]
+    """`gdpo`: the reward function's keys normalised one by one; empty for every other estimator's run."""
+    gdpo_reward_weights: tuple[float, ...] | None
+    """`gdpo`: their weights; None weighs each 1."""
 
 
 @dataclass(frozen=True)

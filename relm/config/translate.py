@@ -27,6 +27,7 @@ from relm.config.specs import (
     KLControlSpec,
     LoopSpec,
     LoraSpec,
+    LossParams,
     MemorySpec,
     ModelSourceSpec,
     MultiTurnSpec,
@@ -228,6 +229,16 @@ def actor_loss_spec(actor: ActorConfig) -> ActorLossSpec:
         kl_loss_coef=actor.kl_loss_coef,
         kl_loss_type=actor.kl_loss_type,
         use_torch_compile=actor.use_torch_compile,
+        params=LossParams(
+            tau_pos=actor.tau_pos,
+            tau_neg=actor.tau_neg,
+            clip_cov_ratio=actor.policy_loss.clip_cov_ratio,
+            clip_cov_lb=actor.policy_loss.clip_cov_lb,
+            clip_cov_ub=actor.policy_loss.clip_cov_ub,
+            kl_cov_ratio=actor.policy_loss.kl_cov_ratio,
+            ppo_kl_coef=actor.policy_loss.ppo_kl_coef,
+            dro_beta=actor.policy_loss.dro_beta,
+        ),
     )
 
 
@@ -323,6 +334,8 @@ def algorithm_spec(cfg: RelmConfig) -> AlgorithmSpec:
         filter_metric=algo.filter_groups.metric,
         max_num_gen_batches=algo.filter_groups.max_num_gen_batches,
         rollout_correction=parse_rollout_correction(algo.rollout_correction),
+        gdpo_reward_keys=tuple(algo.gdpo_reward_keys or ()),
+        gdpo_reward_weights=None if algo.gdpo_reward_weights is None else tuple(algo.gdpo_reward_weights),
     )
 
 

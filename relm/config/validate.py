@@ -36,6 +36,7 @@ ADV_ESTIMATORS = (
     "rloo_vectorized",
     "gpg",
     "grpo_passk",
+    "gdpo",
 )
 GROUP_ESTIMATORS = (
     "grpo",
@@ -46,8 +47,18 @@ GROUP_ESTIMATORS = (
     "rloo_vectorized",
     "gpg",
     "grpo_passk",
+    "gdpo",
 )
 """Estimators whose baseline comes from the other responses to the same prompt: they need n >= 2."""
+ESTIMATORS_NOT_YET = {
+    name: (
+        f"`algorithm.adv_estimator={name}` needs each token's sum of squared policy probabilities (verl's "
+        "`sum_pi_squared`, from the actor's old-logprob forward with `actor_rollout_ref.actor.calculate_sum_pi_squared"
+        "=true`), which relm's forwards do not compute yet; use grpo or rloo"
+    )
+    for name in ("optimal_token_baseline", "tir_optimal_token_baseline")
+}
+"""verl 0.9.1 estimators relm refuses with a reason (docs/algorithms.md): the inputs they read are not built."""
 LOSS_AGG_MODES = (
     "token-mean",
     "token-sum",
@@ -55,7 +66,20 @@ LOSS_AGG_MODES = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "dppo_tv", "dppo_kl")
+POLICY_LOSS_MODES = (
+    "vanilla",
+    "gspo",
+    "gpg",
+    "cispo",
+    "geo_mean",
+    "dppo_tv",
+    "dppo_kl",
+    "sapo",
+    "dro",
+    "clip_cov",
+    "kl_cov",
+    "bypass_mode",
+)
 KL_ESTIMATORS: tuple[str, ...] = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
 # verl 0.9.1: a `+` suffix keeps the value and takes the gradient of k2 (relm.algorithms.kl).
 KL_ESTIMATORS += tuple(kind + "+" for kind in KL_ESTIMATORS)
@@ -140,12 +164,16 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
     Raises:
         UserError: naming the key, its value and the fix.
     """
+    if cfg.algorithm.adv_estimator in ESTIMATORS_NOT_YET:
+        raise UserError(ESTIMATORS_NOT_YET[cfg.algorithm.adv_estimator])
     _check_choices(cfg)
     _check_ranges(cfg)
     _check_batches(cfg)
     _check_fsdp_sizes(cfg)
     _check_features(cfg)
     _check_rollout_correction(cfg)
+    _check_policy_loss_settings(cfg)
+    _check_gdpo(cfg)
     _check_lora(cfg)
     data = cfg.data
     if data.val_files and not data.train_files and not cfg.trainer.val_only:
@@ -167,12 +195,57 @@ def _check_rollout_correction(cfg: RelmConfig) -> None:
     loss is not asked for beside another policy loss it would replace."""
     correction = parse_rollout_correction(cfg.algorithm.rollout_correction)
     loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
-    if correction.bypass and correction.loss_type == "reinforce" and loss_mode != "vanilla":
+    if (
+        correction.bypass
+        and correction.loss_type == "reinforce"
+        and loss_mode not in ("vanilla", "bypass_mode")
+    ):
         raise UserError(
             "`algorithm.rollout_correction.loss_type=reinforce` replaces the policy loss, so "
             f"`actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}` would not act: set loss_mode=vanilla "
             "or loss_type=ppo_clip"
         )
+
+
+def _check_policy_loss_settings(cfg: RelmConfig) -> None:
+    """The settings the chosen policy loss reads are ones its formula can take (verl asserts the same)."""
+    actor = cfg.actor_rollout_ref.actor
+    loss = actor.policy_loss
+    key = "actor_rollout_ref.actor"
+    needs: dict[str, tuple[tuple[str, float | None], ...]] = {
+        "sapo": (("tau_pos", actor.tau_pos), ("tau_neg", actor.tau_neg)),
+        "dro": (("policy_loss.dro_beta", loss.dro_beta),),
+        "clip_cov": (("policy_loss.clip_cov_ratio", loss.clip_cov_ratio),),
+        "kl_cov": (("policy_loss.kl_cov_ratio", loss.kl_cov_ratio),),
+    }
+    for name, value in needs.get(loss.loss_mode, ()):
+        if value is None or value <= 0:
+            raise UserError(
+                f"`{key}.{name}={_yaml_value(value)}`: the `{loss.loss_mode}` policy loss needs a positive value; "
+                f"set {key}.{name}=<value > 0>"
+            )
+
+
+def _check_gdpo(cfg: RelmConfig) -> None:
+    """GDPO reads the reward function's numbers by name: it needs the names (verl asserts so), one weight each."""
+    algo = cfg.algorithm
+    if algo.adv_estimator != "gdpo":
+        return
+    if not algo.gdpo_reward_keys:
+        raise UserError(
+            "`algorithm.adv_estimator=gdpo` normalises each reward the reward function returns by name: set "
+            "`+algorithm.gdpo_reward_keys=[key1,key2]` to keys of its dict (e.g. format_reward, accuracy_reward)"
+        )
+    weights = algo.gdpo_reward_weights
+    if weights is not None and len(weights) != len(algo.gdpo_reward_keys):
+        raise UserError(
+            f"`algorithm.gdpo_reward_weights` has {len(weights)} entries for {len(algo.gdpo_reward_keys)} "
+            "`algorithm.gdpo_reward_keys`: give one weight per key, or none (each weighs 1)"
+        )
+
+
+def _yaml_value(value: float | None) -> str:
+    return "null" if value is None else str(value)
 
 
 def _check_lora(cfg: RelmConfig) -> None:

@@ -49,8 +49,11 @@ _MEGATRON = "Megatron is not supported; relm trains with PyTorch FSDP"
 _SHM = "relm loads models directly, without a shared-memory copy"
 _DYN_LOGPROB = "log-prob forwards use the actor's `use_dynamic_bsz` and `ppo_max_token_len_per_gpu`"
 _ENTROPY_MEM = "relm computes the entropy in one pass"
-_CLIP_COV = "only used by the `clip_cov`/`kl_cov` policy losses, which relm does not implement"
 _ASYNC = "relm generates synchronously, in-process"
+_SAPO_TAU = (
+    "verl's `sapo` reads `actor_rollout_ref.actor.tau_{0}`, not this key (its own scripts set this one, which "
+    "leaves the default); set actor_rollout_ref.actor.tau_{0}"
+)
 _QAT = "quantization-aware training is not implemented"
 _QUANT_FILE = "a torchao/vLLM quantization config file; relm's `rollout.quantization=fp8` takes no file"
 _ROUTER_REPLAY = "MoE router replay is not implemented"
@@ -111,11 +114,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": _ENTROPY_MEM,
     "actor_rollout_ref.actor.entropy_checkpointing": _ENTROPY_MEM,
     "actor_rollout_ref.actor.use_remove_padding": "relm reads `actor_rollout_ref.model.use_remove_padding`",
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": _CLIP_COV,
-    "actor_rollout_ref.actor.policy_loss.clip_cov_lb": _CLIP_COV,
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ub": _CLIP_COV,
-    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": _CLIP_COV,
-    "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": _CLIP_COV,
     "actor_rollout_ref.actor.megatron.*": _MEGATRON,
     "actor_rollout_ref.ref.strategy": "the reference uses the actor's backend",
     "actor_rollout_ref.ref.use_torch_compile": _COMPILE,
@@ -207,17 +205,17 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.model.mtp.*": _MTP,
     "actor_rollout_ref.model.tiled_mlp.*": _TILED_MLP,
     "actor_rollout_ref.actor.calculate_entropy": "relm always computes the entropy (`actor/entropy`)",
-    "actor_rollout_ref.actor.calculate_sum_pi_squared": "a diagnostic relm does not compute",
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": (
+        "relm's forwards do not compute sum_pi_squared (it feeds verl's optimal_token_baseline estimators, which "
+        "relm refuses)"
+    ),
     "actor_rollout_ref.actor.data_loader_seed": _SEED,
     "actor_rollout_ref.actor.freeze_vision_tower": _MULTIMODAL,
     "actor_rollout_ref.actor.loss_scale_factor": "a constant loss divisor is not implemented; `loss_agg_mode` decides",
     "actor_rollout_ref.actor.entropy_from_logits_chunk_size": _ENTROPY_MEM,
     "actor_rollout_ref.actor.pad_to_length": "relm packs or pads micro-batches itself",
     "actor_rollout_ref.actor.rollout_n": _ROLLOUT_N,
-    "actor_rollout_ref.actor.tau_pos": "only used by verl's `sapo` policy loss, which relm does not implement",
-    "actor_rollout_ref.actor.tau_neg": "only used by verl's `sapo` policy loss, which relm does not implement",
     "actor_rollout_ref.actor.use_prefix_grouper": "shared-prefix forwards are not implemented",
-    "actor_rollout_ref.actor.policy_loss.dro_beta": "only used by verl's `dro` policy loss, which relm does not implement",
     "actor_rollout_ref.actor.optim.optimizer": _OPTIM,
     "actor_rollout_ref.actor.optim.optimizer_impl": _OPTIM,
     "actor_rollout_ref.actor.optim.override_optimizer_config": _OPTIM,
@@ -297,8 +295,8 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.actor.torchtitan.*": _OTHER_ENGINE,
     "actor_rollout_ref.ref.torchtitan.*": _OTHER_ENGINE,
     "critic.torchtitan.*": _OTHER_ENGINE,
-    "actor_rollout_ref.actor.policy_loss.tau_pos": "only used by verl's `sapo` policy loss, which relm does not implement",
-    "actor_rollout_ref.actor.policy_loss.tau_neg": "only used by verl's `sapo` policy loss, which relm does not implement",
+    "actor_rollout_ref.actor.policy_loss.tau_pos": _SAPO_TAU.format("pos"),
+    "actor_rollout_ref.actor.policy_loss.tau_neg": _SAPO_TAU.format("neg"),
     "actor_rollout_ref.actor.optim.override_optimizer_config.*": _OPTIM,
     "critic.optim.override_optimizer_config.*": _OPTIM,
     "actor_rollout_ref.rollout.moe_tensor_parallel_size": _IN_PROCESS,
@@ -306,7 +304,6 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.ref.mindspeed.*": "MindSpeed (Ascend's Megatron) is not supported; relm trains with PyTorch FSDP",
     "actor_rollout_ref.actor.optim.min_lr": "relm's cosine schedule decays to `optim.min_lr_ratio` x `optim.lr`",
     "critic.optim.min_lr": "relm's cosine schedule decays to `optim.min_lr_ratio` x `optim.lr`",
-    "algorithm.gdpo_reward_keys": "only used by verl's `gdpo` estimator, which relm does not implement",
     # top level
     "model_engine": "relm trains with PyTorch FSDP (verl's `dp` engine)",
     "ray_init.*": _RAY,

@@ -7,7 +7,7 @@ metrics; it reads no model, config or global state, so a test can work its numbe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,6 +15,7 @@ from relm.algorithms.kl import kl_estimate
 from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
 from relm.algorithms.rollout_correction import bypass_policy_loss
 from relm.config.rollout_correction import RolloutCorrection
+from relm.config.specs import LossParams
 from relm.learner.batch import ActorForward, EngineLogprobs, OldLogprobs
 
 Metrics = dict[str, torch.Tensor | float]
@@ -48,6 +49,8 @@ class ActorObjective:
     """The KL loss to the reference; absent when `use_kl_loss` is off."""
     correction: RolloutCorrection
     """`algorithm.rollout_correction`, applied in the loss when the old logprobs are the engine's."""
+    params: LossParams = field(default_factory=LossParams)
+    """Settings of the policy losses that read their own (`sapo`, `dro`, `clip_cov`, `kl_cov`)."""
 
 
 @dataclass(frozen=True)
@@ -96,14 +99,14 @@ def actor_objective(
         pg_loss, pg_metrics = bypass_policy_loss(
             spec.loss_mode, spec.correction, rollout_logprobs=old.logprobs, logprobs=logprobs,
             advantages=batch.advantages, response_mask=mask, loss_agg_mode=spec.loss_agg_mode, agg_scale=scale,
-            **clips,
+            params=spec.params, **clips,
         )  # fmt: skip
     else:
         old_logprobs = old.logprobs if isinstance(old, ActorForward) else logprobs.detach()
         pg_loss, pg_metrics = compute_policy_loss(
             spec.loss_mode, old_logprobs=old_logprobs, logprobs=logprobs, advantages=batch.advantages,
             response_mask=mask, loss_agg_mode=spec.loss_agg_mode, agg_scale=scale,
-            rollout_is_weights=batch.rollout_is_weights, **clips,
+            rollout_is_weights=batch.rollout_is_weights, params=spec.params, **clips,
         )  # fmt: skip
     entropy_loss = agg_loss(entropy, mask, spec.loss_agg_mode, scale)
     loss = pg_loss - spec.entropy_coeff * entropy_loss

@@ -23,6 +23,7 @@ def actor_objective_of(spec: RunSpec) -> ActorObjective:
         entropy_coeff=loss.entropy_coeff,
         kl_loss=KLLoss(kind=loss.kl_loss_type, coef=loss.kl_loss_coef) if loss.use_kl_loss else None,
         correction=spec.algorithm.rollout_correction,  # parsed once, by relm.config.translate
+        params=loss.params,
     )
 
 

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from relm.algorithms.advantages import compute_advantages
+import torch
+
+from relm.algorithms.advantages import compute_advantages, estimator_needs
 from relm.algorithms.kl import KLController, apply_kl_penalty
 from relm.config.specs import AlgorithmSpec
 from relm.data.prompt_batch import PromptBatch
+from relm.errors import UserError
 from relm.learner.actor import update_actor
 from relm.learner.batch import (
     ActorForward,
@@ -210,6 +214,11 @@ def estimate_advantages(
         lam=algo.lam,
         norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
         baseline_scores=annotated.scored.baseline_scores,
+        **(
+            _score_components(annotated.scored, algo)
+            if estimator_needs(algo.adv_estimator).score_components
+            else {}
+        ),
     )
     advantaged = Advantaged(
         annotated=annotated,
@@ -220,6 +229,36 @@ def estimate_advantages(
         returns=returns,
     )
     return advantaged, metrics
+
+
+def _score_components(scored: Scored, algo: AlgorithmSpec) -> dict[str, torch.Tensor | None]:
+    """GDPO's inputs: the reward function's numbers under `algorithm.gdpo_reward_keys` ([K, N], float32 as
+    verl reads them) and their weights ([K] or None).
+
+    Raises:
+        UserError: a key the reward function did not return for every response (a row that left it out
+            carries NaN in `reward_extras`).
+    """
+    rows = scored.reward_extras
+    values = torch.tensor(
+        [[row.get(key, math.nan) for row in rows] for key in algo.gdpo_reward_keys], dtype=torch.float32
+    )
+    for key, column in zip(algo.gdpo_reward_keys, values, strict=True):
+        if not bool(torch.isfinite(column).all()):
+            returned = sorted(rows[0]) if rows else []
+            raise UserError(
+                f"`algorithm.gdpo_reward_keys` names `{key}`, which the reward function did not return as a finite "
+                f"number for every response (its dict keys: {', '.join(returned) or 'none'}); return `{key}` "
+                "beside `score` or drop it from the list"
+            )
+    device = scored.token_scores.device
+    weights = algo.gdpo_reward_weights
+    return {
+        "score_components": values.to(device),
+        "score_weights": None
+        if weights is None
+        else torch.tensor(weights, dtype=torch.float32, device=device),
+    }
 
 
 def update_models(c: RunComponents, batch: Advantaged, step: int) -> tuple[int, dict[str, float]]:

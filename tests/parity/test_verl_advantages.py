@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from relm.algorithms.advantages import compute_advantages
+from relm.algorithms.advantages import _group_normalised, compute_advantages
 
 pytestmark = pytest.mark.verl
 
@@ -212,3 +212,72 @@ def test_opo_group_of_empty_responses_is_zero_where_verl_gives_nan(verl):
     verl_adv, _ = verl_estimate(verl, "opo", case)
     relm_adv, _ = relm_estimate("opo", case)
     assert torch.isnan(verl_adv).all() and torch.all(relm_adv == 0)
+
+
+def gdpo_case(seed: int) -> tuple[dict, torch.Tensor, torch.Tensor | None, bool]:
+    """A random case with 1-3 named rewards per response (float32, as verl reads them), weights or none."""
+    case = random_case(seed)
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    num_keys = int(torch.randint(1, 4, (1,), generator=gen))
+    components = torch.randint(0, 3, (num_keys, len(case["group_ids"])), generator=gen).float()
+    if seed % 2:
+        components = torch.randn(components.shape, generator=gen)
+    weights = None if seed % 3 == 0 else torch.rand(num_keys, generator=gen) * 2
+    return case, components, weights, seed % 4 != 1
+
+
+def verl_gdpo(verl, case: dict, components: torch.Tensor, weights, norm_by_std: bool) -> torch.Tensor:
+    """verl's GDPO as its trainer calls it: the rewards by key in `non_tensor_batch`, each put on the last token
+    the response's attention mask covers (here the last valid one, so holes do not hide it)."""
+    mask = case["mask"]
+    num_rows, width = mask.shape
+    keys = [f"reward_{k}" for k in range(len(components))]
+    ends = torch.where(mask.bool(), torch.arange(width), -1).amax(dim=1) + 1  # [N] attention length
+    prompt_len = 3
+    attention = torch.cat([torch.ones(num_rows, prompt_len), (torch.arange(width) < ends[:, None])], 1).long()
+    config = verl.core_algos.AlgoConfig(
+        norm_adv_by_std_in_grpo=norm_by_std, gdpo_reward_keys=keys,
+        gdpo_reward_weights=None if weights is None else weights.tolist(),
+    )  # fmt: skip
+    advantages, _ = verl.core_algos.compute_gdpo_outcome_advantage(
+        case["token_rewards"].float(), mask.float(), case["group_ids"].numpy().astype(np.int64),
+        norm_adv_by_std_in_grpo=norm_by_std, config=config,
+        non_tensor_batch={key: components[k].numpy() for k, key in enumerate(keys)},
+        batch={"prompts": torch.zeros(num_rows, prompt_len), "attention_mask": attention},
+    )  # fmt: skip
+    return advantages
+
+
+def test_gdpo_matches_verl_on_random_batches(verl):
+    for seed in range(NUM_CASES):
+        case, components, weights, norm_by_std = gdpo_case(seed)
+        relm_adv, relm_ret = compute_advantages(
+            "gdpo", token_rewards=case["token_rewards"], response_mask=case["mask"], group_ids=case["group_ids"],
+            norm_adv_by_std_in_grpo=norm_by_std, score_components=components, score_weights=weights,
+        )  # fmt: skip
+        verl_adv = verl_gdpo(verl, case, components, weights, norm_by_std)
+        what = lambda m, s=seed: f"gdpo seed {s}: {m}"  # noqa: E731
+        summed = sum(
+            float(w) * _group_normalised(c.double(), case["group_ids"], norm_by_std, 1e-6)
+            for w, c in zip(
+                torch.ones(len(components)) if weights is None else weights, components, strict=True
+            )
+        )
+        # Both work in float32 (verl casts the rewards), rounding the O(1) normalised rewards by ~1e-7 each
+        # (~1e-6 over 3 weighted ones); whitening divides that by sqrt(var + 1e-8). Where the rewards nearly
+        # cancel (two unweighted ones over a group of two: +-1/sqrt(2) each, less eps terms) var is tiny and
+        # the noise grows to ~1e-3; elsewhere verl's count + 1e-8 (WHITENED_ATOL) dominates.
+        valid = case["mask"].bool()
+        spread = float(summed.unsqueeze(-1).expand_as(valid)[valid].var(correction=0))
+        atol = max(WHITENED_ATOL, 1e-6 / (spread + 1e-8) ** 0.5)
+        assert_equal_on_valid_tokens(relm_adv.double(), verl_adv, case["mask"], what, atol=atol)
+        assert torch.equal(relm_ret, relm_adv)
+        assert torch.all(relm_adv[~case["mask"].bool()] == 0)
+
+
+def test_every_estimator_of_verls_registry_is_compared_or_refused(verl):
+    from relm.algorithms import ADV_ESTIMATORS
+
+    refused = {"optimal_token_baseline", "tir_optimal_token_baseline"}  # docs/algorithms.md says why
+    assert set(verl.core_algos.ADV_ESTIMATOR_REGISTRY) == {*ESTIMATORS, "gdpo", *refused}
+    assert set(ADV_ESTIMATORS) >= {*ESTIMATORS, "gdpo"}

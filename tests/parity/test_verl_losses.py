@@ -13,8 +13,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relm.algorithms import POLICY_LOSSES
 from relm.algorithms.kl import KL_KINDS, AdaptiveKLController, kl_estimate
-from relm.algorithms.losses import AGG_MODES, AggScale, agg_loss, compute_policy_loss, compute_value_loss
+from relm.algorithms.losses import (
+    AGG_MODES,
+    AggScale,
+    LossParams,
+    agg_loss,
+    compute_policy_loss,
+    compute_value_loss,
+)
 
 pytestmark = pytest.mark.verl
 
@@ -54,11 +62,11 @@ def minibatch_counts(mask: torch.Tensor) -> tuple[AggScale, dict]:
     return scale, {"dp_size": 1, "batch_num_tokens": scale.num_tokens, "global_batch_size": scale.num_seqs}
 
 
-def close(relm_value, verl_value, what: str) -> None:
+def close(relm_value, verl_value, what: str, atol: float = 1e-8) -> None:
     # verl's per-response token mean divides by count + 1e-8: relative differences of 1e-8 / count.
     torch.testing.assert_close(
         torch.as_tensor(relm_value, dtype=torch.float64), torch.as_tensor(verl_value, dtype=torch.float64),
-        rtol=1e-6, atol=1e-8, msg=what,
+        rtol=1e-6, atol=atol, msg=what,
     )  # fmt: skip
 
 
@@ -96,14 +104,33 @@ def test_token_mean_of_no_valid_token_is_zero_where_verl_gives_nan(verl):
 # --- policy losses: loss, gradient and metrics --------------------------------------------------------
 
 
-def verl_actor_config(verl, low: float, high: float, clip_ratio_c: float, counts: dict | None):
+def verl_actor_config(
+    verl, low: float, high: float, clip_ratio_c: float, counts: dict | None, params: LossParams | None = None
+):
+    """verl's `ActorConfig` with the clip ranges, the global counts and the settings `params` holds."""
+    params = LossParams() if params is None else params
     config = verl.ActorConfig(
         strategy="fsdp", clip_ratio=low, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_ratio_c,
-        ppo_micro_batch_size_per_gpu=1, rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1, rollout_n=1, tau_pos=params.tau_pos, tau_neg=params.tau_neg,
+        policy_loss=verl.PolicyLossConfig(
+            clip_cov_ratio=params.clip_cov_ratio, clip_cov_lb=params.clip_cov_lb, clip_cov_ub=params.clip_cov_ub,
+            kl_cov_ratio=params.kl_cov_ratio, ppo_kl_coef=params.ppo_kl_coef, dro_beta=params.dro_beta,
+        ),
     )  # fmt: skip
     if counts is not None:
         config.global_batch_info.update(counts)
     return config
+
+
+def loss_params(seed: int) -> LossParams:
+    """verl's defaults on even seeds; on odd ones other temperatures, a DRO weight and covariance shares
+    large enough that Clip-Cov and KL-Cov act on many tokens of these small batches."""
+    if seed % 2 == 0:
+        return LossParams(dro_beta=0.1)  # DRO has no default
+    return LossParams(
+        tau_pos=2.0, tau_neg=3.5, clip_cov_ratio=0.3, clip_cov_lb=0.2, clip_cov_ub=3.0, kl_cov_ratio=0.25,
+        ppo_kl_coef=1.0, dro_beta=1.5,
+    )  # fmt: skip
 
 
 def policy_losses_agree(verl, loss_mode: str, agg_mode: str, seed: int, with_counts: bool) -> None:
@@ -111,14 +138,16 @@ def policy_losses_agree(verl, loss_mode: str, agg_mode: str, seed: int, with_cou
     mask = batch["mask"]
     scale, counts = minibatch_counts(mask)
     low, high = (0.2, 0.28) if seed % 2 else (3e-4, 4e-4)  # DAPO's clip-higher; GSPO's tiny ranges
+    params = loss_params(seed)
     results = []
     for side in ("relm", "verl"):
         logprobs = batch["logprobs"].clone().requires_grad_(True)
+        torch.manual_seed(seed)  # Clip-Cov's draw: both sides start from the same generator state
         if side == "relm":
             loss, metrics = compute_policy_loss(
                 loss_mode, old_logprobs=batch["old_logprobs"], logprobs=logprobs, advantages=batch["advantages"],
                 response_mask=mask, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=3.0,
-                loss_agg_mode=agg_mode, agg_scale=scale if with_counts else None,
+                loss_agg_mode=agg_mode, agg_scale=scale if with_counts else None, params=params,
             )  # fmt: skip
             metrics = {key: float(value) for key, value in metrics.items()}
         else:
@@ -126,7 +155,7 @@ def policy_losses_agree(verl, loss_mode: str, agg_mode: str, seed: int, with_cou
             loss, metrics = loss_fn(
                 old_log_prob=batch["old_logprobs"], log_prob=logprobs, advantages=batch["advantages"],
                 response_mask=mask.double(), loss_agg_mode=agg_mode,
-                config=verl_actor_config(verl, low, high, 3.0, counts if with_counts else None),
+                config=verl_actor_config(verl, low, high, 3.0, counts if with_counts else None, params),
             )  # fmt: skip
             metrics = {key.removeprefix("actor/"): value for key, value in metrics.items()}
         (grad,) = torch.autograd.grad(loss, logprobs)
@@ -137,11 +166,25 @@ def policy_losses_agree(verl, loss_mode: str, agg_mode: str, seed: int, with_cou
     close(relm_grad, verl_grad, what + " gradient")
     assert relm_metrics.keys() == verl_metrics.keys()
     for key, value in relm_metrics.items():
-        close(value, verl_metrics[key], f"{what} {key}")
+        # bypass_mode's `rollout_corr/..._std`: verl's 1e-8 under a square root (test_verl_rollout_correction.py)
+        close(value, verl_metrics[key], f"{what} {key}", atol=1e-3 if key.endswith("_std") else 1e-8)
+
+
+POLICY_LOSS_MODES = [
+    "vanilla", "gspo", "gpg", "cispo", "geo_mean", "dppo_tv", "dppo_kl", "sapo", "dro", "clip_cov", "kl_cov",
+    "bypass_mode",
+]  # fmt: skip
+"""verl 0.9.1's registry; `bypass_mode` here with verl's default (no) correction, with each correction in
+tests/parity/test_verl_rollout_correction.py."""
+
+
+def test_every_policy_loss_of_verls_registry_is_compared(verl):
+    assert sorted(verl.core_algos.POLICY_LOSS_REGISTRY) == sorted(POLICY_LOSS_MODES)
+    assert set(POLICY_LOSS_MODES) <= set(POLICY_LOSSES)
 
 
 @pytest.mark.parametrize("agg_mode", AGG_MODES)
-@pytest.mark.parametrize("loss_mode", ["vanilla", "gspo", "gpg", "cispo", "geo_mean", "dppo_tv", "dppo_kl"])
+@pytest.mark.parametrize("loss_mode", POLICY_LOSS_MODES)
 def test_policy_loss_and_gradient_match_verl(verl, loss_mode, agg_mode):
     for seed in range(NUM_CASES // 3):
         policy_losses_agree(verl, loss_mode, agg_mode, seed, with_counts=False)
@@ -160,6 +203,25 @@ def test_the_random_batches_reach_the_clip_of_each_new_loss(verl, loss_mode):
         )  # fmt: skip
         clipped += float(metrics["pg_clipfrac"])
     assert clipped > 1.0
+
+
+def test_the_random_batches_reach_the_covariance_selections(verl):
+    # Without this Clip-Cov and KL-Cov could agree with verl on batches where they pick no token.
+    clip_cov_dropped = kl_cov_moved = 0.0
+    for seed in range(1, NUM_CASES // 3, 2):  # the seeds with large covariance shares (loss_params)
+        batch = random_batch(seed)
+        common = dict(
+            old_logprobs=batch["old_logprobs"], logprobs=batch["logprobs"], advantages=batch["advantages"],
+            response_mask=batch["mask"], clip_ratio_low=0.2, clip_ratio_high=0.28,
+        )  # fmt: skip
+        _, metrics = compute_policy_loss("clip_cov", **common, params=loss_params(seed))
+        clip_cov_dropped += float(metrics["pg_clipfrac"])
+        penalised, _ = compute_policy_loss("kl_cov", **common, params=loss_params(seed))
+        plain, _ = compute_policy_loss(
+            "kl_cov", **common, params=LossParams(kl_cov_ratio=1e-9, ppo_kl_coef=0.0)
+        )
+        kl_cov_moved += float((penalised - plain).abs())
+    assert clip_cov_dropped > 1.0 and kl_cov_moved > 1.0
 
 
 def test_the_random_batches_reach_the_clip_and_the_dual_clip(verl):

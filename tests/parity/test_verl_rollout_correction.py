@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relm.algorithms.losses import AggScale, compute_policy_loss
+from relm.algorithms.losses import AggScale, LossParams, compute_policy_loss
 from relm.algorithms.rollout_correction import bypass_policy_loss, correct
 from relm.config.rollout_correction import RS_OPTIONS, parse_rollout_correction
 from relm.config.schema import RolloutCorrectionConfig
@@ -166,6 +166,16 @@ def test_bypass_mode_loss_gradient_and_metrics_match_verl(verl, loss_type, is_se
             response_mask=mask, clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode=agg_mode, agg_scale=scale,
         )  # fmt: skip
         (grad,) = torch.autograd.grad(loss, ours_lp)
+        # verl's loss name `bypass_mode`, as relm's registry runs it, is the same function
+        named_lp = batch["current"].clone().requires_grad_(True)
+        named_loss, named_metrics = compute_policy_loss(
+            "bypass_mode", old_logprobs=batch["rollout"], logprobs=named_lp, advantages=batch["advantages"],
+            response_mask=mask, clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode=agg_mode, agg_scale=scale,
+            params=LossParams(correction=spec),
+        )  # fmt: skip
+        torch.testing.assert_close(named_loss, loss)
+        torch.testing.assert_close(torch.autograd.grad(named_loss, named_lp)[0], grad)
+        assert sorted(named_metrics) == sorted(metrics)
         verl_lp = batch["current"].clone().requires_grad_(True)
         what = f"{loss_type} {is_setting} {rs_setting} {agg_mode} seed {seed}"
         try:

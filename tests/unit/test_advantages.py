@@ -206,6 +206,7 @@ def _inputs(rewards: torch.Tensor, values: torch.Tensor) -> dict:
         gamma=0.9,
         lam=0.8,
         baseline_scores=torch.tensor([0.3, -0.2]),
+        score_components=torch.tensor([[1.0, 0.0], [0.2, 0.7]]),
     )
 
 
@@ -232,6 +233,7 @@ def test_estimators_declare_what_the_run_builds_for_them():
     needs = {name: ESTIMATOR_NEEDS[name] for name in ADV_ESTIMATORS}
     assert {name for name, need in needs.items() if need.critic} == {"gae"}
     assert {name for name, need in needs.items() if need.greedy_baseline} == {"remax"}
+    assert {name for name, need in needs.items() if need.score_components} == {"gdpo"}
     assert not any(need.reference for need in needs.values())
 
 

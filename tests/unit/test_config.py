@@ -375,7 +375,7 @@ def test_verl_seq_balance_command_converts_its_global_micro_batch_sizes():
          "`algorithm.adv_estimator=ppo` is not supported; choose one of: gae, grpo, rloo, "
          "reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo"),
         (f"{ACT}.loss_agg_mode=mean", f"`{ACT}.loss_agg_mode=mean` is not supported; choose one of: token-"),
-        (f"{ACT}.policy_loss.loss_mode=clip_cov", f"`{ACT}.policy_loss.loss_mode=clip_cov` is not supported"),
+        (f"{ACT}.policy_loss.loss_mode=ppo2", f"`{ACT}.policy_loss.loss_mode=ppo2` is not supported"),
         (f"{ACT}.kl_loss_type=full",
          f"`{ACT}.kl_loss_type=full` is not supported; choose one of: kl, abs, mse, low_var_kl, k1, k2, k3"),
         ("algorithm.kl_penalty=js", "`algorithm.kl_penalty=js` is not supported"),

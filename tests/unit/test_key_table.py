@@ -53,6 +53,7 @@ VALUES: dict[str, Any] = {
     "reward_manager.name": "dapo",
     "reward_model.rollout.name": "hf",
     "algorithm.adv_estimator": "grpo",
+    "algorithm.gdpo_reward_weights": [0.5, 2.0],
     "algorithm.kl_penalty": "mse",
     "algorithm.kl_ctrl.type": "adaptive",
     "algorithm.rollout_correction.rollout_is": "sequence",

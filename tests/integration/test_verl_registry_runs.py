@@ -1,0 +1,110 @@
+"""verl 0.9.1's estimators and losses that read inputs or keys of their own, in real (tiny) runs.
+
+tests/parity compares the functions with verl's; these check the wiring: GDPO's rewards by name come from the
+reward function's dict through the loop, and each loss with its keys trains a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from relm.algorithms import compute_advantages
+from relm.config.loader import load_config
+from relm.config.translate import translate
+from relm.models.loading import resolve_model_dir
+from relm.trainer.collect import collect_experience
+from relm.trainer.components import build_components
+from relm.trainer.ppo import annotate, estimate_advantages
+from tests.integration.conftest import TINY_OVERRIDES, RunResult
+
+pytestmark = pytest.mark.integration
+
+NAMED_REWARDS = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    fmt = float(len(solution_str) % 2)
+    accuracy = sum(map(ord, solution_str)) % 5 / 4
+    return {"score": fmt + accuracy, "fmt": fmt, "accuracy": accuracy}
+"""
+
+GDPO = ("algorithm.adv_estimator=gdpo", "+algorithm.gdpo_reward_keys=[fmt,accuracy]")
+
+
+def test_gdpo_reads_the_reward_functions_numbers_by_name(tmp_path: Path, write_reward) -> None:
+    reward = write_reward(NAMED_REWARDS)
+    cfg = load_config([
+        *TINY_OVERRIDES, *GDPO, "+algorithm.gdpo_reward_weights=[1.0,0.5]", f"custom_reward_function.path={reward}",
+        f"trainer.default_local_dir={tmp_path}",
+    ])  # fmt: skip
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    scored = collect_experience(c.experience_sources, c.loader.next_batch(), 1, {})
+    annotated, _ = annotate(c, scored)
+    batch, _ = estimate_advantages(c.spec.algorithm, c.kl_ctrl, annotated)
+
+    components = torch.tensor([[row[key] for row in scored.reward_extras] for key in ("fmt", "accuracy")])
+    expected, _ = compute_advantages(
+        "gdpo", token_rewards=scored.token_scores, response_mask=scored.rollout.response_mask,
+        group_ids=scored.rollout.group_ids, score_components=components, score_weights=torch.tensor([1.0, 0.5]),
+    )  # fmt: skip
+    assert torch.equal(batch.advantages, expected)
+    assert components.std() > 0  # the responses differ, so the check above sees non-zero advantages
+    assert batch.advantages.abs().sum() > 0
+
+
+def test_gdpo_trains_and_names_a_key_the_reward_does_not_return(
+    train: Callable[..., RunResult], write_reward
+) -> None:
+    reward = write_reward(NAMED_REWARDS)
+    result = train(*GDPO, f"custom_reward_function.path={reward}", "trainer.total_training_steps=1")
+    assert result.exit_code == 0, result.stderr
+    assert "actor/pg_loss" in result.metrics[0]
+    result = train(
+        "algorithm.adv_estimator=gdpo", "+algorithm.gdpo_reward_keys=[fmt,style]", f"custom_reward_function.path={reward}",
+        "trainer.total_training_steps=1",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: `algorithm.gdpo_reward_keys` names `style`, which the reward function did not return as a finite "
+        "number for every response (its dict keys: acc, accuracy, fmt); return `style` beside `score` or drop it "
+        "from the list"
+    ], result.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_pos=2.0"),
+        (
+            "actor_rollout_ref.actor.policy_loss.loss_mode=dro",
+            "actor_rollout_ref.actor.policy_loss.dro_beta=0.1",
+        ),
+        (
+            "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov",
+            "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.1",
+        ),
+        (
+            "actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov",
+            "actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.1",
+        ),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",),
+        (
+            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",
+            "algorithm.rollout_correction.bypass_mode=true",
+        ),
+    ],
+    ids=["sapo", "dro", "clip_cov", "kl_cov", "bypass_mode", "bypass_mode-in-bypass-mode"],
+)
+def test_each_loss_with_its_keys_trains_a_step(
+    train: Callable[..., RunResult], varied_reward, overrides
+) -> None:
+    result = train(*overrides, varied_reward, "trainer.total_training_steps=1")
+    assert result.exit_code == 0, result.stderr
+    assert not [
+        line for line in result.stderr.splitlines() if "warning" in line.lower() and "policy_loss" in line
+    ]
+    record = result.metrics[0]
+    assert "actor/ppo_kl" in record and record["actor/pg_loss"] == record["actor/pg_loss"]  # not NaN
