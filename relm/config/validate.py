@@ -63,6 +63,8 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 WARMUP_STYLES = ("constant", "cosine")
 ROLLOUT_ENGINES = ("native", "hf", "vllm")
 DEVICES = ("auto", "cpu", "cuda")
+ASCEND_DEVICES = ("npu", "ascend")
+"""verl's names for Huawei Ascend NPUs (its `ascend_extras` and `*_npu.sh` scripts): one line, not a choice list."""
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 LOGGERS_NOT_YET = ("swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "file")
 """verl logger names relm knows of but does not provide yet."""
@@ -203,6 +205,11 @@ def _check_lora(cfg: RelmConfig) -> None:
 
 def _check_choices(cfg: RelmConfig) -> None:
     arr, algo, trainer = cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
+    if trainer.device in ASCEND_DEVICES:
+        raise UserError(
+            f"`trainer.device={trainer.device}`: Ascend NPUs are not supported; relm runs on CUDA GPUs or the "
+            "CPU (trainer.device=auto)"
+        )
     for key, value, allowed in (
         ("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
         ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS),

@@ -214,7 +214,7 @@ def test_missing_engine_and_logger_packages_fall_back_with_one_line_each(monkeyp
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ("model_engine=megatron", "`model_engine=megatron`: relm trains with PyTorch FSDP only"),
+        ("model_engine=megatorn", "`model_engine=megatorn`: not one of verl's engines; choose one of: dp,"),
         (f"{OPTIM}.optimizer=Muon", f"`{OPTIM}.optimizer=Muon`: relm trains with AdamW only"),
         (
             "actor_rollout_ref.model.lora.rank=8",
@@ -226,3 +226,93 @@ def test_verl_09_features_relm_lacks_stop_with_one_line(argv: str, message: str)
     with pytest.raises(UserError) as err:
         load_config([REAL, argv])
     assert str(err.value).startswith(message)
+
+
+ENGINE_RELEASE = "0.9.1"
+
+
+@pytest.mark.parametrize("engine", ["megatron", "veomni", "torchtitan"])
+def test_every_leaf_of_verls_engine_configs_is_read_or_accepted(engine: str, tmp_path: Path):
+    config_dir = _config_dir(ENGINE_RELEASE, tmp_path)
+    schema = set(_schema_keys(RelmConfig, ""))
+    renamed = {new for new, _ in RENAMED} | set(MAX_RESP_LEN_KEYS)
+    leaves = list(_leaves(OmegaConf.load(config_dir / f"_generated_ppo_{engine}_trainer.yaml")))
+    assert any(f".{engine}." in key for key in leaves)  # the engine's own section was read
+    rejected = [
+        key
+        for key in leaves
+        if key not in schema
+        and key not in renamed
+        and not any(key.startswith(f"{name}.") for name in schema)
+        and verl_keys.match_accepted(key) is None
+    ]
+    assert rejected == []
+
+
+@pytest.mark.parametrize("engine", ["megatron", "veomni", "torchtitan"])
+def test_model_engine_group_composes_verls_tree_and_names_the_layout_in_one_line(engine: str, tmp_path: Path):
+    """verl 0.9's `model_engine=X` is a config-group selection: Hydra composes the engine's sections."""
+    config_dir = _config_dir(ENGINE_RELEASE, tmp_path)
+    layout = {
+        "megatron": ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+                     "actor_rollout_ref.actor.megatron.context_parallel_size=2"],
+        "veomni": ["actor_rollout_ref.actor.veomni.ulysses_parallel_size=2"],
+        "torchtitan": ["actor_rollout_ref.actor.torchtitan.pipeline_parallel_size=2"],
+    }[engine]  # fmt: skip
+    cfg, warnings = load_config_with_warnings(
+        [
+            "--config-path",
+            str(config_dir),
+            "--config-name",
+            "ppo_trainer",
+            f"model_engine={engine}",
+            REAL,
+            *layout,
+        ]
+    )
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp" and cfg.critic.strategy == "fsdp"
+    lines = [line for line in warnings if "parallel" in line and f".{engine}." in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"`model_engine={engine}` (and `actor_rollout_ref.actor.strategy"
+    )
+    assert all(f"`{item}`" in lines[0] for item in layout)
+    if engine == "megatron":  # the reference's layout is the actor's by interpolation: named once
+        assert "ref.megatron.tensor_model_parallel_size" not in " ".join(warnings)
+
+
+def test_engine_config_names_without_verls_folder_stand_for_relms_defaults():
+    cfg, warnings = load_config_with_warnings(
+        ["--config-path=config", "--config-name=ppo_megatron_trainer", REAL,
+         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+         "actor_rollout_ref.actor.megatron.sequence_parallel=true"]
+    )  # fmt: skip
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp"
+    assert warnings[0].startswith("`config/ppo_megatron_trainer.yaml`: verl's megatron PPO config")
+    assert warnings[1] == (
+        "`model_engine=megatron`: relm trains on its FSDP2 path (each data-parallel rank holds a shard, "
+        "`fsdp_config.fsdp_size`), not megatron's; parallel-layout keys not used: "
+        "`actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2`, "
+        "`actor_rollout_ref.actor.megatron.sequence_parallel=true`"
+    )
+
+
+def test_group_selection_with_package_composes_from_verls_folder(tmp_path: Path):
+    config_dir = _config_dir(ENGINE_RELEASE, tmp_path)
+    cfg, warnings = load_config_with_warnings(
+        ["--config-path", str(config_dir), "--config-name", "ppo_trainer", REAL,
+         "actor@actor_rollout_ref.actor=veomni_actor", "actor_rollout_ref.actor.ppo_epochs=3"]
+    )  # fmt: skip
+    assert cfg.actor_rollout_ref.actor.ppo_epochs == 3 and cfg.actor_rollout_ref.actor.strategy == "fsdp"
+    assert any(line.startswith("`actor_rollout_ref.actor.strategy=veomni`") is False for line in warnings)
+    assert any("`actor_rollout_ref.actor.veomni.param_offload`" in line for line in warnings)
+    with pytest.raises(UserError, match=r"Hydra cannot compose it"):
+        load_config(
+            [
+                "--config-path",
+                str(config_dir),
+                "--config-name",
+                "ppo_trainer",
+                REAL,
+                "actor@actor_rollout_ref.actor=nope",
+            ]
+        )
