@@ -443,10 +443,10 @@ def _check_features(cfg: RelmConfig) -> None:
     data, rollout = cfg.data, cfg.actor_rollout_ref.rollout
     if cfg.reward_model.enable:
         _check_reward_model(cfg.reward_model)
-    if data.custom_cls.path is not None:
+    if data.custom_cls.path is not None and not data.custom_cls.name:
         raise UserError(
-            f"`data.custom_cls.path={data.custom_cls.path}`: custom dataset classes are not supported yet; "
-            f"write the prompts to parquet with a `{data.prompt_key}` column"
+            f"`data.custom_cls.path={data.custom_cls.path}` needs `data.custom_cls.name=CLASS`, the dataset "
+            "class in that file"
         )
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise UserError(

@@ -85,3 +85,71 @@ def test_an_ascend_npu_command_line_stops_with_one_line(tmp_path: Path):
         "error: `trainer.device=npu`: Ascend NPUs are not supported; relm runs on CUDA GPUs or the CPU "
         "(trainer.device=auto)"
     ], proc.stderr[-2000:]
+
+
+CUSTOM_CLASS = '''
+from torch.utils.data import Dataset
+
+
+class LetterLines(Dataset):
+    """verl's interface: reads `question|answer` lines, which relm's own readers do not take."""
+
+    def __init__(self, data_files, tokenizer, config, processor=None, max_samples=-1):
+        self.prompt_key = config.get("prompt_key", "prompt")
+        self.rows = []
+        for path in data_files:
+            for line in open(path).read().splitlines():
+                question, answer = line.split("|")
+                self.rows.append((question, answer))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        question, answer = self.rows[index]
+        return {
+            "raw_prompt": [{"role": "user", "content": question}],
+            "data_source": "custom_letters",
+            "reward_model": {"style": "rule", "ground_truth": answer},
+            "extra_info": {"index": index},
+        }
+
+
+class NoVerlArguments(Dataset):
+    def __init__(self, path):
+        self.path = path
+'''
+
+REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    assert data_source == "custom_letters"
+    return float(ground_truth in solution_str)
+"""
+
+
+def test_data_custom_cls_reads_the_prompts_through_the_users_dataset_class(tmp_path: Path):
+    (tmp_path / "letters.py").write_text(CUSTOM_CLASS)
+    (tmp_path / "reward.py").write_text(REWARD)
+    (tmp_path / "train.txt").write_text("".join(f"Say the letter {c}.|{c}\n" for c in "abcd"))
+    run_dir = tmp_path / "run"
+    base = [
+        f"data.train_files={tmp_path / 'train.txt'}", *TINY, f"trainer.default_local_dir={run_dir}",
+        f"custom_reward_function.path={tmp_path / 'reward.py'}", "data.custom_cls.path=letters.py",
+    ]  # fmt: skip
+    proc = _main_ppo([*base, "data.custom_cls.name=LetterLines", "data.max_prompt_length=64"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in steps] == [1] and "critic/score/mean" in steps[0]
+    for name, message in (
+        ("Missing", "`data.custom_cls.name=Missing`: letters.py defines no class of that name"),
+        ("NoVerlArguments", "`data.custom_cls.name=NoVerlArguments`: its __init__ must take verl's"),
+    ):
+        proc = _main_ppo([*base, f"data.custom_cls.name={name}"], tmp_path)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith(f"error: {message}"), (
+            proc.stderr[-2000:]
+        )
+    proc = _main_ppo(
+        [*base[:-1], "data.custom_cls.path=nowhere.py", "data.custom_cls.name=LetterLines"], tmp_path
+    )
+    assert proc.returncode == 2 and "error: `data.custom_cls.path=nowhere.py`: no such file" in proc.stderr

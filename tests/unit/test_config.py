@@ -404,7 +404,7 @@ def test_verl_seq_balance_command_converts_its_global_micro_batch_sizes():
         ("critic.ppo_micro_batch_size_per_gpu=5", "`critic.ppo_micro_batch_size_per_gpu=5` x 1 GPUs must"),
         ("critic.ppo_mini_batch_size=32", "`critic.ppo_mini_batch_size=32` exceeds `data.train_batch_size"),
         ("reward_model.enable=true", "`reward_model.enable=true` needs `reward_model.model.path="),
-        ("data.custom_cls.path=my_dataset.py", "`data.custom_cls.path=my_dataset.py`: custom dataset"),
+        ("data.custom_cls.path=my_dataset.py", "`data.custom_cls.path=my_dataset.py` needs `data.custom_cls.name=CLASS`"),
         ("trainer.resume_mode=resume_path", "`trainer.resume_mode=resume_path` needs `trainer.resume_from"),
         (f"{RO}.response_length=8", f"`{RO}.response_length=8` differs from `data.max_response_length=16`"),
     ],
