@@ -105,15 +105,15 @@ def without_engine_keys(ignored: dict[str, list[str]]) -> dict[str, list[str]]:
 def fold_strategies(merged: DictConfig) -> list[str]:
     """Set an engine-named `strategy` (verl's engine configs write `megatron`, ...) to relm's `fsdp`, in place.
 
-    Returns the keys changed, for the engine's warning line.
+    Returns `key=value` for each key that named the engine (`model_engine` and the strategies), for its line.
     """
-    changed = []
+    named = [f"{key}={value}" for key in ENGINE_KEYS if (value := _select(merged, key)) in ENGINES]
     for key in STRATEGY_KEYS:
         value = _select(merged, key)
         if isinstance(value, str) and value in ENGINES:
             OmegaConf.update(merged, key, "fsdp", force_add=True)
-            changed.append(f"{key}={value}")
-    return changed
+            named.append(f"{key}={value}")
+    return named
 
 
 def layout_settings(merged: DictConfig) -> list[str]:
@@ -133,17 +133,16 @@ def layout_settings(merged: DictConfig) -> list[str]:
     return found
 
 
-def engine_warning(engine: str, strategies: list[str], layout: list[str]) -> str:
-    """The one line a run for another engine starts with."""
-    named = f"`model_engine={engine}`" + (f" (and `{'`, `'.join(strategies)}`)" if strategies else "")
+def engine_warning(engine: str, named_by: list[str], layout: list[str]) -> str:
+    """The one line a run for another engine starts with; `named_by`: the `key=value`s that chose it."""
     unused = (
         f"parallel-layout keys not used: {', '.join(f'`{item}`' for item in layout)}"
         if layout
         else "no parallel layout set"
     )
     return (
-        f"{named}: relm trains on its FSDP2 path (each data-parallel rank holds a shard, "
-        f"`fsdp_config.fsdp_size`), not {engine}'s; {unused}"
+        f"{', '.join(f'`{item}`' for item in named_by)}: relm trains on its FSDP2 path (each data-parallel rank "
+        f"holds a shard, `fsdp_config.fsdp_size`), not {engine}'s; {unused}"
     )
 
 

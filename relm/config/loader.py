@@ -78,8 +78,8 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
     engine = engines.engine_named(merged)
     engine_line = None
     if engine is not None:
-        strategies = engines.fold_strategies(merged)
-        engine_line = engines.engine_warning(engine, strategies, engines.layout_settings(merged))
+        named_by = engines.fold_strategies(merged)
+        engine_line = engines.engine_warning(engine, named_by, engines.layout_settings(merged))
     renamed = verl_renames.fold(merged, [layer.values for layer in layers if layer.values is not None])
     ignored: dict[str, list[str]] = {}
     cfg = _build(RelmConfig, merged, "", _Walk(root=merged, ignored=ignored))

@@ -185,7 +185,6 @@ def test_deprecated_global_micro_batch_size_is_divided_by_the_gpus_with_a_warnin
         ("--config", "`--config` needs a value"),
         ("--config-path=conf", "`--config-path conf` needs `--config-name NAME`"),
         ("--config-name=my_megatron_trainer", "`--config-name my_megatron_trainer`: the folder is not there"),
-        ("actor@actor_rollout_ref.actor=mlite_actor", "`actor@actor_rollout_ref.actor=mlite_actor`: a config-group selection"),
     ],
 )  # fmt: skip
 def test_load_errors_name_the_culprit_first(argv: str, message: str):

@@ -273,7 +273,7 @@ def test_model_engine_group_composes_verls_tree_and_names_the_layout_in_one_line
     assert cfg.actor_rollout_ref.actor.strategy == "fsdp" and cfg.critic.strategy == "fsdp"
     lines = [line for line in warnings if "parallel" in line and f".{engine}." in line]
     assert len(lines) == 1 and lines[0].startswith(
-        f"`model_engine={engine}` (and `actor_rollout_ref.actor.strategy"
+        f"`model_engine={engine}`, `actor_rollout_ref.actor.strategy={engine}`, `actor_rollout_ref.ref.strategy={engine}`"
     )
     assert all(f"`{item}`" in lines[0] for item in layout)
     if engine == "megatron":  # the reference's layout is the actor's by interpolation: named once
@@ -303,7 +303,10 @@ def test_group_selection_with_package_composes_from_verls_folder(tmp_path: Path)
          "actor@actor_rollout_ref.actor=veomni_actor", "actor_rollout_ref.actor.ppo_epochs=3"]
     )  # fmt: skip
     assert cfg.actor_rollout_ref.actor.ppo_epochs == 3 and cfg.actor_rollout_ref.actor.strategy == "fsdp"
-    assert any(line.startswith("`actor_rollout_ref.actor.strategy=veomni`") is False for line in warnings)
+    assert any(
+        line.startswith("`actor_rollout_ref.actor.strategy=veomni`: relm trains on its FSDP2 path")
+        for line in warnings
+    )
     assert any("`actor_rollout_ref.actor.veomni.param_offload`" in line for line in warnings)
     with pytest.raises(UserError, match=r"Hydra cannot compose it"):
         load_config(
@@ -316,3 +319,30 @@ def test_group_selection_with_package_composes_from_verls_folder(tmp_path: Path)
                 "actor@actor_rollout_ref.actor=nope",
             ]
         )
+
+
+def test_a_group_selection_without_a_config_folder_uses_the_installed_verls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """verl's scripts pass `--config-path=config` (verl's package folder); relm looks in the installed verl's."""
+    from relm.config import hydra_compose
+
+    selection = "actor@actor_rollout_ref.actor=megatron_actor"
+    monkeypatch.setattr(hydra_compose, "verl_config_dir", lambda: None)
+    with pytest.raises(UserError) as err:
+        load_config(["--config-path=config", "--config-name=ppo_trainer", REAL, selection])
+    assert str(err.value).startswith(
+        f"`{selection}`: a config-group selection is resolved in verl's config folder"
+    )
+    installed = _config_dir(ENGINE_RELEASE, tmp_path)
+    monkeypatch.setattr(hydra_compose, "verl_config_dir", lambda: installed)
+    cfg, warnings = load_config_with_warnings([REAL, selection])  # verl's main_ppo: ppo_trainer by default
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp"
+    assert any(
+        line.startswith("`actor_rollout_ref.actor.param_offload`") is False and "actor.megatron." in line
+        for line in warnings
+    )
+    assert any(
+        line.startswith("`actor_rollout_ref.actor.strategy=megatron`: relm trains on its FSDP2 path")
+        for line in warnings
+    )
