@@ -75,6 +75,7 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
     layers, warnings = _user_layers(argv)
     merged = _merge_layers(layers)
     _drop_unset(merged, NULL_MEANS_UNSET)
+    _drop_null_keys(merged, NULL_MEANS_UNSET_KEYS)
     engine = engines.engine_named(merged)
     engine_line = None
     if engine is not None:
@@ -106,6 +107,24 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
 
 NULL_MEANS_UNSET = ("reward_model.model", "reward_model.rollout")
 """Sections verl 0.9's default config fills with `null` for "unset" where relm's schema has a default."""
+
+
+NULL_MEANS_UNSET_KEYS = ("actor_rollout_ref.actor.optim.lr_warmup_steps", "critic.optim.lr_warmup_steps")
+"""Keys verl 0.4-0.5's Megatron configs write as `null` for "unset" (take the warm-up ratio), relm's -1."""
+
+
+def _drop_null_keys(merged: DictConfig, keys: tuple[str, ...]) -> None:
+    """Remove each of `keys` that holds `null`, so relm's default stands where verl wrote `null`."""
+    for key in keys:
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(merged, parent_key, default=None, throw_on_resolution_failure=False)
+        if (
+            isinstance(parent, DictConfig)
+            and leaf in parent
+            and not OmegaConf.is_interpolation(parent, leaf)
+            and parent[leaf] is None
+        ):
+            del parent[leaf]
 
 
 def _drop_unset(merged: DictConfig, sections: tuple[str, ...]) -> None:

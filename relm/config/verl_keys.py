@@ -81,6 +81,11 @@ _ENGINE_OPTIM = (
     "the engine's own optimizer and scheduler knob; relm's AdamW and schedule follow the `optim.*` keys FSDP "
     "shares (`lr`, `lr_scheduler_type`, `min_lr_ratio`, warm-up, `weight_decay`, `betas`, `clip_grad`)"
 )
+_MEGATRON_OWNERS = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
+_LOAD_WEIGHT = "relm always loads the weights of `model.path`; `false` (random weights) is an error"
+_RECOMPUTE = (
+    "Megatron's recompute settings; relm's is `model.enable_gradient_checkpointing` (and the memory plan)"
+)
 _MEGATRON_OPTIM_KEYS = (
     "lr_warmup_init",
     "lr_decay_steps",
@@ -342,6 +347,16 @@ ACCEPTED_UNUSED: dict[str, str] = {
         for section in ("actor_rollout_ref.actor", "critic")
         for key in (*_MEGATRON_OPTIM_KEYS, *_OTHER_OPTIM_KEYS, "lr_min", "name")
     },
+    # verl 0.4-0.7's Megatron configs (`ppo_megatron_trainer.yaml`) beside the engine sections.
+    **{f"{section}.load_weight": _LOAD_WEIGHT for section in _MEGATRON_OWNERS},
+    **{f"{section}.profile.*": _PROFILER for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref")},
+    **{
+        f"{section}.gradient_checkpointing_kwargs.*": _RECOMPUTE
+        for section in ("actor_rollout_ref.model", "critic.model")
+    },
+    "actor_rollout_ref.rollout.layer_name_map.*": _MEGATRON,
+    "critic.kl_ctrl.*": "verl 0.4's Megatron critic copy of `algorithm.kl_ctrl`; relm reads `algorithm.kl_ctrl`",
+    "reward_model.nccl_timeout": _RAY,
     "actor_rollout_ref.ref.optim.*": "TorchTitan's engine gives the reference an optimizer section; it is not trained",
     "actor_rollout_ref.actor.checkpoint.mbridge_config.*": _MEGATRON,
     "critic.checkpoint.mbridge_config.*": _MEGATRON,
@@ -420,6 +435,7 @@ OFF_VALUES: dict[str, tuple[object, ...]] = {
     # Megatron's `adam` decouples weight decay (AdamW); it is what verl's Megatron optimizer config writes.
     "actor_rollout_ref.actor.optim.optimizer": (None, "AdamW", "adamw", "adam"),
     "critic.optim.optimizer": (None, "AdamW", "adamw", "adam"),
+    **{f"{section}.load_weight": (None, True) for section in _MEGATRON_OWNERS},
     "actor_rollout_ref.actor.optim.name": (None, "AdamW", "adamw"),
     "critic.optim.name": (None, "AdamW", "adamw"),
     "actor_rollout_ref.actor.optim.optimizer_impl": (None, "torch.optim"),

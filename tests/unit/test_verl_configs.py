@@ -231,12 +231,22 @@ def test_verl_09_features_relm_lacks_stop_with_one_line(argv: str, message: str)
 ENGINE_RELEASE = "0.9.1"
 
 
-@pytest.mark.parametrize("engine", ["megatron", "veomni", "torchtitan"])
-def test_every_leaf_of_verls_engine_configs_is_read_or_accepted(engine: str, tmp_path: Path):
-    config_dir = _config_dir(ENGINE_RELEASE, tmp_path)
+ENGINE_FILES = [
+    (ENGINE_RELEASE, f"_generated_ppo_{engine}_trainer.yaml") for engine in ("veomni", "torchtitan")
+] + [
+    (release, "ppo_megatron_trainer.yaml" if release == "0.4.1" else "_generated_ppo_megatron_trainer.yaml")
+    for release in RELEASES
+]
+"""Each release's Megatron config (flat in 0.4, flattened `_generated_` from 0.5), and 0.9.1's other engines."""
+
+
+@pytest.mark.parametrize(("release", "file"), ENGINE_FILES)
+def test_every_leaf_of_verls_engine_configs_is_read_or_accepted(release: str, file: str, tmp_path: Path):
+    config_dir = _config_dir(release, tmp_path)
+    engine = file.removeprefix("_generated_").removeprefix("ppo_").removesuffix("_trainer.yaml")
     schema = set(_schema_keys(RelmConfig, ""))
     renamed = {new for new, _ in RENAMED} | set(MAX_RESP_LEN_KEYS)
-    leaves = list(_leaves(OmegaConf.load(config_dir / f"_generated_ppo_{engine}_trainer.yaml")))
+    leaves = list(_leaves(OmegaConf.load(config_dir / file)))
     assert any(f".{engine}." in key for key in leaves)  # the engine's own section was read
     rejected = [
         key
@@ -247,6 +257,9 @@ def test_every_leaf_of_verls_engine_configs_is_read_or_accepted(engine: str, tmp
         and verl_keys.match_accepted(key) is None
     ]
     assert rejected == []
+    cfg, warnings = load_config_with_warnings(["--config", str(config_dir / file), REAL])  # and it loads
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp" and cfg.critic.strategy == "fsdp"
+    assert len([line for line in warnings if f"not {engine}'s;" in line]) == 1
 
 
 @pytest.mark.parametrize("engine", ["megatron", "veomni", "torchtitan"])
