@@ -116,6 +116,39 @@ def fold_strategies(merged: DictConfig) -> list[str]:
     return named
 
 
+OVERRIDE_SECTIONS = ("actor_rollout_ref.model.override_config", "critic.model.override_config")
+"""Where verl's Megatron configs nest the model's overrides as `model_config: {...}` and `moe_config: {...}`."""
+
+
+def fold_override_config(merged: DictConfig) -> None:
+    """Lift Megatron's `override_config.model_config.*` (the Hugging Face config's overrides, as verl's
+    Megatron workers apply them) to `override_config.*`, where relm reads them, in place; drop
+    `moe_config` at its off value.
+
+    Raises:
+        UserError: `moe_config.freeze_moe_router=true`, which would change what is trained.
+    """
+    for section in OVERRIDE_SECTIONS:
+        node = _select(merged, section)
+        if not isinstance(node, DictConfig):
+            continue
+        if "moe_config" in node:
+            freeze = _select(node, "moe_config.freeze_moe_router")
+            if freeze:
+                raise UserError(
+                    f"`{section}.moe_config.freeze_moe_router={_show(freeze)}`: freezing the MoE router is not "
+                    "supported; set it to false"
+                )
+            del node["moe_config"]
+        if "model_config" in node:
+            inner = node["model_config"]
+            del node["model_config"]
+            lifted = OmegaConf.to_container(inner, resolve=False) if isinstance(inner, DictConfig) else {}
+            assert isinstance(lifted, dict)
+            for key, value in lifted.items():
+                node[str(key)] = value
+
+
 def layout_settings(merged: DictConfig) -> list[str]:
     """`key=value` for each layout key an engine section sets to a value that splits the model."""
     found = []

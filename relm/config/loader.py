@@ -80,6 +80,7 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
     engine_line = None
     if engine is not None:
         named_by = engines.fold_strategies(merged)
+        engines.fold_override_config(merged)
         engine_line = engines.engine_warning(engine, named_by, engines.layout_settings(merged))
     renamed = verl_renames.fold(merged, [layer.values for layer in layers if layer.values is not None])
     ignored: dict[str, list[str]] = {}

@@ -359,3 +359,14 @@ def test_a_group_selection_without_a_config_folder_uses_the_installed_verls(
         line.startswith("`actor_rollout_ref.actor.strategy=megatron`: relm trains on its FSDP2 path")
         for line in warnings
     )
+
+
+def test_megatrons_nested_model_overrides_are_the_hugging_face_configs():
+    base = ["--config-path=config", "--config-name=ppo_megatron_trainer", REAL]
+    cfg = load_config(
+        [*base, "+actor_rollout_ref.model.override_config.model_config.max_position_embeddings=99",
+         "+actor_rollout_ref.model.override_config.moe_config.freeze_moe_router=false"]
+    )  # fmt: skip
+    assert cfg.actor_rollout_ref.model.override_config == {"max_position_embeddings": 99}
+    with pytest.raises(UserError, match=r"moe_config.freeze_moe_router=true`: freezing the MoE router"):
+        load_config([*base, "+actor_rollout_ref.model.override_config.moe_config.freeze_moe_router=true"])
