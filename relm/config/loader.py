@@ -285,10 +285,6 @@ def _parse_override(arg: str) -> _Layer:
         raise UserError(f"`{arg}`: cannot parse the value ({_one_line(err)})") from err
     if override.is_sweep_override():
         raise UserError(f"`{arg}`: a sweep (several values) needs Hydra's --multirun; relm runs one value")
-    if override.package is not None:
-        raise UserError(
-            f"`{arg}`: config-group overrides (`group@package=option`) are not supported; set keys"
-        )
     if override.type == OverrideType.DEL:
         return _Layer(arg, deleted=override.key_or_group, deleted_value=override.value() if sep else None)
     layer = OmegaConf.create()
