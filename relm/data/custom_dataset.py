@@ -58,6 +58,11 @@ def load_dataset_class(path: str, name: str) -> type:
     return cls
 
 
+def takes_max_samples(cls: type) -> bool:
+    """Whether the class draws `max_samples` itself (verl 0.9's `RLHFDataset` does); else relm draws them."""
+    return "max_samples" in inspect.signature(cls).parameters
+
+
 def custom_rows(
     cls: type,
     files: list[str],
@@ -75,7 +80,7 @@ def custom_rows(
         "config": OmegaConf.create(config),
         "processor": None,
     }
-    if "max_samples" in inspect.signature(cls).parameters:
+    if takes_max_samples(cls):
         kwargs["max_samples"] = max_samples
     name = cls.__name__
     try:

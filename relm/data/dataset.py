@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from relm.config.specs import DataSpec
 from relm.config.validate import TRUNCATION_MODES
-from relm.data.custom_dataset import custom_rows, load_dataset_class
+from relm.data.custom_dataset import custom_rows, load_dataset_class, takes_max_samples
 from relm.data.sources import load_table
 from relm.errors import UserError
 from relm.models.tokenizer import TemplateRefused, encode_prompt
@@ -113,7 +113,7 @@ class PromptDataset:
         rows: list[dict[str, Any]] = []
         answers: dict[str, str | None] = {}
         if custom_cls is not None:
-            # The user's verl dataset class reads the files (and draws `max_samples` itself, as in verl).
+            # The user's verl dataset class reads the files (and draws `max_samples` where it takes it).
             cls = load_dataset_class(*custom_cls)
             read = custom_rows(
                 cls, list(map(str, files)), tokenizer, dict(verl_config or {}),
@@ -129,7 +129,8 @@ class PromptDataset:
                 )
                 for row, item in enumerate(read)
             ]
-            max_samples = -1
+            if takes_max_samples(cls):
+                max_samples = -1  # drawn by the class already
         for file in files if custom_cls is None else []:
             file_rows, answers[str(file)] = _rows(
                 load_table(str(file), files_key, split), file, prompt_key, reward_fn_key

@@ -77,3 +77,19 @@ def test_an_item_without_a_prompt_names_the_item(tmp_path: Path):
         custom_rows(
             cls, [], None, {"prompt_key": "prompt"}, max_samples=-1, prompt_key="prompt", reward_fn_key="x"
         )
+
+
+def test_prompt_dataset_renders_the_classes_rows_and_draws_max_samples_when_the_class_does_not(
+    tmp_path: Path,
+):
+    from relm.data.dataset import PromptDataset
+    from relm.models.char_tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    common = dict(
+        max_prompt_length=64, custom_cls=(_file(tmp_path), "Rows"), verl_config={"prompt_key": "prompt"}
+    )
+    whole = PromptDataset(["ignored.parquet"], tok, **common)
+    assert [item["ground_truth"] for item in whole] == ["7", None]
+    assert whole[1]["raw_prompt"] == [{"role": "user", "content": "plain text"}] and whole[0]["prompt_ids"]
+    assert len(PromptDataset(["ignored.parquet"], tok, max_samples=1, **common)) == 1  # `Rows` takes none
