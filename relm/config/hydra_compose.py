@@ -11,9 +11,11 @@ a verl checkout. Interpolations stay unresolved here and resolve against the fin
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -28,30 +30,69 @@ from relm.errors import UserError
 
 VERL_DEFAULT_NAMES = ("ppo_trainer", "_generated_ppo_trainer")
 """verl's default PPO config: relm's own defaults stand for it."""
-MEGATRON_NAMES = ("ppo_megatron_trainer", "_generated_ppo_megatron_trainer")
+ENGINE_CONFIG_NAMES = {
+    "ppo_megatron_trainer": "megatron",
+    "_generated_ppo_megatron_trainer": "megatron",
+    "_generated_ppo_veomni_trainer": "veomni",
+    "_generated_ppo_torchtitan_trainer": "torchtitan",
+}
+"""verl's PPO configs for its other engines: relm's defaults with that engine named stand for them, so the
+engine's line (`relm.config.engines`) reports the layout the script sets."""
 
 
-def compose_config(config_path: str | None, config_name: str) -> tuple[DictConfig | None, list[str]]:
-    """The composed tree of `config_name` in `config_path` (None: relm's defaults), and warnings.
+def compose_config(
+    config_path: str | None, config_name: str, overrides: list[str] | None = None
+) -> tuple[DictConfig | None, list[str], list[str]]:
+    """The composed tree of `config_name` in `config_path` (None: relm's defaults), warnings, and the
+    overrides Hydra took.
+
+    Of `overrides` (the command line's, raw), the config-group selections go to Hydra with the config, as
+    verl's `@hydra.main` would send them: `group@package=option`, `group/sub=option`, and `group=option`
+    where the folder holds a `group/` folder (verl 0.9's `model_engine=megatron`). Where the folder is not
+    there (verl's scripts pass `--config-path=config`, verl's package folder), a group selection is
+    resolved in the installed verl's own config folder.
 
     Raises:
-        UserError: a Megatron config, a folder or file that is not there, or a file Hydra cannot compose.
+        UserError: a folder or file that is not there, a group selection with no folder to resolve it
+            in, or a file Hydra cannot compose.
     """
     name = config_name.removesuffix(".yaml")
     shown = f"--config-name {config_name}" if config_path is None else f"{config_path}/{name}.yaml"
-    if name in MEGATRON_NAMES or "megatron" in name:  # also recipes' own, e.g. dapo_megatron_trainer
-        raise UserError(
-            f"`{shown}`: Megatron is not supported; relm trains with PyTorch FSDP (verl's ppo_trainer)"
-        )
     directory = Path(config_path).expanduser() if config_path else None
+    verl_name = name in VERL_DEFAULT_NAMES or name in ENGINE_CONFIG_NAMES
     if directory is None or not (directory / f"{name}.yaml").is_file():
-        if name in VERL_DEFAULT_NAMES:
-            # verl's scripts pass `--config-path=config`, verl's own package folder, which relm does not ship.
-            return None, [
-                f"`{shown}`: verl's default PPO config; relm's defaults (verl's, for every key relm reads) apply"
-            ]
-        where = "the folder is not there" if directory is None or not directory.is_dir() else "no such file"
-        raise UserError(f"`{shown}`: {where}; `--config-path` is relative to the current folder")
+        groups = [arg for arg in overrides or [] if _is_group_selection(arg, None)]
+        package_dir = verl_config_dir()
+        if verl_name and not groups:
+            if name in VERL_DEFAULT_NAMES:
+                return (
+                    None,
+                    [
+                        f"`{shown}`: verl's default PPO config; relm's defaults (verl's, for every key relm reads) apply"
+                    ],
+                    [],
+                )
+            engine = ENGINE_CONFIG_NAMES[name]
+            return (
+                OmegaConf.create({"model_engine": engine}),
+                [
+                    f"`{shown}`: verl's {engine} PPO config; relm's defaults (verl's, for every key relm reads) apply"
+                ],
+                [],
+            )
+        if verl_name and package_dir is not None and (package_dir / f"{name}.yaml").is_file():
+            directory = package_dir
+        elif verl_name:
+            raise UserError(
+                f"{_listed(groups)}: a config-group selection is resolved in verl's config folder, which is "
+                "not here; pass it (`--config-path .../verl/trainer/config`) or `pip install verl --no-deps`"
+            )
+        else:
+            where = (
+                "the folder is not there" if directory is None or not directory.is_dir() else "no such file"
+            )
+            raise UserError(f"`{shown}`: {where}; `--config-path` is relative to the current folder")
+    groups = [arg for arg in overrides or [] if _is_group_selection(arg, directory)]
     stored = _store_relm_defaults(directory)
     GlobalHydra.instance().clear()
     try:
@@ -62,7 +103,7 @@ def compose_config(config_path: str | None, config_name: str) -> tuple[DictConfi
             # verl's recipes add `file://verl/trainer/config` (a verl checkout) to the search path; without
             # one, relm's defaults stand in for what it would hold, so its absence is no news.
             warnings.filterwarnings("ignore", message=r"provider=hydra\.searchpath .* is not available")
-            composed = compose(config_name=name)
+            composed = compose(config_name=name, overrides=groups)
     except yaml.YAMLError as err:
         raise UserError(_yaml_message(shown, err)) from err
     except (HydraException, OmegaConfBaseException, ValueError) as err:
@@ -73,7 +114,38 @@ def compose_config(config_path: str | None, config_name: str) -> tuple[DictConfi
         for entry in stored:
             ConfigStore.instance().repo.pop(entry, None)
     OmegaConf.set_struct(composed, False)
-    return composed, []
+    return composed, [], groups
+
+
+def is_group_selection(arg: str) -> bool:
+    """Whether a command-line override selects a config group by its form alone (`@` or `/` in its key)."""
+    return _is_group_selection(arg, None)
+
+
+def _is_group_selection(arg: str, directory: Path | None) -> bool:
+    key, sep, _ = arg.partition("=")
+    key = key.lstrip("+~")
+    if not sep or not key:
+        return False
+    if "@" in key or "/" in key:
+        return True
+    return directory is not None and "." not in key and (directory / key).is_dir()
+
+
+def verl_config_dir() -> Path | None:
+    """The installed verl's own config folder (`verl/trainer/config`), found without importing verl."""
+    try:
+        spec = importlib.util.find_spec("verl")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+    return folder if folder.is_dir() else None
+
+
+def _listed(overrides: list[str]) -> str:
+    return ", ".join(f"`{override}`" for override in overrides) or "it"
 
 
 def _yaml_message(shown: str, err: yaml.YAMLError) -> str:
@@ -107,8 +179,11 @@ def _store_relm_defaults(directory: Path) -> list[str]:
     """
     node = OmegaConf.create(dataclasses.asdict(RelmConfig()))
     stored = []
-    for name in VERL_DEFAULT_NAMES:
+    standing: dict[str, Any] = {name: node for name in VERL_DEFAULT_NAMES}
+    for name, engine in ENGINE_CONFIG_NAMES.items():
+        standing[name] = OmegaConf.merge(node, {"model_engine": engine})
+    for name, stand_in in standing.items():
         if not (directory / f"{name}.yaml").is_file():
-            ConfigStore.instance().store(name=name, node=node)
+            ConfigStore.instance().store(name=name, node=stand_in)
             stored.append(f"{name}.yaml")
     return stored

@@ -293,6 +293,8 @@ SPEC_KEYS: dict[str, str] = {
     "trainer.max_gpu_memory_gb": "memory.max_gpu_memory_gb",
     "trainer.max_host_memory_gb": "memory.max_host_memory_gb",
     "seed": "loop.seed",
+    "data.custom_cls.path": "data.custom_cls",
+    "data.custom_cls.name": "data.custom_cls",
 }
 """Schema key -> the `RunSpec` field it sets."""
 
@@ -301,8 +303,6 @@ _STRATEGY = "relm trains with PyTorch (FSDP2 when distributed): `fsdp`, `fsdp2` 
 REFUSED_SCHEMA_KEYS: dict[str, str] = {
     f"{_ACTOR}.strategy": _STRATEGY,
     "critic.strategy": _STRATEGY,
-    "data.custom_cls.path": "custom dataset classes are not supported yet; leave it unset",
-    "data.custom_cls.name": "custom dataset classes are not supported yet; leave it unset",
 }
 """Schema keys relm reads only to refuse values it cannot honour (`relm.config.validate`)."""
 

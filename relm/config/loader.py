@@ -38,9 +38,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.base import Container
 from omegaconf.errors import OmegaConfBaseException
 
-from relm.config import verl_keys, verl_renames
+from relm.config import engines, verl_keys, verl_renames
 from relm.config.fallbacks import fall_back_on_missing_parts
-from relm.config.hydra_compose import compose_config
+from relm.config.hydra_compose import compose_config, is_group_selection
 from relm.config.paths import expand_config_paths
 from relm.config.schema import RelmConfig
 from relm.config.validate import convert_deprecated
@@ -75,14 +75,30 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
     layers, warnings = _user_layers(argv)
     merged = _merge_layers(layers)
     _drop_unset(merged, NULL_MEANS_UNSET)
+    _drop_null_keys(merged, NULL_MEANS_UNSET_KEYS)
+    engine = engines.engine_named(merged)
+    engine_line = None
+    if engine is not None:
+        named_by = engines.fold_strategies(merged)
+        engines.fold_override_config(merged)
+        engine_line = engines.engine_warning(engine, named_by, engines.layout_settings(merged))
     renamed = verl_renames.fold(merged, [layer.values for layer in layers if layer.values is not None])
     ignored: dict[str, list[str]] = {}
     cfg = _build(RelmConfig, merged, "", _Walk(root=merged, ignored=ignored))
     verl_renames.check_built(cfg, renamed)
+    if engine_line is not None:
+        # The engine's line names it and its layout once; the per-section lines keep its other keys.
+        ignored = engines.without_engine_keys(ignored)
+        warnings.append(engine_line)
+    by_reason: dict[
+        str, list[str]
+    ] = {}  # one line a reason (an engine's dozens of optimizer knobs share one)
+    for pattern, keys in ignored.items():
+        by_reason.setdefault(verl_keys.ACCEPTED_UNUSED[pattern], []).extend(keys)
     warnings += [
         f"{', '.join(f'`{key}`' for key in keys)}: verl {'keys' if len(keys) > 1 else 'key'} "
-        f"not used by relm ({verl_keys.ACCEPTED_UNUSED[pattern]})"
-        for pattern, keys in ignored.items()
+        f"not used by relm ({reason})"
+        for reason, keys in by_reason.items()
     ]
     expand_config_paths(cfg)
     warnings += _fill_derived(cfg)
@@ -92,6 +108,24 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
 
 NULL_MEANS_UNSET = ("reward_model.model", "reward_model.rollout")
 """Sections verl 0.9's default config fills with `null` for "unset" where relm's schema has a default."""
+
+
+NULL_MEANS_UNSET_KEYS = ("actor_rollout_ref.actor.optim.lr_warmup_steps", "critic.optim.lr_warmup_steps")
+"""Keys verl 0.4-0.5's Megatron configs write as `null` for "unset" (take the warm-up ratio), relm's -1."""
+
+
+def _drop_null_keys(merged: DictConfig, keys: tuple[str, ...]) -> None:
+    """Remove each of `keys` that holds `null`, so relm's default stands where verl wrote `null`."""
+    for key in keys:
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(merged, parent_key, default=None, throw_on_resolution_failure=False)
+        if (
+            isinstance(parent, DictConfig)
+            and leaf in parent
+            and not OmegaConf.is_interpolation(parent, leaf)
+            and parent[leaf] is None
+        ):
+            del parent[leaf]
 
 
 def _drop_unset(merged: DictConfig, sections: tuple[str, ...]) -> None:
@@ -145,7 +179,7 @@ _CONFIG_FLAGS = {
 def _user_layers(argv: list[str]) -> tuple[list[_Layer], list[str]]:
     """The file or composed config (if any) then each override, lowest first; and warnings."""
     flags: dict[str, str] = {}
-    overrides: list[_Layer] = []
+    raw: list[str] = []
     args = iter(argv)
     for arg in args:
         flag, has_value, inline = arg.partition("=")
@@ -165,20 +199,30 @@ def _user_layers(argv: list[str]) -> tuple[list[_Layer], list[str]]:
                 "--config-name NAME`) and `section.key=value` overrides"
             )
         else:
-            overrides.append(_parse_override(arg))
+            raw.append(arg)
     if "config" in flags and ("path" in flags or "name" in flags):
         raise UserError("`--config` and `--config-path`/`--config-name` both given; use one of the two")
     if "path" in flags and "name" not in flags:
         raise UserError(f"`--config-path {flags['path']}` needs `--config-name NAME` (the YAML file's name)")
     base: list[_Layer] = []
     warnings: list[str] = []
-    if "config" in flags:
-        base = [_Layer(flags["config"], values=_load_file(flags["config"]))]
-    elif "name" in flags:
-        composed, warnings = compose_config(flags.get("path"), flags["name"])
+    groups = [arg for arg in raw if is_group_selection(arg)]
+    if groups and "config" in flags:
+        raise UserError(
+            f"`{groups[0]}`: a config-group selection needs Hydra's `--config-path DIR --config-name NAME`, "
+            "not `--config FILE`"
+        )
+    if groups and "name" not in flags:
+        flags["name"] = "ppo_trainer"  # verl's main_ppo composes its default config, as here
+    if "name" in flags:
+        composed, warnings, taken = compose_config(flags.get("path"), flags["name"], raw)
+        raw = [arg for arg in raw if arg not in taken]
         if composed is not None:
             base = [_Layer(f"--config-name {flags['name']}", values=composed)]
-    else:
+    overrides = [_parse_override(arg) for arg in raw]
+    if "config" in flags:
+        base = [_Layer(flags["config"], values=_load_file(flags["config"]))]
+    elif "name" not in flags:
         saved = _evaluated_run_config(overrides)
         if saved is not None:
             base = [_Layer(str(saved), values=_load_file(str(saved)))]
@@ -241,10 +285,6 @@ def _parse_override(arg: str) -> _Layer:
         raise UserError(f"`{arg}`: cannot parse the value ({_one_line(err)})") from err
     if override.is_sweep_override():
         raise UserError(f"`{arg}`: a sweep (several values) needs Hydra's --multirun; relm runs one value")
-    if override.package is not None:
-        raise UserError(
-            f"`{arg}`: config-group overrides (`group@package=option`) are not supported; set keys"
-        )
     if override.type == OverrideType.DEL:
         return _Layer(arg, deleted=override.key_or_group, deleted_value=override.value() if sep else None)
     layer = OmegaConf.create()

@@ -16,10 +16,11 @@ from typing import Any
 
 @dataclass
 class CustomClsConfig:
-    """A user class loaded from a file (verl's `data.custom_cls`)."""
+    """A user's verl dataset class loaded from a file (verl's `data.custom_cls`): it reads `data.train_files`
+    and `data.val_files` instead of relm's own readers."""
 
     path: str | None = None
-    """Python file that defines the class."""
+    """Python file that defines the class (a `torch.utils.data.Dataset` taking verl's `data_files, tokenizer, config, processor`)."""
     name: str | None = None
     """Name of the class in that file."""
 

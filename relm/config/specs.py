@@ -59,6 +59,10 @@ class DataSpec:
     """Allow the tokenizer's own code (verl loads the trainer's tokenizer with `data.trust_remote_code`)."""
     seed: int
     """Seed of the shuffle and of sub-sampling."""
+    custom_cls: tuple[str, str] | None = None
+    """A user's verl dataset class (`data.custom_cls.path`, `.name`) that reads the files instead (None: relm's)."""
+    verl_config: Mapping[str, Any] | None = None
+    """The `data.*` section as verl hands it to a dataset class (`config=`), for `custom_cls`."""
 
 
 @dataclass(frozen=True)

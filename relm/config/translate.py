@@ -7,6 +7,8 @@ the specs with the start-up warnings of keys that are accepted but do not act wi
 
 from __future__ import annotations
 
+import dataclasses
+
 from relm.config import key_table
 from relm.config.remote_code import ACTOR_KEY, CRITIC_KEY, model_trust
 from relm.config.rollout_correction import parse_rollout_correction
@@ -98,6 +100,8 @@ def data_spec(cfg: RelmConfig) -> DataSpec:
         return_raw_chat=data.return_raw_chat,
         trust_remote_code=data.trust_remote_code,
         seed=data.seed,
+        custom_cls=(data.custom_cls.path, data.custom_cls.name or "") if data.custom_cls.path else None,
+        verl_config=dataclasses.asdict(data) if data.custom_cls.path else None,
     )
 
 

@@ -87,6 +87,8 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 WARMUP_STYLES = ("constant", "cosine")
 ROLLOUT_ENGINES = ("native", "hf", "vllm")
 DEVICES = ("auto", "cpu", "cuda")
+ASCEND_DEVICES = ("npu", "ascend")
+"""verl's names for Huawei Ascend NPUs (its `ascend_extras` and `*_npu.sh` scripts): one line, not a choice list."""
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 LOGGERS_NOT_YET = ("swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "file")
 """verl logger names relm knows of but does not provide yet."""
@@ -276,6 +278,11 @@ def _check_lora(cfg: RelmConfig) -> None:
 
 def _check_choices(cfg: RelmConfig) -> None:
     arr, algo, trainer = cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
+    if trainer.device in ASCEND_DEVICES:
+        raise UserError(
+            f"`trainer.device={trainer.device}`: Ascend NPUs are not supported; relm runs on CUDA GPUs or the "
+            "CPU (trainer.device=auto)"
+        )
     for key, value, allowed in (
         ("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
         ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS),
@@ -509,10 +516,10 @@ def _check_features(cfg: RelmConfig) -> None:
     data, rollout = cfg.data, cfg.actor_rollout_ref.rollout
     if cfg.reward_model.enable:
         _check_reward_model(cfg.reward_model)
-    if data.custom_cls.path is not None:
+    if data.custom_cls.path is not None and not data.custom_cls.name:
         raise UserError(
-            f"`data.custom_cls.path={data.custom_cls.path}`: custom dataset classes are not supported yet; "
-            f"write the prompts to parquet with a `{data.prompt_key}` column"
+            f"`data.custom_cls.path={data.custom_cls.path}` needs `data.custom_cls.name=CLASS`, the dataset "
+            "class in that file"
         )
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise UserError(

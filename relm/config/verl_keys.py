@@ -7,7 +7,8 @@ one warning line that says why relm ignores it.
 
 The table covers every leaf key of verl's default PPO trainer config (ppo_trainer.yaml of verl 0.3-0.4
 and the flattened `_generated_ppo_trainer.yaml` of 0.5, 0.6, 0.7 and 0.9; a test walks each release's
-file), plus the Megatron sections and Hydra's own keys. Keys verl renamed whose new spelling relm acts
+file) and of 0.9.1's Megatron, VeOmni and TorchTitan configs (`model_engine=...`, whose parallel layout
+`relm.config.engines` reports in one line), plus MindSpeed's section and Hydra's own keys. Keys verl renamed whose new spelling relm acts
 on (`optim.lr_scheduler_type`, 0.9's `reward.*` section) are folded in by `relm.config.verl_renames`.
 A key ending in `.*` stands for a whole subtree. Keys that would change what is trained if relm
 ignored them (LoRA, multi-turn) are listed in `UNSUPPORTED_WHEN_ENABLED`: they
@@ -45,7 +46,7 @@ _RM_ROLLOUT = (
     "a vLLM/sglang serving knob; relm's judge generates with its own engine (`reward_model.rollout.name`)"
 )
 _CKPT = "relm saves model, optimizer and loop state in every checkpoint"
-_MEGATRON = "Megatron is not supported; relm trains with PyTorch FSDP"
+_MEGATRON = "Megatron's engine settings; relm trains on its FSDP2 path (the layout keys are named in the engine's line)"
 _SHM = "relm loads models directly, without a shared-memory copy"
 _DYN_LOGPROB = "log-prob forwards use the actor's `use_dynamic_bsz` and `ppo_max_token_len_per_gpu`"
 _ENTROPY_MEM = "relm computes the entropy in one pass"
@@ -71,7 +72,51 @@ _DISTILL = "on-policy distillation is not implemented"
 _TRANSFER_QUEUE = "verl's transfer queue moves data between Ray workers; relm has no workers to feed"
 _SKIP = "rollout dumps and replays for debugging are not implemented"
 _TRAINER_V1 = "relm has one synchronous trainer loop (verl's v1 trainer modes do not apply)"
-_OTHER_ENGINE = "VeOmni and TorchTitan engines are not supported; relm trains with PyTorch FSDP"
+_OTHER_ENGINE = (
+    "VeOmni's or TorchTitan's engine settings; relm trains on its FSDP2 path (the layout keys are named in the "
+    "engine's line)"
+)
+_MINDSPEED = (
+    "MindSpeed's (Ascend's Megatron) engine settings; relm trains on its FSDP2 path (the layout keys are named "
+    "in the engine's line)"
+)
+_ENGINE_OPTIM = (
+    "the engine's own optimizer and scheduler knob; relm's AdamW and schedule follow the `optim.*` keys FSDP "
+    "shares (`lr`, `lr_scheduler_type`, `min_lr_ratio`, warm-up, `weight_decay`, `betas`, `clip_grad`)"
+)
+_MEGATRON_OWNERS = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
+_LOAD_WEIGHT = "relm always loads the weights of `model.path`; `false` (random weights) is an error"
+_RECOMPUTE = (
+    "Megatron's recompute settings; relm's is `model.enable_gradient_checkpointing` (and the memory plan)"
+)
+_MEGATRON_OPTIM_KEYS = (
+    "lr_warmup_init",
+    "lr_decay_steps",
+    "lr_decay_style",
+    "weight_decay_incr_style",
+    "lr_wsd_decay_style",
+    "lr_wsd_decay_steps",
+    "use_checkpoint_opt_param_scheduler",
+    "use_precision_aware_optimizer",
+    "main_grads_dtype",
+    "exp_avg_dtype",
+    "exp_avg_sq_dtype",
+    "use_layer_wise_distributed_optimizer",
+    "muon_momentum",
+    "muon_nesterov",
+    "muon_split_qkv",
+    "muon_scale_mode",
+    "muon_coefficient_type",
+    "muon_num_ns_steps",
+    "muon_tp_mode",
+    "muon_fp32_matmul_prec",
+    "muon_extra_scale_factor",
+    "muon_scalar_optimizer",
+    "muon_match_adamw_update_rms",
+)
+"""Megatron's optimizer section adds these to FSDP's (verl 0.9.1's `optim/megatron.yaml`)."""
+_OTHER_OPTIM_KEYS = ("lr_start", "lr_decay_ratio", "eps", "decay_type")
+"""VeOmni's and TorchTitan's additions (`optim/veomni.yaml`, `optim/torchtitan.yaml`) relm does not read."""
 _CRITIC_ENGINE = "verl 0.9's engine copy of the critic's FSDP settings; relm reads `critic.model.fsdp_config`"
 _ROLLOUT_CORRECTION = "a rollout-correction key of an older verl (0.6-0.7) that verl 0.9 dropped"
 
@@ -288,7 +333,7 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "trainer.use_v1": _TRAINER_V1,
     "trainer.v1.*": _TRAINER_V1,
     # Keys verl's own scripts add with `+` (not in its default config).
-    "actor_rollout_ref.actor.model_engine": "relm trains with PyTorch FSDP (verl's `dp` engine)",
+    "actor_rollout_ref.actor.model_engine": "relm trains on its FSDP2 path (verl's `dp` engine)",
     "actor_rollout_ref.actor.veomni.*": _OTHER_ENGINE,
     "actor_rollout_ref.ref.veomni.*": _OTHER_ENGINE,
     "critic.veomni.*": _OTHER_ENGINE,
@@ -297,15 +342,35 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "critic.torchtitan.*": _OTHER_ENGINE,
     "actor_rollout_ref.actor.policy_loss.tau_pos": _SAPO_TAU.format("pos"),
     "actor_rollout_ref.actor.policy_loss.tau_neg": _SAPO_TAU.format("neg"),
+    **{
+        f"{section}.optim.{key}": _ENGINE_OPTIM
+        for section in ("actor_rollout_ref.actor", "critic")
+        for key in (*_MEGATRON_OPTIM_KEYS, *_OTHER_OPTIM_KEYS, "lr_min", "name")
+    },
+    # verl 0.4-0.7's Megatron configs (`ppo_megatron_trainer.yaml`) beside the engine sections.
+    **{f"{section}.load_weight": _LOAD_WEIGHT for section in _MEGATRON_OWNERS},
+    **{f"{section}.profile.*": _PROFILER for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref")},
+    **{
+        f"{section}.gradient_checkpointing_kwargs.*": _RECOMPUTE
+        for section in ("actor_rollout_ref.model", "critic.model")
+    },
+    "actor_rollout_ref.rollout.layer_name_map.*": _MEGATRON,
+    "critic.kl_ctrl.*": "verl 0.4's Megatron critic copy of `algorithm.kl_ctrl`; relm reads `algorithm.kl_ctrl`",
+    "reward_model.nccl_timeout": _RAY,
+    "actor_rollout_ref.ref.optim.*": "TorchTitan's engine gives the reference an optimizer section; it is not trained",
+    "actor_rollout_ref.actor.checkpoint.mbridge_config.*": _MEGATRON,
+    "critic.checkpoint.mbridge_config.*": _MEGATRON,
+    "critic.nccl_timeout": _RAY,
     "actor_rollout_ref.actor.optim.override_optimizer_config.*": _OPTIM,
     "critic.optim.override_optimizer_config.*": _OPTIM,
     "actor_rollout_ref.rollout.moe_tensor_parallel_size": _IN_PROCESS,
-    "actor_rollout_ref.actor.mindspeed.*": "MindSpeed (Ascend's Megatron) is not supported; relm trains with PyTorch FSDP",
-    "actor_rollout_ref.ref.mindspeed.*": "MindSpeed (Ascend's Megatron) is not supported; relm trains with PyTorch FSDP",
+    "actor_rollout_ref.actor.mindspeed.*": _MINDSPEED,
+    "actor_rollout_ref.ref.mindspeed.*": _MINDSPEED,
+    "critic.mindspeed.*": _MINDSPEED,
     "actor_rollout_ref.actor.optim.min_lr": "relm's cosine schedule decays to `optim.min_lr_ratio` x `optim.lr`",
     "critic.optim.min_lr": "relm's cosine schedule decays to `optim.min_lr_ratio` x `optim.lr`",
     # top level
-    "model_engine": "relm trains with PyTorch FSDP (verl's `dp` engine)",
+    "model_engine": "relm trains on its FSDP2 path (verl's `dp` engine)",
     "ray_init.*": _RAY,
     "ray_kwargs.*": _RAY,
     "global_profiler.*": _PROFILER,
@@ -345,22 +410,31 @@ UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
     "skip.rollout.enable": "rollout dumps and replays are not supported yet",
     "skip.async_rollout.enable": "rollout dumps and replays are not supported yet",
     "skip.rollout_tq.enable": "rollout dumps and replays are not supported yet",
-    "model_engine": "relm trains with PyTorch FSDP only; use verl's `dp` engine (model_engine=dp)",
     "actor_rollout_ref.actor.optim.min_lr": "an absolute floor is not supported; set `optim.min_lr_ratio` instead",
     "critic.optim.min_lr": "an absolute floor is not supported; set `optim.min_lr_ratio` instead",
-    "actor_rollout_ref.actor.model_engine": "relm trains with PyTorch FSDP only; use verl's `dp` engine",
     "actor_rollout_ref.actor.optim.optimizer": "relm trains with AdamW only",
     "critic.optim.optimizer": "relm trains with AdamW only",
     "actor_rollout_ref.actor.optim.optimizer_impl": "relm trains with torch's AdamW (`torch.optim`) only",
     "critic.optim.optimizer_impl": "relm trains with torch's AdamW (`torch.optim`) only",
+    **{
+        f"{section}.optim.{key}": "an absolute floor is not supported; set `optim.min_lr_ratio` instead"
+        for section in ("actor_rollout_ref.actor", "critic")
+        for key in ("lr_min",)
+    },
+    **{
+        f"{section}.optim.name": "relm trains with AdamW only"
+        for section in ("actor_rollout_ref.actor", "critic")
+    },
 }
 """Accepted keys whose non-off value would change what is trained: turning them on is an error."""
 
 OFF_VALUES: dict[str, tuple[object, ...]] = {
-    "model_engine": (None, "dp", "fsdp"),
-    "actor_rollout_ref.actor.model_engine": (None, "dp", "fsdp"),
-    "actor_rollout_ref.actor.optim.optimizer": (None, "AdamW", "adamw"),
-    "critic.optim.optimizer": (None, "AdamW", "adamw"),
+    # Megatron's `adam` decouples weight decay (AdamW); it is what verl's Megatron optimizer config writes.
+    "actor_rollout_ref.actor.optim.optimizer": (None, "AdamW", "adamw", "adam"),
+    "critic.optim.optimizer": (None, "AdamW", "adamw", "adam"),
+    **{f"{section}.load_weight": (None, True) for section in _MEGATRON_OWNERS},
+    "actor_rollout_ref.actor.optim.name": (None, "AdamW", "adamw"),
+    "critic.optim.name": (None, "AdamW", "adamw"),
     "actor_rollout_ref.actor.optim.optimizer_impl": (None, "torch.optim"),
     "critic.optim.optimizer_impl": (None, "torch.optim"),
 }

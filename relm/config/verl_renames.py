@@ -32,6 +32,9 @@ RENAMED: tuple[tuple[str, str], ...] = (
     ("critic.optim.lr_scheduler_type", "critic.optim.warmup_style"),
     ("actor_rollout_ref.actor.optim.clip_grad", "actor_rollout_ref.actor.grad_clip"),
     ("critic.optim.clip_grad", "critic.grad_clip"),
+    # TorchTitan's optimizer section (verl 0.9.1's `optim/torchtitan.yaml`) names the floor this way.
+    ("actor_rollout_ref.actor.optim.min_lr_factor", "actor_rollout_ref.actor.optim.min_lr_ratio"),
+    ("critic.optim.min_lr_factor", "critic.optim.min_lr_ratio"),
     ("reward.custom_reward_function.path", "custom_reward_function.path"),
     ("reward.custom_reward_function.name", "custom_reward_function.name"),
     ("reward.reward_manager.name", "reward_model.reward_manager"),

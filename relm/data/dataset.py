@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from relm.config.specs import DataSpec
 from relm.config.validate import TRUNCATION_MODES
+from relm.data.custom_dataset import custom_rows, load_dataset_class, takes_max_samples
 from relm.data.sources import load_table
 from relm.errors import UserError
 from relm.models.tokenizer import TemplateRefused, encode_prompt
@@ -93,6 +94,8 @@ class PromptDataset:
         shuffle: bool = False,
         seed: int = 0,
         answer_needed_by: str | None = None,
+        custom_cls: tuple[str, str] | None = None,
+        verl_config: Any = None,
     ) -> None:
         if isinstance(files, (str, Path)):
             files = [files]  # verl accepts a single path where a list is expected
@@ -109,14 +112,34 @@ class PromptDataset:
         shortest = None
         rows: list[dict[str, Any]] = []
         answers: dict[str, str | None] = {}
-        for file in files:
+        if custom_cls is not None:
+            # The user's verl dataset class reads the files (and draws `max_samples` where it takes it).
+            cls = load_dataset_class(*custom_cls)
+            read = custom_rows(
+                cls, list(map(str, files)), tokenizer, dict(verl_config or {}),
+                max_samples=max_samples, prompt_key=prompt_key, reward_fn_key=reward_fn_key,
+            )  # fmt: skip
+            source = f"{cls.__name__} item"
+            rows = [
+                dict(
+                    item,
+                    raw_prompt=_check_messages(item["raw_prompt"], source, row, prompt_key),
+                    file=source,
+                    row=row,
+                )
+                for row, item in enumerate(read)
+            ]
+            if takes_max_samples(cls):
+                max_samples = -1  # drawn by the class already
+        for file in files if custom_cls is None else []:
             file_rows, answers[str(file)] = _rows(
                 load_table(str(file), files_key, split), file, prompt_key, reward_fn_key
             )
             rows += [dict(item, file=str(file), row=row) for row, item in enumerate(file_rows)]
         if not rows:
             raise UserError(f"{files_key}: the files {list(map(str, files))} hold no rows; add prompts")
-        _report_answer_columns(answers, files_key, answer_needed_by)
+        if custom_cls is None:
+            _report_answer_columns(answers, files_key, answer_needed_by)
         kept = sample_rows(len(rows), max_samples, shuffle=shuffle, seed=seed)
         if len(kept) < len(rows):
             logger.info(
@@ -227,6 +250,8 @@ class PromptDataset:
             answer_needed_by="the built-in scorers (no custom_reward_function.path)"
             if builtin_scorers
             else None,
+            custom_cls=data.custom_cls,
+            verl_config=data.verl_config,
         )
 
     def __len__(self) -> int:

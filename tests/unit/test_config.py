@@ -184,7 +184,7 @@ def test_deprecated_global_micro_batch_size_is_divided_by_the_gpus_with_a_warnin
         ("--verbose", "`--verbose`: unknown option"),
         ("--config", "`--config` needs a value"),
         ("--config-path=conf", "`--config-path conf` needs `--config-name NAME`"),
-        ("--config-name=ppo_megatron_trainer", "`--config-name ppo_megatron_trainer`: Megatron is not supported"),
+        ("--config-name=my_megatron_trainer", "`--config-name my_megatron_trainer`: the folder is not there"),
     ],
 )  # fmt: skip
 def test_load_errors_name_the_culprit_first(argv: str, message: str):
@@ -385,7 +385,7 @@ def test_verl_seq_balance_command_converts_its_global_micro_batch_sizes():
         (f"{RO}.timeout_s=0", f"`{RO}.timeout_s` must be greater than 0 (null: no limit), got 0"),
         (f"{RO}.max_model_len=20", f"`{RO}.max_model_len=20` is shorter than a prompt plus its response"),
         (f"{RO}.max_num_seqs=0", f"`{RO}.max_num_seqs` must be a positive integer, got 0"),
-        (f"{ACT}.strategy=megatron", f"`{ACT}.strategy=megatron` is not supported"),
+        (f"{ACT}.strategy=deepspeed", f"`{ACT}.strategy=deepspeed` is not supported"),
         (f"{MODEL}.dtype=fp8", f"`{MODEL}.dtype=fp8` is not supported"),
         ("data.truncation=cut", "`data.truncation=cut` is not supported"),
         ("reward.reward_manager.name=remote", "`reward_model.reward_manager=remote` is not supported"),
@@ -403,7 +403,7 @@ def test_verl_seq_balance_command_converts_its_global_micro_batch_sizes():
         ("critic.ppo_micro_batch_size_per_gpu=5", "`critic.ppo_micro_batch_size_per_gpu=5` x 1 GPUs must"),
         ("critic.ppo_mini_batch_size=32", "`critic.ppo_mini_batch_size=32` exceeds `data.train_batch_size"),
         ("reward_model.enable=true", "`reward_model.enable=true` needs `reward_model.model.path="),
-        ("data.custom_cls.path=my_dataset.py", "`data.custom_cls.path=my_dataset.py`: custom dataset"),
+        ("data.custom_cls.path=my_dataset.py", "`data.custom_cls.path=my_dataset.py` needs `data.custom_cls.name=CLASS`"),
         ("trainer.resume_mode=resume_path", "`trainer.resume_mode=resume_path` needs `trainer.resume_from"),
         (f"{RO}.response_length=8", f"`{RO}.response_length=8` differs from `data.max_response_length=16`"),
     ],

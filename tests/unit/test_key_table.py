@@ -87,6 +87,8 @@ WITH: dict[str, list[str]] = {
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null"
     ],
     "algorithm.rollout_correction.bypass_mode": [],
+    "data.custom_cls.name": ["data.custom_cls.path=/tmp/dataset.py"],
+    "data.custom_cls.path": ["data.custom_cls.name=MyDataset"],
 }
 
 

@@ -214,7 +214,7 @@ def test_missing_engine_and_logger_packages_fall_back_with_one_line_each(monkeyp
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ("model_engine=megatron", "`model_engine=megatron`: relm trains with PyTorch FSDP only"),
+        ("model_engine=megatorn", "`model_engine=megatorn`: not one of verl's engines; choose one of: dp,"),
         (f"{OPTIM}.optimizer=Muon", f"`{OPTIM}.optimizer=Muon`: relm trains with AdamW only"),
         (
             "actor_rollout_ref.model.lora.rank=8",
@@ -226,3 +226,147 @@ def test_verl_09_features_relm_lacks_stop_with_one_line(argv: str, message: str)
     with pytest.raises(UserError) as err:
         load_config([REAL, argv])
     assert str(err.value).startswith(message)
+
+
+ENGINE_RELEASE = "0.9.1"
+
+
+ENGINE_FILES = [
+    (ENGINE_RELEASE, f"_generated_ppo_{engine}_trainer.yaml") for engine in ("veomni", "torchtitan")
+] + [
+    (release, "ppo_megatron_trainer.yaml" if release == "0.4.1" else "_generated_ppo_megatron_trainer.yaml")
+    for release in RELEASES
+]
+"""Each release's Megatron config (flat in 0.4, flattened `_generated_` from 0.5), and 0.9.1's other engines."""
+
+
+@pytest.mark.parametrize(("release", "file"), ENGINE_FILES)
+def test_every_leaf_of_verls_engine_configs_is_read_or_accepted(release: str, file: str, tmp_path: Path):
+    config_dir = _config_dir(release, tmp_path)
+    engine = file.removeprefix("_generated_").removeprefix("ppo_").removesuffix("_trainer.yaml")
+    schema = set(_schema_keys(RelmConfig, ""))
+    renamed = {new for new, _ in RENAMED} | set(MAX_RESP_LEN_KEYS)
+    leaves = list(_leaves(OmegaConf.load(config_dir / file)))
+    assert any(f".{engine}." in key for key in leaves)  # the engine's own section was read
+    rejected = [
+        key
+        for key in leaves
+        if key not in schema
+        and key not in renamed
+        and not any(key.startswith(f"{name}.") for name in schema)
+        and verl_keys.match_accepted(key) is None
+    ]
+    assert rejected == []
+    cfg, warnings = load_config_with_warnings(["--config", str(config_dir / file), REAL])  # and it loads
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp" and cfg.critic.strategy == "fsdp"
+    assert len([line for line in warnings if f"not {engine}'s;" in line]) == 1
+
+
+@pytest.mark.parametrize("engine", ["megatron", "veomni", "torchtitan"])
+def test_model_engine_group_composes_verls_tree_and_names_the_layout_in_one_line(engine: str, tmp_path: Path):
+    """verl 0.9's `model_engine=X` is a config-group selection: Hydra composes the engine's sections."""
+    config_dir = _config_dir(ENGINE_RELEASE, tmp_path)
+    layout = {
+        "megatron": ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+                     "actor_rollout_ref.actor.megatron.context_parallel_size=2"],
+        "veomni": ["actor_rollout_ref.actor.veomni.ulysses_parallel_size=2"],
+        "torchtitan": ["actor_rollout_ref.actor.torchtitan.pipeline_parallel_size=2"],
+    }[engine]  # fmt: skip
+    cfg, warnings = load_config_with_warnings(
+        [
+            "--config-path",
+            str(config_dir),
+            "--config-name",
+            "ppo_trainer",
+            f"model_engine={engine}",
+            REAL,
+            *layout,
+        ]
+    )
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp" and cfg.critic.strategy == "fsdp"
+    lines = [line for line in warnings if "parallel" in line and f".{engine}." in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"`model_engine={engine}`, `actor_rollout_ref.actor.strategy={engine}`, `actor_rollout_ref.ref.strategy={engine}`"
+    )
+    assert all(f"`{item}`" in lines[0] for item in layout)
+    if engine == "megatron":  # the reference's layout is the actor's by interpolation: named once
+        assert "ref.megatron.tensor_model_parallel_size" not in " ".join(warnings)
+
+
+def test_engine_config_names_without_verls_folder_stand_for_relms_defaults():
+    cfg, warnings = load_config_with_warnings(
+        ["--config-path=config", "--config-name=ppo_megatron_trainer", REAL,
+         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+         "actor_rollout_ref.actor.megatron.sequence_parallel=true"]
+    )  # fmt: skip
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp"
+    assert warnings[0].startswith("`config/ppo_megatron_trainer.yaml`: verl's megatron PPO config")
+    assert warnings[1] == (
+        "`model_engine=megatron`: relm trains on its FSDP2 path (each data-parallel rank holds a shard, "
+        "`fsdp_config.fsdp_size`), not megatron's; parallel-layout keys not used: "
+        "`actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2`, "
+        "`actor_rollout_ref.actor.megatron.sequence_parallel=true`"
+    )
+
+
+def test_group_selection_with_package_composes_from_verls_folder(tmp_path: Path):
+    config_dir = _config_dir(ENGINE_RELEASE, tmp_path)
+    cfg, warnings = load_config_with_warnings(
+        ["--config-path", str(config_dir), "--config-name", "ppo_trainer", REAL,
+         "actor@actor_rollout_ref.actor=veomni_actor", "actor_rollout_ref.actor.ppo_epochs=3"]
+    )  # fmt: skip
+    assert cfg.actor_rollout_ref.actor.ppo_epochs == 3 and cfg.actor_rollout_ref.actor.strategy == "fsdp"
+    assert any(
+        line.startswith("`actor_rollout_ref.actor.strategy=veomni`: relm trains on its FSDP2 path")
+        for line in warnings
+    )
+    assert any("`actor_rollout_ref.actor.veomni.param_offload`" in line for line in warnings)
+    with pytest.raises(UserError, match=r"Hydra cannot compose it"):
+        load_config(
+            [
+                "--config-path",
+                str(config_dir),
+                "--config-name",
+                "ppo_trainer",
+                REAL,
+                "actor@actor_rollout_ref.actor=nope",
+            ]
+        )
+
+
+def test_a_group_selection_without_a_config_folder_uses_the_installed_verls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """verl's scripts pass `--config-path=config` (verl's package folder); relm looks in the installed verl's."""
+    from relm.config import hydra_compose
+
+    selection = "actor@actor_rollout_ref.actor=megatron_actor"
+    monkeypatch.setattr(hydra_compose, "verl_config_dir", lambda: None)
+    with pytest.raises(UserError) as err:
+        load_config(["--config-path=config", "--config-name=ppo_trainer", REAL, selection])
+    assert str(err.value).startswith(
+        f"`{selection}`: a config-group selection is resolved in verl's config folder"
+    )
+    installed = _config_dir(ENGINE_RELEASE, tmp_path)
+    monkeypatch.setattr(hydra_compose, "verl_config_dir", lambda: installed)
+    cfg, warnings = load_config_with_warnings([REAL, selection])  # verl's main_ppo: ppo_trainer by default
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp"
+    assert any(
+        line.startswith("`actor_rollout_ref.actor.param_offload`") is False and "actor.megatron." in line
+        for line in warnings
+    )
+    assert any(
+        line.startswith("`actor_rollout_ref.actor.strategy=megatron`: relm trains on its FSDP2 path")
+        for line in warnings
+    )
+
+
+def test_megatrons_nested_model_overrides_are_the_hugging_face_configs():
+    base = ["--config-path=config", "--config-name=ppo_megatron_trainer", REAL]
+    cfg = load_config(
+        [*base, "+actor_rollout_ref.model.override_config.model_config.max_position_embeddings=99",
+         "+actor_rollout_ref.model.override_config.moe_config.freeze_moe_router=false"]
+    )  # fmt: skip
+    assert cfg.actor_rollout_ref.model.override_config == {"max_position_embeddings": 99}
+    with pytest.raises(UserError, match=r"moe_config.freeze_moe_router=true`: freezing the MoE router"):
+        load_config([*base, "+actor_rollout_ref.model.override_config.moe_config.freeze_moe_router=true"])
