@@ -123,8 +123,12 @@ def compute_advantages(
     baseline_scores: torch.Tensor | None = None,
     score_components: torch.Tensor | None = None,
     score_weights: torch.Tensor | None = None,
+    sampled_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator named by `algorithm.adv_estimator`, passing it the inputs it declares.
+
+    `response_mask` is the loss mask (the rollout correction's rejections taken out); `sampled_mask`, where
+    it differs, the responses as sampled, whose rewards make the outcome estimators' scores (`outcome_scores`).
 
     Returns:
         (advantages [N, R], returns [N, R]).
@@ -149,6 +153,7 @@ def compute_advantages(
         "baseline_scores": baseline_scores,
         "score_components": score_components,
         "score_weights": score_weights,
+        "sampled_mask": sampled_mask,
     }
     kwargs = {}
     for param in inspect.signature(fn).parameters.values():
@@ -186,6 +191,18 @@ def _group_sum(values: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
     """Sum of `values` [N] over each row's group, broadcast back to [N]."""
     sums = torch.zeros(int(inverse.max()) + 1, dtype=values.dtype, device=values.device)
     return sums.index_add_(0, inverse, values)[inverse]
+
+
+def outcome_scores(
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, sampled_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """A response's score for the outcome estimators, [N]: the sum of its token rewards over the response as
+    sampled (`sampled_mask`; `response_mask` where not given). verl sums a response's rewards whatever its
+    mask, so a response the rollout correction rejects (its mask dropped, its reward kept) still counts in
+    its group's statistics while its own advantage is masked out; padding never counts."""
+    return torch.where(
+        (response_mask if sampled_mask is None else sampled_mask) != 0, token_rewards, 0.0
+    ).sum(dim=-1)
 
 
 def _broadcast(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -230,6 +247,7 @@ def compute_grpo_outcome(
     group_ids: torch.Tensor,
     norm_by_std: bool = True,
     eps: float = 1e-6,
+    sampled_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
 
@@ -238,7 +256,7 @@ def compute_grpo_outcome(
     `norm_by_std=False` drops the division: Dr. GRPO (Liu et al. 2025, arXiv:2503.20783) shows it
     biases updates towards too easy and too hard prompts. Returns equal the advantages.
     """
-    scores = torch.where(response_mask != 0, token_rewards, 0.0).sum(dim=-1)  # [N]
+    scores = outcome_scores(token_rewards, response_mask, sampled_mask)  # [N]
     advantages = _broadcast(_group_normalised(scores, group_ids, norm_by_std, eps), response_mask)
     return advantages, advantages
 
@@ -259,7 +277,10 @@ def _group_normalised(
 @register_adv_estimator("rloo")
 @torch.no_grad()
 def compute_rloo(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    sampled_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv:2402.14740; Kool et al. 2019).
 
@@ -267,7 +288,7 @@ def compute_rloo(
     independent of the response it judges. A group of one keeps its raw score (baseline 0), as
     verl does. Returns equal the advantages.
     """
-    scores = torch.where(response_mask != 0, token_rewards, 0.0).sum(dim=-1)  # [N]
+    scores = outcome_scores(token_rewards, response_mask, sampled_mask)  # [N]
     inverse, counts = _per_group(group_ids, scores)
     others_mean = (_group_sum(scores, inverse) - scores) / (counts - 1).clamp(min=1)
     advantages = _broadcast(scores - torch.where(counts < 2, 0.0, others_mean), response_mask)
@@ -291,7 +312,10 @@ def compute_reinforce_plus_plus(
 @register_adv_estimator("reinforce_plus_plus_baseline")
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    sampled_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group-mean baseline (Hu 2025, arXiv:2501.03262).
 
@@ -299,7 +323,7 @@ def compute_reinforce_plus_plus_baseline(
     over all valid tokens of the batch (so longer responses weigh more in the statistics, as verl).
     Returns equal the advantages.
     """
-    scores = torch.where(response_mask != 0, token_rewards, 0.0).sum(dim=-1)  # [N]
+    scores = outcome_scores(token_rewards, response_mask, sampled_mask)  # [N]
     inverse, counts = _per_group(group_ids, scores)
     mean = torch.where(counts < 2, 0.0, _group_sum(scores, inverse) / counts)
     advantages = masked_whiten(_broadcast(scores - mean, response_mask), response_mask)
@@ -324,7 +348,10 @@ def compute_remax(
 @register_adv_estimator("opo")
 @torch.no_grad()
 def compute_opo(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    sampled_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """On-Policy RL with Optimal reward baseline (Hao et al. 2025, arXiv:2505.23585).
 
@@ -333,7 +360,7 @@ def compute_opo(
     A group of one gets baseline 0, as verl. Returns equal the advantages.
     """
     valid = response_mask != 0  # [N, R]
-    scores = torch.where(valid, token_rewards, 0.0).sum(dim=-1)  # [N]
+    scores = outcome_scores(token_rewards, response_mask, sampled_mask)  # [N]
     lengths = valid.to(scores.dtype).sum(dim=-1)  # [N]
     inverse, counts = _per_group(group_ids, scores)
     baseline = _group_sum(lengths * scores, inverse) / _group_sum(lengths, inverse).clamp(min=1)

@@ -21,6 +21,7 @@ from relm.algorithms.advantages import (
     _group_sum,
     _per_group,
     compute_grpo_outcome,
+    outcome_scores,
     register_adv_estimator,
 )
 from relm.algorithms.masked import masked_whiten
@@ -28,18 +29,16 @@ from relm.algorithms.masked import masked_whiten
 register_adv_estimator("grpo_vectorized")(compute_grpo_outcome)
 
 
-def _outcome_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """A response's score: the sum of its valid token rewards, [N]."""
-    return torch.where(response_mask != 0, token_rewards, 0.0).sum(dim=-1)
-
-
 @register_adv_estimator("rloo_vectorized")
 @torch.no_grad()
 def compute_rloo_vectorized(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    sampled_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (score minus the mean of the group's other scores); a group of one gets 0, as verl's vectorised one."""
-    scores = _outcome_scores(token_rewards, response_mask)
+    scores = outcome_scores(token_rewards, response_mask, sampled_mask)
     inverse, counts = _per_group(group_ids, scores)
     others_mean = (_group_sum(scores, inverse) - scores) / (counts - 1).clamp(min=1)
     advantages = _broadcast(torch.where(counts < 2, 0.0, scores - others_mean), response_mask)
@@ -49,7 +48,11 @@ def compute_rloo_vectorized(
 @register_adv_estimator("gpg")
 @torch.no_grad()
 def compute_gpg_outcome(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor, f_norm: float = 1.0
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    f_norm: float = 1.0,
+    sampled_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG: advantage = alpha * (score - group mean) / f_norm, no division by the group's std.
 
@@ -57,7 +60,7 @@ def compute_gpg_outcome(
     responses all scored 0 (no signal) do not dilute the gradient of the others. A group of one has
     mean 0, as in verl. Returns equal the advantages.
     """
-    scores = _outcome_scores(token_rewards, response_mask)
+    scores = outcome_scores(token_rewards, response_mask, sampled_mask)
     inverse, counts = _per_group(group_ids, scores)
     alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
     mean = torch.where(counts < 2, 0.0, _group_sum(scores, inverse) / counts)
@@ -73,6 +76,7 @@ def compute_grpo_passk_outcome(
     group_ids: torch.Tensor,
     norm_by_std: bool = True,
     eps: float = 1e-6,
+    sampled_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k: only the best response of each group gets an advantage, best score minus second best.
 
@@ -82,7 +86,7 @@ def compute_grpo_passk_outcome(
     Raises:
         ValueError: a group has a single response (no second best), as verl raises.
     """
-    scores = _outcome_scores(token_rewards, response_mask)
+    scores = outcome_scores(token_rewards, response_mask, sampled_mask)
     inverse, counts = _per_group(group_ids, scores)
     if bool((counts < 2).any()):
         raise ValueError(

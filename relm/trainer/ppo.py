@@ -208,6 +208,7 @@ def estimate_advantages(
         algo.adv_estimator,
         token_rewards=token_rewards,
         response_mask=loss_mask,
+        sampled_mask=rollout.response_mask,
         values=annotated.values,
         group_ids=rollout.group_ids,
         gamma=algo.gamma,

@@ -2,8 +2,9 @@
 
 Each case has groups of 1 to 4 responses (size-1 groups and groups whose scores are all equal included),
 right padding of random length, empty responses, and masks with holes (a multi-turn response's
-observation tokens). Rewards are 0 outside the mask, as the trainer writes them. Values are compared
-on the valid tokens: outside them relm writes 0 and verl whatever its arithmetic left there.
+observation tokens). Rewards are 0 outside the mask, as the trainer writes them, except for responses the
+rollout correction rejects: their mask is dropped and their score stays, which verl's group statistics
+count. Values are compared on the valid tokens: outside them relm writes 0 and verl whatever its arithmetic left there.
 """
 
 from __future__ import annotations
@@ -50,10 +51,17 @@ def random_case(seed: int) -> dict:
         token_rewards = token_rewards + torch.where(
             valid, 0.1 * torch.randn(num_rows, width, generator=gen), 0.0
         )
+    if seed % 7 == 3:  # rejected by the rollout correction: the mask drops whole responses, their rewards stay
+        rejected = torch.rand(num_rows, generator=gen) < 0.3
+        rejected[0] = rejected[-1] = False  # verl's whitening needs two tokens left
+        loss_mask = torch.where(rejected[:, None], 0, mask)
+    else:
+        loss_mask = mask
     return {
         "token_rewards": token_rewards,
         "values": torch.randn(num_rows, width, generator=gen, dtype=torch.float64),
-        "mask": mask,
+        "mask": loss_mask,
+        "sampled_mask": mask,
         "group_ids": group_ids,
         "baselines": torch.randn(num_rows, generator=gen, dtype=torch.float64),
         "gamma": float(torch.empty(1).uniform_(0.8, 1.0, generator=gen)),
@@ -66,6 +74,7 @@ def relm_estimate(name: str, case: dict, norm_by_std: bool = True) -> tuple[torc
         name,
         token_rewards=case["token_rewards"],
         response_mask=case["mask"],
+        sampled_mask=case.get("sampled_mask"),
         values=case["values"],
         group_ids=case["group_ids"],
         gamma=case["gamma"],
