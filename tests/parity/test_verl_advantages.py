@@ -51,7 +51,9 @@ def random_case(seed: int) -> dict:
         token_rewards = token_rewards + torch.where(
             valid, 0.1 * torch.randn(num_rows, width, generator=gen), 0.0
         )
-    if seed % 7 == 3:  # rejected by the rollout correction: the mask drops whole responses, their rewards stay
+    if (
+        seed % 7 == 3
+    ):  # rejected by the rollout correction: the mask drops whole responses, their rewards stay
         rejected = torch.rand(num_rows, generator=gen) < 0.3
         rejected[0] = rejected[-1] = False  # verl's whitening needs two tokens left
         loss_mask = torch.where(rejected[:, None], 0, mask)
