@@ -84,6 +84,17 @@ TINY_KNOBS: dict[str, Any] = {
 }
 """Knob name -> tiny value, passed to a config class only where its constructor takes the name."""
 
+TYPE_KNOBS: dict[str, dict[str, Any]] = {
+    # Classes whose defaults leave the layer plan to the published config.json (`layer_types=None`):
+    # one layer of each kind, as the published checkpoints mix them.
+    "lfm2_moe": {"num_hidden_layers": 2, "layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    "granitemoehybrid": {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]},
+    # The shared transformer block is tied across hybrid layers: two of them, or there is nothing to tie.
+    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+}
+"""Model type -> knobs its class needs beyond `TINY_KNOBS` (a published config sets them; the class's
+defaults do not build, or do not build at 2 layers). They are the base the generic knobs are tried on."""
+
 
 def causal_lm_types() -> list[str]:
     """Every model type the installed transformers maps to a causal-LM class, sorted."""
@@ -102,7 +113,7 @@ def tiny_config(model_type: str) -> PretrainedConfig:
         Exception: whatever the config class raises for the smallest sizes it took (the sweep reports it).
     """
     config_class = CONFIG_MAPPING[model_type]
-    config = _shrunk(config_class, {})
+    config = _shrunk(config_class, dict(TYPE_KNOBS.get(model_type, {})))
     for name in ("text_config", "decoder"):
         sub = getattr(config, name, None)
         if isinstance(sub, PretrainedConfig):
@@ -113,8 +124,8 @@ def tiny_config(model_type: str) -> PretrainedConfig:
 
 def _shrunk(config_class: type[PretrainedConfig], base: dict[str, Any]) -> PretrainedConfig:
     default = config_class(**base)
-    layers = _per_layer_fields(default)
-    knobs = _knobs_for(config_class)
+    layers = {} if "num_hidden_layers" in base else _per_layer_fields(default)  # a type's own layer plan
+    knobs = {k: v for k, v in _knobs_for(config_class).items() if k not in base}
     kept: dict[str, Any] = dict(base)
     for group in _groups(knobs, layers):
         try:
