@@ -89,6 +89,12 @@ TYPE_KNOBS: dict[str, dict[str, Any]] = {
     # one layer of each kind, as the published checkpoints mix them.
     "lfm2_moe": {"num_hidden_layers": 2, "layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
     "granitemoehybrid": {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]},
+    # DBRX: the published attn_config carries rope_theta (its attention reads it, its class lacks it) and
+    # clip_qkv 8 (its attention clamps unconditionally); experts as wide as the rest.
+    "dbrx": {
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0, "clip_qkv": 8.0},
+        "ffn_config": {"hidden_size": 64, "ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
+    },
     # The shared transformer block is tied across hybrid layers: two of them, or there is nothing to tie.
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
 }
