@@ -95,6 +95,13 @@ TYPE_KNOBS: dict[str, dict[str, Any]] = {
         "attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0, "clip_qkv": 8.0},
         "ffn_config": {"hidden_size": 64, "ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
     },
+    # Cohere Compass keys RoPE by layer type (published configs do; the class's default is empty), with
+    # its 3D sections summing to half of head_dim 16.
+    "cohere_compass_text": {
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]}
+        }
+    },
     # The shared transformer block is tied across hybrid layers: two of them, or there is nothing to tie.
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
 }
