@@ -102,6 +102,19 @@ TYPE_KNOBS: dict[str, dict[str, Any]] = {
             "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]}
         }
     },
+    # Qwen4-Exp's default layer plan has indexed-attention layers but leaves their indexer unset: a QSA
+    # indexer with one key head and a token budget above every sequence here (it keeps every key); experts
+    # set with their top-k (the class checks them together).
+    "qwen4_exp_text": {
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "head_dim": 16,  # its RoPE must fit the index head
+        "indexer_budget": 128,
+        "indexer_compress_ratio": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    },
     # The shared transformer block is tied across hybrid layers: two of them, or there is nothing to tie.
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
 }
