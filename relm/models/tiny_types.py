@@ -115,6 +115,8 @@ TYPE_KNOBS: dict[str, dict[str, Any]] = {
         "num_experts": 4,
         "num_experts_per_tok": 2,
     },
+    # LongCat-Flash's head_dim is its rotary width (qk_rope_head_dim, as published), not a head's.
+    "longcat_flash": {"head_dim": 8, "qk_rope_head_dim": 8, "zero_expert_num": 2},
     # The shared transformer block is tied across hybrid layers: two of them, or there is nothing to tie.
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
 }
