@@ -117,6 +117,9 @@ TYPE_KNOBS: dict[str, dict[str, Any]] = {
     },
     # LongCat-Flash's head_dim is its rotary width (qk_rope_head_dim, as published), not a head's.
     "longcat_flash": {"head_dim": 8, "qk_rope_head_dim": 8, "zero_expert_num": 2},
+    # xLSTM's cache rounds the query/key width (hidden x qk_dim_factor 0.5) up to a multiple of 64, its
+    # layers do not: hidden 128 keeps the two equal, as the published 4096 does.
+    "xlstm": {"hidden_size": 128, "num_heads": 8},
     # The shared transformer block is tied across hybrid layers: two of them, or there is nothing to tie.
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
 }
