@@ -84,6 +84,17 @@ TINY_KNOBS: dict[str, Any] = {
 }
 """Knob name -> tiny value, passed to a config class only where its constructor takes the name."""
 
+_BLT_LOCAL = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "vocab_size": 260,
+    "max_position_embeddings": 256,
+}
+
 TYPE_KNOBS: dict[str, dict[str, Any]] = {
     # Classes whose defaults leave the layer plan to the published config.json (`layer_types=None`):
     # one layer of each kind, as the published checkpoints mix them.
@@ -120,6 +131,32 @@ TYPE_KNOBS: dict[str, dict[str, Any]] = {
     # xLSTM's cache rounds the query/key width (hidden x qk_dim_factor 0.5) up to a multiple of 64, its
     # layers do not: hidden 128 keeps the two equal, as the published 4096 does.
     "xlstm": {"hidden_size": 128, "num_heads": 8},
+    # BLT: four sub-models (entropy patcher, local byte encoder and decoder, global transformer over
+    # patches), each set small; the local models' hidden 64 times cross_attn_k 2 is the global width.
+    "blt": {
+        "patcher_config": {**_BLT_LOCAL, "num_hidden_layers": 1},
+        "encoder_config": {**_BLT_LOCAL, "num_hidden_layers": 1, "hidden_size_global": 128},
+        "decoder_config": {**_BLT_LOCAL, "num_hidden_layers": 1, "hidden_size_global": 128},
+        "global_config": {**_BLT_LOCAL, "hidden_size": 128, "head_dim": 32, "intermediate_size": 256},
+        "encoder_hash_byte_group_size": [3, 4],
+    },
+    # Reformer: axial position embeddings factor the 256 positions (16 x 16) and split hidden 64; one
+    # local and one LSH layer, chunks of 16, a fixed hash seed (a random one hashes each forward anew).
+    "reformer": {
+        "num_hidden_layers": 2,
+        "attn_layers": ["local", "lsh"],
+        "axial_pos_shape": [16, 16],
+        "axial_pos_embds_dim": [32, 32],
+        "max_position_embeddings": 256,
+        "attention_head_size": 16,
+        "feed_forward_size": 128,
+        "local_attn_chunk_length": 16,
+        "lsh_attn_chunk_length": 16,
+        "num_buckets": 4,
+        "hash_seed": 0,
+        "hidden_dropout_prob": 0.0,
+        "local_attention_probs_dropout_prob": 0.0,
+    },
     # The shared transformer block is tied across hybrid layers: two of them, or there is nothing to tie.
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
 }
