@@ -103,8 +103,9 @@ TYPE_KNOBS: dict[str, dict[str, Any]] = {
     # DBRX: the published attn_config carries rope_theta (its attention reads it, its class lacks it) and
     # clip_qkv 8 (its attention clamps unconditionally); experts as wide as the rest.
     "dbrx": {
+        "d_model": 64,  # its ffn_config copies d_model when built: set with it, not after
         "attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0, "clip_qkv": 8.0},
-        "ffn_config": {"hidden_size": 64, "ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
+        "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
     },
     # Cohere Compass keys RoPE by layer type (published configs do; the class's default is empty), with
     # its 3D sections summing to half of head_dim 16.

@@ -15,7 +15,7 @@ from relm.compat.verdicts import CheckFailed, attends_to_later_tokens, check_eng
 from relm.learner.forward import response_logprobs
 from relm.memory.model_shape import ModelShape
 from relm.models.registry import inspect_model_architecture
-from relm.models.tiny_types import causal_lm_types, tiny_config
+from relm.models.tiny_types import TYPE_KNOBS, causal_lm_types, tiny_config
 from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.engine import NativeRolloutEngine
@@ -57,7 +57,14 @@ def test_per_layer_attributes_are_described_not_raised():
     assert shape.intermediate_size == 128 and shape.hidden_size == 64
 
 
-@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "openai-gpt"])
+@pytest.mark.parametrize("model_type", sorted(TYPE_KNOBS))
+def test_types_whose_defaults_do_not_build_build_with_their_own_knobs(model_type):
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(tiny_config(model_type))
+    assert sum(p.numel() for p in model.parameters()) < 5_000_000
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "openai-gpt", "blt"])
 def test_hf_engine_carries_each_models_own_cache(model_type):
     model = _model(model_type)
     engine = HFRolloutEngine(model, pad_token_id=0, eos_token_ids=[], device="cpu", seed=0)
@@ -76,6 +83,11 @@ def test_native_engine_steps_aside_for_linear_attention_layers():
     )
     assert torch.equal(out.response_ids, reference.response_ids)
     assert _trainer_gap(model, out) < 2e-3
+
+
+def test_native_engine_steps_aside_for_a_config_transformers_cache_cannot_read():
+    native = NativeRolloutEngine(_model("blt"), pad_token_id=0, eos_token_ids=[], device="cpu", seed=0)
+    assert native.fallback_reason.startswith("transformers' cache cannot read BltForCausalLM's config")
 
 
 def test_causality_probe_refuses_bidirectional_models():
