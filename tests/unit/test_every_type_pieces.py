@@ -11,7 +11,12 @@ from transformers import AutoModelForCausalLM
 
 from relm.compat.checks import CompatOptions, check_model_guarded
 from relm.compat.sweep import TypeResult, default_verdict, markdown_table
-from relm.compat.verdicts import CheckFailed, attends_to_later_tokens, check_engine_agreement
+from relm.compat.verdicts import (
+    CheckFailed,
+    attends_to_later_tokens,
+    check_engine_agreement,
+    ignores_left_padding_mask,
+)
 from relm.learner.forward import response_logprobs
 from relm.memory.model_shape import ModelShape
 from relm.models.registry import inspect_model_architecture
@@ -94,6 +99,13 @@ def test_causality_probe_refuses_bidirectional_models():
     assert attends_to_later_tokens(_model("llama"), 101, torch.device("cpu")) is None
     reason = attends_to_later_tokens(_model("xlm"), 101, torch.device("cpu"))  # XLM: causal=False by default
     assert reason is not None and reason.startswith("is not causal")
+
+
+def test_padding_probe_names_a_model_that_does_not_read_the_mask():
+    assert ignores_left_padding_mask(_model("llama"), 101, torch.device("cpu")) is None
+    assert ignores_left_padding_mask(_model("mamba"), 101, torch.device("cpu")) is None
+    gap = ignores_left_padding_mask(_model("rwkv"), 101, torch.device("cpu"))  # its forward ignores the mask
+    assert gap is not None and gap > 0.1
 
 
 def test_engine_gap_over_tolerance_fails_the_update():
