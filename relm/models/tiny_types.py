@@ -182,20 +182,24 @@ def tiny_config(model_type: str) -> PretrainedConfig:
         Exception: whatever the config class raises for the smallest sizes it took (the sweep reports it).
     """
     config_class = CONFIG_MAPPING[model_type]
-    config = _shrunk(config_class, dict(TYPE_KNOBS.get(model_type, {})))
+    config = _shrunk(config_class, {}, TYPE_KNOBS.get(model_type, {}))
     for name in ("text_config", "decoder"):
         sub = getattr(config, name, None)
         if isinstance(sub, PretrainedConfig):
-            setattr(config, name, _shrunk(type(sub), sub.to_dict()))
+            setattr(config, name, _shrunk(type(sub), sub.to_dict(), {}))
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
     return config
 
 
-def _shrunk(config_class: type[PretrainedConfig], base: dict[str, Any]) -> PretrainedConfig:
-    default = config_class(**base)
-    layers = {} if "num_hidden_layers" in base else _per_layer_fields(default)  # a type's own layer plan
-    knobs = {k: v for k, v in _knobs_for(config_class).items() if k not in base}
-    kept: dict[str, Any] = dict(base)
+def _shrunk(
+    config_class: type[PretrainedConfig], base: dict[str, Any], own: dict[str, Any]
+) -> PretrainedConfig:
+    """`config_class` from `base` (a sub-config's values) with `own` (the type's `TYPE_KNOBS`, kept as
+    given) and every generic knob the class takes."""
+    kept: dict[str, Any] = {**base, **own}
+    default = config_class(**kept)
+    layers = {} if "num_hidden_layers" in own else _per_layer_fields(default)  # a type's own layer plan
+    knobs = {k: v for k, v in _knobs_for(config_class).items() if k not in own}
     for group in _groups(knobs, layers):
         try:
             config_class(**{**kept, **group})
