@@ -186,7 +186,7 @@ def tiny_config(model_type: str) -> PretrainedConfig:
     for name in ("text_config", "decoder"):
         sub = getattr(config, name, None)
         if isinstance(sub, PretrainedConfig):
-            setattr(config, name, _shrunk(type(sub), sub.to_dict(), {}))
+            setattr(config, name, _shrunk(type(sub), sub.to_dict(), TYPE_KNOBS.get(sub.model_type, {})))
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
     return config
 

@@ -159,3 +159,23 @@ def test_a_refusal_that_names_register_is_lifted_by_it():
         assert non_causal_reason(config) is None
     finally:
         unregister_model_class("MllamaForCausalLM")
+
+
+def test_a_vision_language_checkpoint_whose_causal_lm_is_its_text_model_loads_as_that(tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    from relm.models.registry import loads_text_model, non_causal_reason
+
+    config = tiny_config("qwen3_5")
+    assert loads_text_model(config) and non_causal_reason(config) is None
+    gemma3 = tiny_config("gemma3")  # its causal-LM class is the whole vision-language model
+    assert not loads_text_model(gemma3) and "vision-language" in (non_causal_reason(gemma3) or "")
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]  # as the published checkpoints name it
+    torch.manual_seed(0)
+    full = AutoModelForImageTextToText.from_config(config).eval()
+    full.save_pretrained(tmp_path)
+    text, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert type(text).__name__ == "Qwen3_5ForCausalLM" and not info["missing_keys"]
+    ids = torch.tensor([PROMPTS[0] + PROMPTS[2]])
+    with torch.no_grad():
+        torch.testing.assert_close(text.eval()(input_ids=ids).logits, full(input_ids=ids).logits)
