@@ -14,6 +14,7 @@ Three questions are answered here, all from a config (no weights are read):
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -222,6 +223,16 @@ def loads_text_model(config: PretrainedConfig) -> bool:
     return text is not config and isinstance(config_class, type) and isinstance(text, config_class)
 
 
+def _draft_model_class(config: PretrainedConfig) -> str | None:
+    """The causal-LM class of `config`'s model_type when it drafts for a target model (Gemma-4's
+    assistants: their forward takes the target's `shared_kv_states` and ignores `input_ids`), else None."""
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""))
+    model_class = getattr(transformers, name, None) if name else None
+    if model_class is None or "shared_kv_states" not in inspect.signature(model_class.forward).parameters:
+        return None
+    return name
+
+
 def non_causal_reason(config: PretrainedConfig, trust_remote_code: bool = False) -> str | None:
     """Why `config` is not a decoder-only text causal LM relm can train (one clause), or None."""
     model_type = getattr(config, "model_type", "")
@@ -230,6 +241,12 @@ def non_causal_reason(config: PretrainedConfig, trust_remote_code: bool = False)
         return (
             "is a vision-language model (its config has vision_config); relm trains text-only causal LMs: "
             "pass the text model"
+        )
+    drafter = _draft_model_class(config)
+    if drafter is not None:
+        return (
+            f"is a speculative-decoding draft model ({drafter}): its forward reads the target model's hidden "
+            "states and key-value cache (`shared_kv_states`), not token ids; relm trains standalone causal LMs"
         )
     if getattr(config, "is_encoder_decoder", False):
         return "is an encoder-decoder model; relm trains decoder-only causal LMs"

@@ -179,3 +179,12 @@ def test_a_vision_language_checkpoint_whose_causal_lm_is_its_text_model_loads_as
     ids = torch.tensor([PROMPTS[0] + PROMPTS[2]])
     with torch.no_grad():
         torch.testing.assert_close(text.eval()(input_ids=ids).logits, full(input_ids=ids).logits)
+
+
+def test_a_speculative_decoding_draft_model_is_refused_in_one_line():
+    from relm.models.registry import non_causal_reason
+    from relm.models.tiny_types import default_config
+
+    reason = non_causal_reason(default_config("gemma4_assistant"))
+    assert reason is not None and reason.startswith("is a speculative-decoding draft model")
+    assert non_causal_reason(tiny_config("gemma4_text")) is None
