@@ -519,7 +519,7 @@ def _native_blocker(model: nn.Module) -> str | None:
     if "past_key_values" not in inspect.signature(model.forward).parameters:
         return f"{type(model).__name__} keeps a cache of its own (its forward takes no past_key_values)"
     try:
-        DynamicCache(config=model.config)
+        DynamicCache(config=model.config)  # type: ignore[arg-type]  # nn.Module hides the HF model's API
     except (AttributeError, KeyError, TypeError) as exc:
         # BLT: its four sub-models give transformers' cache no layer plan, and its forward wraps any cache
         # it is given in one it builds from the config.
