@@ -12,6 +12,7 @@ would for a published config. Sizes: 2 layers, hidden 64, 4 heads of 16, the cha
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
@@ -165,6 +166,23 @@ TYPE_KNOBS: dict[str, dict[str, Any]] = {
 defaults do not build, or do not build at 2 layers). They are the base the generic knobs are tried on."""
 
 
+REQUIRED_SUB_CONFIGS: dict[str, dict[str, Any]] = {
+    # MusicGen's config class builds nothing without its three sub-models (a published config names them):
+    # a T5 text encoder, an EnCodec audio encoder and the audio-codebook decoder.
+    "musicgen": {
+        "text_encoder": {"model_type": "t5"},
+        "audio_encoder": {"model_type": "encodec"},
+        "decoder": {"model_type": "musicgen_decoder"},
+    },
+    "musicgen_melody": {
+        "text_encoder": {"model_type": "t5"},
+        "audio_encoder": {"model_type": "encodec"},
+        "decoder": {"model_type": "musicgen_melody_decoder"},
+    },
+}
+"""Model type -> the sub-configs its class cannot be built without, for the default config too."""
+
+
 def causal_lm_types() -> list[str]:
     """Every model type the installed transformers maps to a causal-LM class, sorted."""
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
@@ -182,7 +200,8 @@ def tiny_config(model_type: str) -> PretrainedConfig:
         Exception: whatever the config class raises for the smallest sizes it took (the sweep reports it).
     """
     config_class = CONFIG_MAPPING[model_type]
-    config = _shrunk(config_class, {}, TYPE_KNOBS.get(model_type, {}))
+    own = copy.deepcopy({**REQUIRED_SUB_CONFIGS.get(model_type, {}), **TYPE_KNOBS.get(model_type, {})})
+    config = _shrunk(config_class, {}, own)
     for name in ("text_config", "decoder"):
         sub = getattr(config, name, None)
         if isinstance(sub, PretrainedConfig):
@@ -197,16 +216,16 @@ def _shrunk(
     """`config_class` from `base` (a sub-config's values) with `own` (the type's `TYPE_KNOBS`, kept as
     given) and every generic knob the class takes."""
     kept: dict[str, Any] = {**base, **own}
-    default = config_class(**kept)
+    default = config_class(**copy.deepcopy(kept))  # classes pop keys from sub-config dicts
     layers = {} if "num_hidden_layers" in own else _per_layer_fields(default)  # a type's own layer plan
     knobs = {k: v for k, v in _knobs_for(config_class).items() if k not in own}
     for group in _groups(knobs, layers):
         try:
-            config_class(**{**kept, **group})
+            config_class(**copy.deepcopy({**kept, **group}))
         except Exception:  # noqa: BLE001 - the class's own validation refused this knob: keep its default
             continue
         kept.update(group)
-    return config_class(**kept)
+    return config_class(**copy.deepcopy(kept))
 
 
 def _groups(knobs: dict[str, Any], layers: dict[str, Any]) -> list[dict[str, Any]]:
@@ -293,6 +312,7 @@ def _knobs_for(config_class: type[PretrainedConfig]) -> dict[str, Any]:
 
 def default_config(model_type: str) -> PretrainedConfig:
     """The config class's defaults (a published model's shape): enough to classify without building."""
-    config = CONFIG_MAPPING[model_type]()
+    # a copy: config classes pop keys from the sub-config dicts they are given
+    config = CONFIG_MAPPING[model_type](**copy.deepcopy(REQUIRED_SUB_CONFIGS.get(model_type, {})))
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
     return config
