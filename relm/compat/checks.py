@@ -30,6 +30,7 @@ from relm.compat.verdicts import (
     check_engine_agreement,
     check_generation,
     check_update_metrics,
+    ignores_left_padding_mask,
     sample_weights,
 )
 from relm.data.prompt_batch import PromptBatch
@@ -358,10 +359,16 @@ def _check_rollout(
     metrics |= {"logprob_max_abs_diff": worst, "logprob_mean_abs_diff": mean}
     max_tolerance, mean_tolerance = logprob_tolerance(loaded.dtype)
     if not (worst <= max_tolerance and mean <= mean_tolerance):
+        why = "the engine and the training forward do not compute the same model"
+        padding_gap = ignores_left_padding_mask(model, vocab_rows, device)
+        if padding_gap is not None:
+            why = (
+                f"the model does not read the attention mask (3 left pad tokens move its logits by "
+                f"{padding_gap:.3g}), and relm left-pads prompts to their batch's width"
+            )
         raise CheckFailed(
             f"rollout and trainer logprobs differ by {worst:.3g} max, {mean:.3g} mean (allowed "
-            f"{max_tolerance:g}, {mean_tolerance:g}): the engine and the training forward do not compute "
-            "the same model"
+            f"{max_tolerance:g}, {mean_tolerance:g}): {why}"
         )
 
 

@@ -14,6 +14,7 @@ Three questions are answered here, all from a config (no weights are read):
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -210,14 +211,42 @@ def config_architecture(config: PretrainedConfig) -> str:
     return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""), "unknown")
 
 
+def loads_text_model(config: PretrainedConfig) -> bool:
+    """Whether transformers' causal-LM class for a composite (vision-language) config is built on its text
+    config alone: Qwen3.5, Llama-4, Mllama and Qwen4-Exp map to a `*ForCausalLM` that AutoModelForCausalLM
+    fills with the checkpoint's language model (its vision weights are left unread), a text-only decoder
+    relm trains and saves as such. Gemma-3's maps to the whole vision-language model: False."""
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""))
+    model_class = getattr(transformers, name, None) if name else None
+    text = config.get_text_config(decoder=True)
+    config_class = getattr(model_class, "config_class", None)
+    return text is not config and isinstance(config_class, type) and isinstance(text, config_class)
+
+
+def _draft_model_class(config: PretrainedConfig) -> str | None:
+    """The causal-LM class of `config`'s model_type when it drafts for a target model (Gemma-4's
+    assistants: their forward takes the target's `shared_kv_states` and ignores `input_ids`), else None."""
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""))
+    model_class = getattr(transformers, name, None) if name else None
+    if model_class is None or "shared_kv_states" not in inspect.signature(model_class.forward).parameters:
+        return None
+    return name
+
+
 def non_causal_reason(config: PretrainedConfig, trust_remote_code: bool = False) -> str | None:
     """Why `config` is not a decoder-only text causal LM relm can train (one clause), or None."""
     model_type = getattr(config, "model_type", "")
     architectures = list(getattr(config, "architectures", None) or [])
-    if getattr(config, "vision_config", None) is not None:
+    if getattr(config, "vision_config", None) is not None and not loads_text_model(config):
         return (
             "is a vision-language model (its config has vision_config); relm trains text-only causal LMs: "
             "pass the text model"
+        )
+    drafter = _draft_model_class(config)
+    if drafter is not None:
+        return (
+            f"is a speculative-decoding draft model ({drafter}): its forward reads the target model's hidden "
+            "states and key-value cache (`shared_kv_states`), not token ids; relm trains standalone causal LMs"
         )
     if getattr(config, "is_encoder_decoder", False):
         return "is an encoder-decoder model; relm trains decoder-only causal LMs"

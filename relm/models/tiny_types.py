@@ -12,6 +12,7 @@ would for a published config. Sizes: 2 layers, hidden 64, 4 heads of 16, the cha
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
@@ -84,6 +85,103 @@ TINY_KNOBS: dict[str, Any] = {
 }
 """Knob name -> tiny value, passed to a config class only where its constructor takes the name."""
 
+_BLT_LOCAL = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "vocab_size": 260,
+    "max_position_embeddings": 256,
+}
+
+TYPE_KNOBS: dict[str, dict[str, Any]] = {
+    # Classes whose defaults leave the layer plan to the published config.json (`layer_types=None`):
+    # one layer of each kind, as the published checkpoints mix them.
+    "lfm2_moe": {"num_hidden_layers": 2, "layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    "granitemoehybrid": {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]},
+    # DBRX: the published attn_config carries rope_theta (its attention reads it, its class lacks it) and
+    # clip_qkv 8 (its attention clamps unconditionally); experts as wide as the rest.
+    "dbrx": {
+        "d_model": 64,  # its ffn_config copies d_model when built: set with it, not after
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0, "clip_qkv": 8.0},
+        "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
+    },
+    # Cohere Compass keys RoPE by layer type (published configs do; the class's default is empty), with
+    # its 3D sections summing to half of head_dim 16.
+    "cohere_compass_text": {
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]}
+        }
+    },
+    # Qwen4-Exp's default layer plan has indexed-attention layers but leaves their indexer unset: a QSA
+    # indexer with one key head and a token budget above every sequence here (it keeps every key); experts
+    # set with their top-k (the class checks them together).
+    "qwen4_exp_text": {
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "head_dim": 16,  # its RoPE must fit the index head
+        "indexer_budget": 128,
+        "indexer_compress_ratio": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    },
+    # LongCat-Flash's head_dim is its rotary width (qk_rope_head_dim, as published), not a head's.
+    "longcat_flash": {"head_dim": 8, "qk_rope_head_dim": 8, "zero_expert_num": 2},
+    # xLSTM's cache rounds the query/key width (hidden x qk_dim_factor 0.5) up to a multiple of 64, its
+    # layers do not: hidden 128 keeps the two equal, as the published 4096 does.
+    "xlstm": {"hidden_size": 128, "num_heads": 8},
+    # BLT: four sub-models (entropy patcher, local byte encoder and decoder, global transformer over
+    # patches), each set small; the local models' hidden 64 times cross_attn_k 2 is the global width.
+    "blt": {
+        "patcher_config": {**_BLT_LOCAL, "num_hidden_layers": 1},
+        "encoder_config": {**_BLT_LOCAL, "num_hidden_layers": 1, "hidden_size_global": 128},
+        "decoder_config": {**_BLT_LOCAL, "num_hidden_layers": 1, "hidden_size_global": 128},
+        "global_config": {**_BLT_LOCAL, "hidden_size": 128, "head_dim": 32, "intermediate_size": 256},
+        "encoder_hash_byte_group_size": [3, 4],
+    },
+    # Reformer: axial position embeddings factor the 256 positions (16 x 16) and split hidden 64; one
+    # local and one LSH layer, chunks of 16, a fixed hash seed (a random one hashes each forward anew).
+    "reformer": {
+        "num_hidden_layers": 2,
+        "attn_layers": ["local", "lsh"],
+        "axial_pos_shape": [16, 16],
+        "axial_pos_embds_dim": [32, 32],
+        "max_position_embeddings": 256,
+        "attention_head_size": 16,
+        "feed_forward_size": 128,
+        "local_attn_chunk_length": 16,
+        "lsh_attn_chunk_length": 16,
+        "num_buckets": 4,
+        "hash_seed": 0,
+        "hidden_dropout_prob": 0.0,
+        "local_attention_probs_dropout_prob": 0.0,
+    },
+    # The shared transformer block is tied across hybrid layers: two of them, or there is nothing to tie.
+    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+}
+"""Model type -> knobs its class needs beyond `TINY_KNOBS` (a published config sets them; the class's
+defaults do not build, or do not build at 2 layers). They are the base the generic knobs are tried on."""
+
+
+REQUIRED_SUB_CONFIGS: dict[str, dict[str, Any]] = {
+    # MusicGen's config class builds nothing without its three sub-models (a published config names them):
+    # a T5 text encoder, an EnCodec audio encoder and the audio-codebook decoder.
+    "musicgen": {
+        "text_encoder": {"model_type": "t5"},
+        "audio_encoder": {"model_type": "encodec"},
+        "decoder": {"model_type": "musicgen_decoder"},
+    },
+    "musicgen_melody": {
+        "text_encoder": {"model_type": "t5"},
+        "audio_encoder": {"model_type": "encodec"},
+        "decoder": {"model_type": "musicgen_melody_decoder"},
+    },
+}
+"""Model type -> the sub-configs its class cannot be built without, for the default config too."""
+
 
 def causal_lm_types() -> list[str]:
     """Every model type the installed transformers maps to a causal-LM class, sorted."""
@@ -102,27 +200,32 @@ def tiny_config(model_type: str) -> PretrainedConfig:
         Exception: whatever the config class raises for the smallest sizes it took (the sweep reports it).
     """
     config_class = CONFIG_MAPPING[model_type]
-    config = _shrunk(config_class, {})
+    own = copy.deepcopy({**REQUIRED_SUB_CONFIGS.get(model_type, {}), **TYPE_KNOBS.get(model_type, {})})
+    config = _shrunk(config_class, {}, own)
     for name in ("text_config", "decoder"):
         sub = getattr(config, name, None)
         if isinstance(sub, PretrainedConfig):
-            setattr(config, name, _shrunk(type(sub), sub.to_dict()))
+            setattr(config, name, _shrunk(type(sub), sub.to_dict(), TYPE_KNOBS.get(sub.model_type, {})))
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
     return config
 
 
-def _shrunk(config_class: type[PretrainedConfig], base: dict[str, Any]) -> PretrainedConfig:
-    default = config_class(**base)
-    layers = _per_layer_fields(default)
-    knobs = _knobs_for(config_class)
-    kept: dict[str, Any] = dict(base)
+def _shrunk(
+    config_class: type[PretrainedConfig], base: dict[str, Any], own: dict[str, Any]
+) -> PretrainedConfig:
+    """`config_class` from `base` (a sub-config's values) with `own` (the type's `TYPE_KNOBS`, kept as
+    given) and every generic knob the class takes."""
+    kept: dict[str, Any] = {**base, **own}
+    default = config_class(**copy.deepcopy(kept))  # classes pop keys from sub-config dicts
+    layers = {} if "num_hidden_layers" in own else _per_layer_fields(default)  # a type's own layer plan
+    knobs = {k: v for k, v in _knobs_for(config_class).items() if k not in own}
     for group in _groups(knobs, layers):
         try:
-            config_class(**{**kept, **group})
+            config_class(**copy.deepcopy({**kept, **group}))
         except Exception:  # noqa: BLE001 - the class's own validation refused this knob: keep its default
             continue
         kept.update(group)
-    return config_class(**kept)
+    return config_class(**copy.deepcopy(kept))
 
 
 def _groups(knobs: dict[str, Any], layers: dict[str, Any]) -> list[dict[str, Any]]:
@@ -209,6 +312,7 @@ def _knobs_for(config_class: type[PretrainedConfig]) -> dict[str, Any]:
 
 def default_config(model_type: str) -> PretrainedConfig:
     """The config class's defaults (a published model's shape): enough to classify without building."""
-    config = CONFIG_MAPPING[model_type]()
+    # a copy: config classes pop keys from the sub-config dicts they are given
+    config = CONFIG_MAPPING[model_type](**copy.deepcopy(REQUIRED_SUB_CONFIGS.get(model_type, {})))
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
     return config

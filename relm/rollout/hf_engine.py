@@ -150,7 +150,8 @@ class _CacheStepper:
     linear-attention layers get their state layers); recurrent ones name their state otherwise:
     Mamba, Mamba-2, FalconMamba and xLSTM take `cache_params`, RWKV `state`, each returned by the
     forward for the next step. A model that takes none of these (GPT-1; XLM keeps a `cache` dict of its
-    own) runs over the whole sequence so far each step, as the trainer's forward does. Position ids and
+    own), or whose config transformers' cache cannot read (BLT), runs over the whole sequence so far each
+    step with `use_cache=False`, as the trainer's forward does. Position ids and
     `logits_to_keep` go only to a forward that takes them.
     """
 
@@ -162,11 +163,15 @@ class _CacheStepper:
         self.recurrent = self.cache_key in ("cache_params", "state")
         self.takes_positions = "position_ids" in parameters
         self.takes_logits_to_keep = "logits_to_keep" in parameters
-        self.cache: object = (
-            DynamicCache(config=getattr(model, "config", None))
-            if self.cache_key == "past_key_values"
-            else None
-        )
+        self.takes_use_cache = "use_cache" in parameters
+        self.cache: object = None
+        if self.cache_key == "past_key_values":
+            try:
+                self.cache = DynamicCache(config=getattr(model, "config", None))
+            except (AttributeError, KeyError, TypeError):
+                # A config a cache cannot read a layer plan from (BLT's four sub-models have no
+                # num_hidden_layers): run over the whole sequence so far each step, as without a cache.
+                self.cache_key, self.recurrent = None, False
         self.seen: tuple[torch.Tensor, torch.Tensor] | None = None
         """Without a cache: the ids and positions fed so far."""
         self.own_cache = False
@@ -186,6 +191,8 @@ class _CacheStepper:
                 input_ids = torch.cat([self.seen[0], input_ids], dim=1)
                 position_ids = torch.cat([self.seen[1], position_ids], dim=1)
             self.seen = (input_ids, position_ids)
+            if self.takes_use_cache:
+                kwargs["use_cache"] = False  # it would otherwise build a cache of its own (BLT)
         else:
             kwargs |= {self.cache_key: self.cache, "use_cache": True}
         if self.takes_positions:

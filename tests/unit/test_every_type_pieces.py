@@ -11,11 +11,16 @@ from transformers import AutoModelForCausalLM
 
 from relm.compat.checks import CompatOptions, check_model_guarded
 from relm.compat.sweep import TypeResult, default_verdict, markdown_table
-from relm.compat.verdicts import CheckFailed, attends_to_later_tokens, check_engine_agreement
+from relm.compat.verdicts import (
+    CheckFailed,
+    attends_to_later_tokens,
+    check_engine_agreement,
+    ignores_left_padding_mask,
+)
 from relm.learner.forward import response_logprobs
 from relm.memory.model_shape import ModelShape
 from relm.models.registry import inspect_model_architecture
-from relm.models.tiny_types import causal_lm_types, tiny_config
+from relm.models.tiny_types import TYPE_KNOBS, causal_lm_types, tiny_config
 from relm.rollout.base import SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.engine import NativeRolloutEngine
@@ -57,7 +62,14 @@ def test_per_layer_attributes_are_described_not_raised():
     assert shape.intermediate_size == 128 and shape.hidden_size == 64
 
 
-@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "openai-gpt"])
+@pytest.mark.parametrize("model_type", sorted(TYPE_KNOBS))
+def test_types_whose_defaults_do_not_build_build_with_their_own_knobs(model_type):
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(tiny_config(model_type))
+    assert sum(p.numel() for p in model.parameters()) < 5_000_000
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "openai-gpt", "blt"])
 def test_hf_engine_carries_each_models_own_cache(model_type):
     model = _model(model_type)
     engine = HFRolloutEngine(model, pad_token_id=0, eos_token_ids=[], device="cpu", seed=0)
@@ -78,10 +90,22 @@ def test_native_engine_steps_aside_for_linear_attention_layers():
     assert _trainer_gap(model, out) < 2e-3
 
 
+def test_native_engine_steps_aside_for_a_config_transformers_cache_cannot_read():
+    native = NativeRolloutEngine(_model("blt"), pad_token_id=0, eos_token_ids=[], device="cpu", seed=0)
+    assert native.fallback_reason.startswith("transformers' cache cannot read BltForCausalLM's config")
+
+
 def test_causality_probe_refuses_bidirectional_models():
     assert attends_to_later_tokens(_model("llama"), 101, torch.device("cpu")) is None
     reason = attends_to_later_tokens(_model("xlm"), 101, torch.device("cpu"))  # XLM: causal=False by default
     assert reason is not None and reason.startswith("is not causal")
+
+
+def test_padding_probe_names_a_model_that_does_not_read_the_mask():
+    assert ignores_left_padding_mask(_model("llama"), 101, torch.device("cpu")) is None
+    assert ignores_left_padding_mask(_model("mamba"), 101, torch.device("cpu")) is None
+    gap = ignores_left_padding_mask(_model("rwkv"), 101, torch.device("cpu"))  # its forward ignores the mask
+    assert gap is not None and gap > 0.1
 
 
 def test_engine_gap_over_tolerance_fails_the_update():
@@ -135,3 +159,32 @@ def test_a_refusal_that_names_register_is_lifted_by_it():
         assert non_causal_reason(config) is None
     finally:
         unregister_model_class("MllamaForCausalLM")
+
+
+def test_a_vision_language_checkpoint_whose_causal_lm_is_its_text_model_loads_as_that(tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    from relm.models.registry import loads_text_model, non_causal_reason
+
+    config = tiny_config("qwen3_5")
+    assert loads_text_model(config) and non_causal_reason(config) is None
+    gemma3 = tiny_config("gemma3")  # its causal-LM class is the whole vision-language model
+    assert not loads_text_model(gemma3) and "vision-language" in (non_causal_reason(gemma3) or "")
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]  # as the published checkpoints name it
+    torch.manual_seed(0)
+    full = AutoModelForImageTextToText.from_config(config).eval()
+    full.save_pretrained(tmp_path)
+    text, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert type(text).__name__ == "Qwen3_5ForCausalLM" and not info["missing_keys"]
+    ids = torch.tensor([PROMPTS[0] + PROMPTS[2]])
+    with torch.no_grad():
+        torch.testing.assert_close(text.eval()(input_ids=ids).logits, full(input_ids=ids).logits)
+
+
+def test_a_speculative_decoding_draft_model_is_refused_in_one_line():
+    from relm.models.registry import non_causal_reason
+    from relm.models.tiny_types import default_config
+
+    reason = non_causal_reason(default_config("gemma4_assistant"))
+    assert reason is not None and reason.startswith("is a speculative-decoding draft model")
+    assert non_causal_reason(tiny_config("gemma4_text")) is None

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.cache_utils import get_layer_types_and_kwargs
+from transformers.cache_utils import DynamicCache, get_layer_types_and_kwargs
 
 from relm.config.validate import ROLLOUT_QUANTIZATIONS
 from relm.memory.rollout_budget import check_rollout_memory, rows_within_budget
@@ -518,6 +518,14 @@ def _native_blocker(model: nn.Module) -> str | None:
         return f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface"
     if "past_key_values" not in inspect.signature(model.forward).parameters:
         return f"{type(model).__name__} keeps a cache of its own (its forward takes no past_key_values)"
+    try:
+        DynamicCache(config=model.config)  # type: ignore[arg-type]  # nn.Module hides the HF model's API
+    except (AttributeError, KeyError, TypeError) as exc:
+        # BLT: its four sub-models give transformers' cache no layer plan, and its forward wraps any cache
+        # it is given in one it builds from the config.
+        return (
+            f"transformers' cache cannot read {type(model).__name__}'s config ({type(exc).__name__}: {exc})"
+        )
     stateful = _stateful_layer_types(model.config)
     if stateful:
         return (
