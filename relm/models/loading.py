@@ -7,6 +7,7 @@ Everything that builds a policy, reference or critic goes through `load_causal_l
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 
 from relm.config.paths import looks_like_local_path
 from relm.errors import UserError
-from relm.models.registry import non_causal_reason, registered_model_class
+from relm.models.registry import loads_text_model, non_causal_reason, registered_model_class
 from relm.models.zoo import materialize_zoo
 
 logger = logging.getLogger(__name__)
@@ -278,6 +279,19 @@ def _refuse_non_causal(config: PretrainedConfig, path: str, trust_remote_code: b
     reason = non_causal_reason(config, trust_remote_code)
     if reason is not None:
         raise UserError(f"model `{path}` ({getattr(config, 'model_type', '')}) {reason}")
+    if getattr(config, "vision_config", None) is not None and loads_text_model(config):
+        _say_text_model_only(path, getattr(config, "model_type", ""))
+
+
+@functools.cache
+def _say_text_model_only(path: str, model_type: str) -> None:
+    """Once per model: relm decided to train a vision-language checkpoint's language model alone."""
+    logger.warning(
+        "model `%s` (%s) is a vision-language checkpoint: relm trains its language model, text only (the "
+        "vision weights are not loaded; checkpoints and exports hold the text model)",
+        path,
+        model_type,
+    )
 
 
 def _disable_dropout(config: PretrainedConfig) -> None:

@@ -181,6 +181,22 @@ def test_a_vision_language_checkpoint_whose_causal_lm_is_its_text_model_loads_as
         torch.testing.assert_close(text.eval()(input_ids=ids).logits, full(input_ids=ids).logits)
 
 
+def test_relm_says_it_trains_a_vision_language_checkpoints_text_model_once(tmp_path, caplog):
+    from transformers import AutoModelForImageTextToText
+
+    from relm.models.loading import load_causal_lm
+
+    config = tiny_config("qwen3_5")
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    AutoModelForImageTextToText.from_config(config).save_pretrained(tmp_path)
+    with caplog.at_level("WARNING", logger="relm.models.loading"):
+        for _ in range(2):  # the actor and its reference: one line
+            model = load_causal_lm(str(tmp_path), dtype=torch.float32, device="cpu")
+    assert type(model).__name__ == "Qwen3_5ForCausalLM"
+    said = [r.getMessage() for r in caplog.records if "vision-language checkpoint" in r.getMessage()]
+    assert len(said) == 1 and "relm trains its language model, text only" in said[0]
+
+
 def test_a_speculative_decoding_draft_model_is_refused_in_one_line():
     from relm.models.registry import non_causal_reason
     from relm.models.tiny_types import default_config
