@@ -33,22 +33,24 @@ import torch
 from relm.algorithms.advantages import register_adv_estimator
 
 
-def _returns_to_go(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """[N, R] sum of the valid rewards from t on (verl's flip-cumsum-flip: masked columns carry the sum)."""
-    return (token_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+def _returns_to_go(token_rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[N, R] sum of the valid rewards from t on (a masked column inside a response carries the later sum, as
+    verl's; relm's outputs zero it afterwards)."""
+    return torch.where(valid, token_rewards, 0.0).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
 
 
 def _path_weights(
-    response_mask: torch.Tensor,
+    valid: torch.Tensor,
     old_logprobs: torch.Tensor,
     sum_pi_squared: torch.Tensor,
     rollout_is_weights: torch.Tensor | None,
 ) -> torch.Tensor:
-    """[N, R] W_t: the cumulative sum over valid tokens of 1 - 2 pi(y_j) + sum pi^2 (times rho_j^2)."""
+    """[N, R] W_t: the cumulative sum over valid tokens of 1 - 2 pi(y_j) + sum pi^2 (times rho_j^2). Whatever
+    sits at padded positions (verl multiplies by the mask, so a NaN there would spread) is never read."""
     per_token = 1 - 2 * torch.exp(old_logprobs) + sum_pi_squared  # [N, R]
     if rollout_is_weights is not None:
         per_token = per_token * rollout_is_weights**2
-    return (per_token * response_mask).cumsum(dim=-1)
+    return torch.where(valid, per_token, 0.0).cumsum(dim=-1)
 
 
 def _group_baseline(
@@ -108,15 +110,17 @@ def compute_optimal_token_baseline(
         rollout_is_weights: [N, R] the rollout correction's importance weights, or None.
 
     Returns:
-        (advantages [N, R], 0 outside the mask; returns-to-go [N, R]).
+        (advantages [N, R], returns-to-go [N, R]), both 0 outside the mask (verl's returns keep the later
+        rewards' sum at a masked position inside a response, which nothing reads).
     """
-    returns = _returns_to_go(token_rewards, response_mask)  # [N, R]
-    weights = _path_weights(response_mask, old_logprobs, sum_pi_squared, rollout_is_weights) * response_mask
+    valid = response_mask != 0
+    returns = _returns_to_go(token_rewards, valid)  # [N, R]
+    weights = torch.where(valid, _path_weights(valid, old_logprobs, sum_pi_squared, rollout_is_weights), 0.0)
     inverse, counts = _groups(group_ids, returns.device)
     baseline = _group_baseline(returns, weights, inverse, counts, epsilon)  # [N, R]
     if handle_zero_tail:
-        baseline = _zero_tails(baseline, response_mask.sum(dim=-1).long(), inverse)
-    return (returns - baseline) * response_mask, returns
+        baseline = _zero_tails(baseline, valid.sum(dim=-1), inverse)
+    return torch.where(valid, returns - baseline, 0.0), torch.where(valid, returns, 0.0)
 
 
 @register_adv_estimator("tir_optimal_token_baseline")
@@ -134,14 +138,14 @@ def compute_tir_optimal_token_baseline(
     """Optimal token baseline over each response's valid tokens in order (module docstring); verl 0.9.1's
     `compute_multi_turn_optimal_token_baseline_advantage`. Arguments and returns as
     `compute_optimal_token_baseline`."""
-    returns = _returns_to_go(token_rewards, response_mask)  # [N, R]
-    weights = _path_weights(response_mask, old_logprobs, sum_pi_squared, rollout_is_weights)
     valid = response_mask != 0
+    returns = _returns_to_go(token_rewards, valid)  # [N, R]
+    weights = _path_weights(valid, old_logprobs, sum_pi_squared, rollout_is_weights)
     lengths = valid.sum(dim=-1)  # [N]
     advantages = torch.zeros_like(returns)
     kept = torch.nonzero(lengths > 0).squeeze(1)  # [n] empty responses belong to no group
     if len(kept) == 0:
-        return advantages, returns
+        return advantages, advantages.clone()
     # The k-th valid token of each kept response at column k of a compact [n, L] layout.
     rows, cols = torch.nonzero(valid[kept], as_tuple=True)
     rank = valid[kept].long().cumsum(dim=-1)[rows, cols] - 1
@@ -154,4 +158,4 @@ def compute_tir_optimal_token_baseline(
     if handle_zero_tail:
         baseline = _zero_tails(baseline, lengths[kept], inverse)
     advantages[kept[rows], cols] = (compact_returns - baseline)[rows, rank]
-    return advantages * response_mask, returns
+    return advantages, torch.where(valid, returns, 0.0)

@@ -347,10 +347,11 @@ def test_optimal_token_baselines_match_verl_on_random_batches(verl, name, handle
             **inputs,
         )
         what = lambda m, s=seed: f"{name} seed {s}: {m}"  # noqa: E731
-        # Both outputs are compared everywhere, padding included: verl zeroes its advantages there as relm does,
-        # and the returns carry the valid rewards' sum through a response's masked tokens in both.
+        # The advantages are compared everywhere, padding included (verl zeroes them there as relm does); the
+        # returns on the valid tokens: verl's keep the later rewards' sum at a masked token inside a response.
         torch.testing.assert_close(relm_adv, verl_adv, rtol=1e-9, atol=1e-12, msg=what)
-        torch.testing.assert_close(relm_ret, verl_ret, rtol=1e-9, atol=1e-12, msg=what)
+        assert_equal_on_valid_tokens(relm_ret, verl_ret, case["mask"], what, atol=1e-12)
+        assert torch.all(relm_ret[~case["mask"].bool()] == 0)
         if handle_zero_tail is False:  # and the trainer's path, which passes verl's default
             trainer_adv, _ = compute_advantages(
                 name, token_rewards=case["token_rewards"], response_mask=case["mask"], group_ids=case["group_ids"],

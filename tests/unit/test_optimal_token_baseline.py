@@ -126,7 +126,7 @@ def test_tir_compares_the_kth_valid_tokens_where_the_other_compares_columns():
     # By valid token: row 0's tokens 1, 2 are at columns 0, 2; B = [(1 + 2) / 2, (1*2 + 2*2) / 4] = [1.5, 1.5].
     advantages, returns = compute_advantages("tir_optimal_token_baseline", **multi_turn_case())
     assert advantages.tolist() == [pytest.approx([-0.5, 0.0, -0.5]), pytest.approx([0.5, 0.5, 0.0])]
-    assert returns.tolist() == [[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]
+    assert returns.tolist() == [[1.0, 0.0, 1.0], [2.0, 2.0, 0.0]]  # 0 outside the mask, as every estimator's
 
 
 def test_tir_leaves_empty_responses_out_of_their_group():
