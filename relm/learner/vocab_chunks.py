@@ -97,23 +97,32 @@ def _entropy_of(scaled: torch.Tensor, log_norm: torch.Tensor) -> torch.Tensor:
 def _token_sum_pi_squared(logits: torch.Tensor, scale: float) -> torch.Tensor:
     """[n, c, V] logits -> [n, c] fp32 sum over the vocabulary of softmax(logits / scale)^2.
 
-    Eager even where the other pieces are compiled: it runs once a step, in the no-grad old-logprob forward
-    of an optimal-token-baseline run, over one chunk's fp32 copy at a time."""
-    return sum_pi_squared(logits.float() / scale)
+    Eager even where the other pieces are compiled: it runs once a step, in the no-grad old-logprob forward of
+    an optimal-token-baseline run. One fp32 copy of the chunk, shifted and doubled in place (beside the
+    temporary each logsumexp makes), as the log-softmax of the same chunk holds."""
+    scaled = logits.float() / scale  # [n, c, V], a new tensor: the in-place steps below leave `logits` alone
+    return _sum_pi_squared_shifting(scaled)
 
 
 def sum_pi_squared(logits: torch.Tensor) -> torch.Tensor:
     """[..., V] logits -> [...] sum over the vocabulary of softmax(logits)^2, in the logits' dtype.
 
     sum_v p_v^2 = sum_v exp(2 z_v) / (sum_v exp(z_v))^2 = exp(logsumexp(2 z) - 2 logsumexp(z)): two
-    reductions and no normalised probability tensor (verl's `calculate_sum_pi_squared_from_logits`). It is 1 for a one-hot
-    distribution and 1/V for a uniform one; 1 - 2 pi(y) + sum pi^2 is the squared norm of the gradient of
-    log pi(y) with respect to the logits, which the optimal token baselines accumulate along a response.
+    reductions and no normalised probability tensor (verl's `calculate_sum_pi_squared_from_logits`). It is 1
+    for a one-hot distribution and 1/V for a uniform one; 1 - 2 pi(y) + sum pi^2 is the squared norm of the
+    gradient of log pi(y) with respect to the logits, which the optimal token baselines accumulate along a
+    response.
     """
-    # Shifted by the row's largest logit first: both log-sums are then O(log V), so their difference keeps the
-    # precision that subtracting two O(max logit) numbers would lose (fp32 logits in the hundreds).
-    shifted = logits - logits.amax(dim=-1, keepdim=True)
-    return torch.exp(torch.logsumexp(2.0 * shifted, dim=-1) - 2.0 * torch.logsumexp(shifted, dim=-1))
+    return _sum_pi_squared_shifting(logits.clone())
+
+
+def _sum_pi_squared_shifting(logits: torch.Tensor) -> torch.Tensor:
+    """`sum_pi_squared` of `logits`, which it overwrites. Shifted by the row's largest logit first: both
+    log-sums are then O(log V), so their difference keeps the precision that subtracting two O(max logit)
+    numbers would lose (fp32 logits in the hundreds)."""
+    logits -= logits.amax(dim=-1, keepdim=True)
+    log_norm = torch.logsumexp(logits, dim=-1)
+    return torch.exp(torch.logsumexp(logits.mul_(2.0), dim=-1) - 2.0 * log_norm)
 
 
 def compiled_pieces() -> list[tuple[ModuleType, str]]:
