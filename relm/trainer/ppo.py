@@ -145,8 +145,9 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
                     actor.module, b, rows_per_forward=actor.batching.rows_per_forward, **logprobs
                 ),
             )
-        computed = outputs[:, 0] if with_squares else outputs  # [N, R]
-        old_logprobs = ActorForward(computed, sum_pi_squared=outputs[:, 1] if with_squares else None)
+        computed = outputs[:, 0].contiguous() if with_squares else outputs  # [N, R]
+        squares = outputs[:, 1].contiguous() if with_squares else None
+        old_logprobs = ActorForward(computed, sum_pi_squared=squares)
         metrics.update(gap_metrics(computed, rollout, with_offpolicy=False))
     ref_logprobs = None
     reference = c.reference()
