@@ -35,6 +35,10 @@ from relm.algorithms.losses import (
     register_policy_loss,
 )
 from relm.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from relm.algorithms.optimal_token_baseline import (
+    compute_optimal_token_baseline,
+    compute_tir_optimal_token_baseline,
+)
 from relm.algorithms.pg_params import clip_cov_loss, dro_loss, kl_cov_loss, sapo_loss
 from relm.algorithms.pg_variants import cispo_loss, dppo_kl_loss, dppo_tv_loss, geo_mean_loss, gpg_loss
 from relm.algorithms.rollout_correction import bypass_mode_loss
@@ -48,6 +52,8 @@ __all__ = [
     "cispo_loss",
     "compute_gpg_outcome",
     "compute_grpo_passk_outcome",
+    "compute_optimal_token_baseline",
+    "compute_tir_optimal_token_baseline",
     "dppo_kl_loss",
     "dppo_tv_loss",
     "geo_mean_loss",

@@ -12,7 +12,9 @@ A new estimator is a function registered with `@register_adv_estimator("name")`.
 are picked by name from the inputs of `compute_advantages` (see `_INPUT_NAMES`); any other
 parameter must have a default. What the run must build for it is read from the same signature
 (`EstimatorNeeds`): a required `values` asks for a critic, a required `baseline_scores` for a greedy
-response per prompt, a required `score_components` for the reward function's named numbers; a reference is declared with `needs_reference=True`. The loop asks
+response per prompt, a required `score_components` for the reward function's named numbers, a required
+`sum_pi_squared` for the actor's old-logprob forward to compute it (and to run before the update); a
+reference is declared with `needs_reference=True`. The loop asks
 `estimator_needs(name)` and never compares estimator names.
 """
 
@@ -46,6 +48,10 @@ class EstimatorNeeds:
     score_components: bool = False
     """Several numbers per response from the reward function (`score_components`, GDPO): the values of the
     keys `algorithm.gdpo_reward_keys` names."""
+    sum_pi_squared: bool = False
+    """Per token, the sum over the vocabulary of the old policy's squared probabilities (`sum_pi_squared`, the
+    optimal token baselines), which the actor's old-logprob forward then computes beside the old logprobs
+    (`old_logprobs`): that forward runs before the update whatever else the run would skip it for."""
 
 
 ESTIMATOR_NEEDS: dict[str, EstimatorNeeds] = {}
@@ -62,6 +68,9 @@ _INPUT_NAMES = (
     "baseline_scores",
     "score_components",
     "score_weights",
+    "old_logprobs",
+    "sum_pi_squared",
+    "rollout_is_weights",
 )
 
 
@@ -99,6 +108,7 @@ def register_adv_estimator(
             greedy_baseline="baseline_scores" in required,
             reference=needs_reference,
             score_components="score_components" in required,
+            sum_pi_squared="sum_pi_squared" in required,
         )
         return fn
 
@@ -124,11 +134,16 @@ def compute_advantages(
     score_components: torch.Tensor | None = None,
     score_weights: torch.Tensor | None = None,
     sampled_mask: torch.Tensor | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator named by `algorithm.adv_estimator`, passing it the inputs it declares.
 
     `response_mask` is the loss mask (the rollout correction's rejections taken out); `sampled_mask`, where
     it differs, the responses as sampled, whose rewards make the outcome estimators' scores (`outcome_scores`).
+    `old_logprobs`, `sum_pi_squared` and `rollout_is_weights` ([N, R] each) are read by the optimal token
+    baselines only (`relm.algorithms.optimal_token_baseline`).
 
     Returns:
         (advantages [N, R], returns [N, R]).
@@ -154,6 +169,9 @@ def compute_advantages(
         "score_components": score_components,
         "score_weights": score_weights,
         "sampled_mask": sampled_mask,
+        "old_logprobs": old_logprobs,
+        "sum_pi_squared": sum_pi_squared,
+        "rollout_is_weights": rollout_is_weights,
     }
     kwargs = {}
     for param in inspect.signature(fn).parameters.values():

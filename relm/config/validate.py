@@ -24,6 +24,9 @@ from relm.errors import UserError
 CONFIG_OK_MESSAGE = "All configuration checks passed successfully!"
 """What the CLI prints when `validate_config` passes (verl users grep for this line)."""
 
+OPTIMAL_TOKEN_BASELINES = ("optimal_token_baseline", "tir_optimal_token_baseline")
+"""Estimators that read the actor's old-logprob forward before the update (each token's sum of squared
+probabilities, `sum_pi_squared`): bypass mode, which skips that forward, cannot feed them."""
 ADV_ESTIMATORS = (
     "gae",
     "grpo",
@@ -37,6 +40,7 @@ ADV_ESTIMATORS = (
     "gpg",
     "grpo_passk",
     "gdpo",
+    *OPTIMAL_TOKEN_BASELINES,
 )
 GROUP_ESTIMATORS = (
     "grpo",
@@ -50,15 +54,6 @@ GROUP_ESTIMATORS = (
     "gdpo",
 )
 """Estimators whose baseline comes from the other responses to the same prompt: they need n >= 2."""
-ESTIMATORS_NOT_YET = {
-    name: (
-        f"`algorithm.adv_estimator={name}` needs each token's sum of squared policy probabilities (verl's "
-        "`sum_pi_squared`, from the actor's old-logprob forward with `actor_rollout_ref.actor.calculate_sum_pi_squared"
-        "=true`), which relm's forwards do not compute yet; use grpo or rloo"
-    )
-    for name in ("optimal_token_baseline", "tir_optimal_token_baseline")
-}
-"""verl 0.9.1 estimators relm refuses with a reason (docs/algorithms.md): the inputs they read are not built."""
 LOSS_AGG_MODES = (
     "token-mean",
     "token-sum",
@@ -166,8 +161,6 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
     Raises:
         UserError: naming the key, its value and the fix.
     """
-    if cfg.algorithm.adv_estimator in ESTIMATORS_NOT_YET:
-        raise UserError(ESTIMATORS_NOT_YET[cfg.algorithm.adv_estimator])
     _check_choices(cfg)
     _check_ranges(cfg)
     _check_batches(cfg)
@@ -193,8 +186,9 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
 
 
 def _check_rollout_correction(cfg: RelmConfig) -> None:
-    """verl 0.9.1's rollout-correction keys parse (relm.config.rollout_correction), and bypass mode's REINFORCE
-    loss is not asked for beside another policy loss it would replace."""
+    """verl 0.9.1's rollout-correction keys parse (relm.config.rollout_correction), bypass mode's REINFORCE
+    loss is not asked for beside another policy loss it would replace, and bypass mode is not asked for beside
+    an optimal token baseline, whose input comes from the forward it skips."""
     correction = parse_rollout_correction(cfg.algorithm.rollout_correction)
     loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
     if (
@@ -206,6 +200,13 @@ def _check_rollout_correction(cfg: RelmConfig) -> None:
             "`algorithm.rollout_correction.loss_type=reinforce` replaces the policy loss, so "
             f"`actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}` would not act: set loss_mode=vanilla "
             "or loss_type=ppo_clip"
+        )
+    estimator = cfg.algorithm.adv_estimator
+    if correction.bypass and estimator in OPTIMAL_TOKEN_BASELINES:
+        raise UserError(
+            f"`algorithm.adv_estimator={estimator}` reads each token's sum of squared probabilities from the actor's "
+            "old-logprob forward, which `algorithm.rollout_correction.bypass_mode=true` skips (verl stops there "
+            "too): set bypass_mode=false (decoupled mode) or choose another estimator"
         )
 
 

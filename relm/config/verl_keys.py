@@ -251,8 +251,8 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "actor_rollout_ref.model.tiled_mlp.*": _TILED_MLP,
     "actor_rollout_ref.actor.calculate_entropy": "relm always computes the entropy (`actor/entropy`)",
     "actor_rollout_ref.actor.calculate_sum_pi_squared": (
-        "relm's forwards do not compute sum_pi_squared (it feeds verl's optimal_token_baseline estimators, which "
-        "relm refuses)"
+        "relm's old-logprob forward computes sum_pi_squared exactly when `algorithm.adv_estimator` reads it "
+        "(optimal_token_baseline, tir_optimal_token_baseline); verl's variance_proxy/ metrics are not computed"
     ),
     "actor_rollout_ref.actor.data_loader_seed": _SEED,
     "actor_rollout_ref.actor.freeze_vision_tower": _MULTIMODAL,

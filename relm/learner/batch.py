@@ -161,6 +161,10 @@ class ActorForward:
 
     logprobs: torch.Tensor
     """[N, R] fp32."""
+    sum_pi_squared: torch.Tensor | None = None
+    """[N, R] fp32 sum over the vocabulary of the old policy's squared probabilities at each response position,
+    from the same forward; computed only for an estimator that reads it (`estimator_needs(...).sum_pi_squared`,
+    the optimal token baselines), absent for every other."""
 
 
 @dataclass(frozen=True)

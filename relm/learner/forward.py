@@ -13,8 +13,8 @@ import inspect
 import torch
 from torch import nn
 
-from relm.learner.packing import packed_response_logprobs, packed_response_values
-from relm.learner.vocab_chunks import DEFAULT_CHUNK_VALUES, vocab_chunk_stats
+from relm.learner.packing import packed_response_token_stats, packed_response_values
+from relm.learner.vocab_chunks import DEFAULT_CHUNK_VALUES, TokenStats, vocab_chunk_stats
 
 
 def response_logprobs(
@@ -31,7 +31,32 @@ def response_logprobs(
     remove_padding: bool = False,
     vocab_limit: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprob (and entropy) of each response token under `softmax(logits / temperature)`.
+    """([N, R] logprobs, [N, R] entropy or None): `response_token_stats` without the sum of squared probabilities."""
+    stats = response_token_stats(
+        model, input_ids, attention_mask, position_ids, response_width, temperature=temperature,
+        compute_entropy=compute_entropy, entropy_grad=entropy_grad, vocab_chunk=vocab_chunk,
+        remove_padding=remove_padding, vocab_limit=vocab_limit,
+    )  # fmt: skip
+    return stats.logprobs, stats.entropy
+
+
+def response_token_stats(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_width: int,
+    *,
+    temperature: float = 1.0,
+    compute_entropy: bool = False,
+    entropy_grad: bool = True,
+    vocab_chunk: int | None = None,
+    remove_padding: bool = False,
+    vocab_limit: int | None = None,
+    compute_sum_pi_squared: bool = False,
+) -> TokenStats:
+    """Logprob (and entropy, and sum of squared probabilities) of each response token under
+    `softmax(logits / temperature)`.
 
     With `remove_padding` the rows are packed into one sequence first (`relm.learner.packing`),
     which skips every padded position; the results are equal up to float rounding.
@@ -58,10 +83,14 @@ def response_logprobs(
         vocab_limit: the tokenizer's length: the softmax runs over the first `vocab_limit` logits only,
             because the engines never sample the embedding rows past it (`SampledColumns`), so both
             sides normalise over the same ids; None keeps every row.
+        compute_sum_pi_squared: also return, per position, sum_v softmax(logits / temperature)_v^2 (without
+            gradient; the optimal token baselines read it from the old-logprob forward), computed one chunk
+            of positions at a time like the rest.
 
     Returns:
-        ([N, R] fp32 logprobs, [N, R] fp32 entropy or None). Values at padded response positions
-        are finite but meaningless; callers mask them with the response mask.
+        `TokenStats`: [N, R] fp32 logprobs, entropy and sum of squared probabilities (None where not
+        asked). Values at padded response positions are finite but meaningless; callers mask them with
+        the response mask.
     """
     num_rows, width = input_ids.shape
     if not 0 < response_width < width:
@@ -69,10 +98,10 @@ def response_logprobs(
             f"response_width {response_width} must be in [1, {width - 1}] for sequences of {width}"
         )
     if remove_padding and _accepts_logits_to_keep(model):
-        return packed_response_logprobs(
+        return packed_response_token_stats(
             model, input_ids, attention_mask, response_width, temperature=temperature,
             compute_entropy=compute_entropy, entropy_grad=entropy_grad, positions_per_chunk=vocab_chunk,
-            vocab_limit=vocab_limit,
+            vocab_limit=vocab_limit, compute_sum_pi_squared=compute_sum_pi_squared,
         )  # fmt: skip
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     if _accepts_logits_to_keep(model):
@@ -96,26 +125,34 @@ def response_logprobs(
     scale = temperature if temperature > 0 else 1.0
     use_checkpoint = torch.is_grad_enabled() and logits.requires_grad
 
-    logprob_rows, entropy_rows = [], []
+    logprob_rows, entropy_rows, squared_rows = [], [], []
     for row_logits, row_targets in zip(
         logits.split(rows_per_block), targets.split(rows_per_block), strict=True
     ):
-        logprob_cols, entropy_cols = [], []
+        logprob_cols, entropy_cols, squared_cols = [], [], []
         blocks = row_logits.split(column_sizes, dim=1)[:-1]
         for block_logits, block_targets in zip(
             blocks, row_targets.split(column_sizes[:-1], dim=1), strict=True
         ):
-            logprob, entropy = vocab_chunk_stats(
-                block_logits, block_targets, scale, compute_entropy, entropy_grad, use_checkpoint
-            )
+            logprob, entropy, squared = vocab_chunk_stats(
+                block_logits, block_targets, scale, compute_entropy, entropy_grad, use_checkpoint,
+                compute_sum_pi_squared,
+            )  # fmt: skip
             logprob_cols.append(logprob)
             if entropy is not None:  # None unless compute_entropy
                 entropy_cols.append(entropy)
+            if squared is not None:  # None unless compute_sum_pi_squared
+                squared_cols.append(squared)
         logprob_rows.append(torch.cat(logprob_cols, dim=1))
         if compute_entropy:
             entropy_rows.append(torch.cat(entropy_cols, dim=1))
-    logprobs = torch.cat(logprob_rows)  # [N, R]
-    return logprobs, (torch.cat(entropy_rows) if compute_entropy else None)
+        if compute_sum_pi_squared:
+            squared_rows.append(torch.cat(squared_cols, dim=1))
+    return TokenStats(
+        logprobs=torch.cat(logprob_rows),  # [N, R]
+        entropy=torch.cat(entropy_rows) if compute_entropy else None,
+        sum_pi_squared=torch.cat(squared_rows) if compute_sum_pi_squared else None,
+    )
 
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:

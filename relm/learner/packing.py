@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from relm.learner.vocab_chunks import DEFAULT_CHUNK_VALUES, vocab_chunk_stats
+from relm.learner.vocab_chunks import DEFAULT_CHUNK_VALUES, TokenStats, vocab_chunk_stats
 
 
 @dataclass
@@ -80,7 +80,7 @@ def _unpack(values: torch.Tensor, layout: PackedLayout, num_rows: int, response_
     return out.index_put((layout.scatter_index,), values).view(num_rows, response_width)
 
 
-def packed_response_logprobs(
+def packed_response_token_stats(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -91,8 +91,9 @@ def packed_response_logprobs(
     entropy_grad: bool = True,
     positions_per_chunk: int | None = None,
     vocab_limit: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`response_logprobs` computed on the packed sequence; same outputs ([N, R], zeros at padding).
+    compute_sum_pi_squared: bool = False,
+) -> TokenStats:
+    """`response_token_stats` computed on the packed sequence; same outputs ([N, R], zeros at padding).
 
     Only the K positions that predict a response token go through the output head
     (`logits_to_keep` as an index tensor), and their fp32 log-softmax runs in checkpointed chunks.
@@ -110,21 +111,27 @@ def packed_response_logprobs(
     scale = temperature if temperature > 0 else 1.0
     chunk = positions_per_chunk or max(1, DEFAULT_CHUNK_VALUES // logits.shape[-1])
     use_checkpoint = torch.is_grad_enabled() and logits.requires_grad
-    logprob_parts, entropy_parts = [], []
+    logprob_parts, entropy_parts, squared_parts = [], [], []
     # `split`, not slicing: see `relm.learner.forward.response_logprobs` (one gradient concatenation
     # instead of a zero-filled full-size gradient per chunk).
     for chunk_logits, chunk_targets in zip(
         logits.split(chunk, dim=1), layout.targets.split(chunk), strict=True
     ):
-        logprob, entropy = vocab_chunk_stats(
-            chunk_logits, chunk_targets[None], scale, compute_entropy, entropy_grad, use_checkpoint
-        )
+        logprob, entropy, squared = vocab_chunk_stats(
+            chunk_logits, chunk_targets[None], scale, compute_entropy, entropy_grad, use_checkpoint,
+            compute_sum_pi_squared,
+        )  # fmt: skip
         logprob_parts.append(logprob[0])
         if entropy is not None:
             entropy_parts.append(entropy[0])
+        if squared is not None:
+            squared_parts.append(squared[0])
+
+    def unpacked(parts: list[torch.Tensor]) -> torch.Tensor | None:
+        return _unpack(torch.cat(parts), layout, num_rows, response_width) if parts else None
+
     logprobs = _unpack(torch.cat(logprob_parts), layout, num_rows, response_width)
-    entropy = _unpack(torch.cat(entropy_parts), layout, num_rows, response_width) if compute_entropy else None
-    return logprobs, entropy
+    return TokenStats(logprobs, unpacked(entropy_parts), unpacked(squared_parts))
 
 
 def packed_response_values(

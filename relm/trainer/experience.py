@@ -14,7 +14,7 @@ from relm.distributed.balance import same_group_count
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import gathered_for_passes, passes_are_collective
 from relm.learner.batch import Rollout
-from relm.learner.forward import response_logprobs, response_values
+from relm.learner.forward import response_logprobs, response_token_stats, response_values
 from relm.learner.minibatch import forward_token_counts, microbatch_indices
 from relm.rollout.base import GenerationOutput
 from relm.rollout.padding import left_pad
@@ -105,6 +105,52 @@ def batched_logprobs(
 
 
 @torch.no_grad()
+def batched_logprobs_and_sum_pi_squared(
+    model: nn.Module,
+    batch: Rollout,
+    *,
+    rows_per_forward: int,
+    temperature: float,
+    device: torch.device,
+    remove_padding: bool = False,
+    max_tokens_per_forward: int | None = None,
+    dist: DistContext | None = None,
+    vocab_limit: int | None = None,
+) -> torch.Tensor:
+    """[N, 2, R]: the logprobs of `batched_logprobs` ([:, 0]) and, from the same forwards, each position's sum over
+    the vocabulary of the squared probabilities ([:, 1]), which the optimal token baselines read. One tensor so
+    that the passes and the data-parallel gathering stay those of `batched_logprobs`."""
+
+    def stats_of(mb: Rollout) -> torch.Tensor:
+        stats = response_token_stats(
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.position_ids,
+            mb.response_width,
+            temperature=temperature,
+            remove_padding=remove_padding,
+            vocab_limit=vocab_limit,
+            compute_sum_pi_squared=True,
+        )
+        assert stats.sum_pi_squared is not None  # asked for
+        return torch.stack([stats.logprobs, stats.sum_pi_squared], dim=1)
+
+    return _in_forward_passes(
+        model,
+        batch,
+        stats_of,
+        "logprob forward",
+        rows_per_forward=rows_per_forward,
+        device=device,
+        max_tokens=max_tokens_per_forward,
+        remove_padding=remove_padding,
+        dist=dist,
+        row_shape=(2,),
+    )
+
+
+@torch.no_grad()
 def batched_values(
     value_model: nn.Module,
     batch: Rollout,
@@ -151,12 +197,13 @@ def _in_forward_passes(
     max_tokens: int | None,
     remove_padding: bool,
     dist: DistContext | None,
+    row_shape: tuple[int, ...] = (),
 ) -> torch.Tensor:
-    """[N, R] fp32 on the CPU: `compute` ([n, R] of a sub-batch on `device`) over groups of rows cut by
+    """[N, *row_shape, R] fp32 on the CPU: `compute` ([n, *row_shape, R] of a sub-batch on `device`) over groups of rows cut by
     row count or token budget, each retried in halves on out-of-memory (not when `model` is sharded:
     its passes gather weights from other ranks, so every rank must make the same ones). A sharded
     model's weights stay gathered from the first pass to the last where memory allows."""
-    out = torch.zeros(len(batch), batch.response_width)
+    out = torch.zeros(len(batch), *row_shape, batch.response_width)
 
     def forward(rows: torch.Tensor) -> None:
         out[rows] = compute(batch.select(rows).to(device)).float().cpu()

@@ -6,7 +6,7 @@ Three sources, decided once from the config (`old_logprob_source`):
   corrections act in the loss (`relm.algorithms.rollout_correction.bypass_policy_loss`).
 - `update`: on-policy, the old logprobs are the current policy's at the update's first (only) pass:
   one epoch, one mini-batch a step (`ppo_mini_batch_size == train_batch_size`), and nothing reads them
-  before the update (no KL in the reward, no importance weights or rejection). The forward that would
+  before the update (no KL in the reward, no importance weights or rejection, no optimal token baseline). The forward that would
   compute them is skipped and the update's own forward, detached, stands for them (verl 0.5's
   `on_policy` in dp_actor.py, verl PR #3119, without the wasted forward its trainer still ran: verl
   issue #3996). The ratio is then exactly 1 at that pass, where a separate forward differs from it by
@@ -22,6 +22,7 @@ from typing import Literal
 
 import torch
 
+from relm.algorithms.advantages import estimator_needs
 from relm.algorithms.rollout_correction import correct, offpolicy_metrics
 from relm.config.rollout_correction import RolloutCorrection
 from relm.config.specs import RunSpec
@@ -39,7 +40,11 @@ def old_logprob_source(spec: RunSpec) -> OldLogprobSource:
         return "engine"
     update = spec.actor.update
     one_pass = update.num_epochs == 1 and update.prompts_per_minibatch >= spec.data.prompts_per_step
-    read_before_update = spec.algorithm.use_kl_in_reward or correction.changes_update
+    read_before_update = (
+        spec.algorithm.use_kl_in_reward
+        or correction.changes_update
+        or estimator_needs(spec.algorithm.adv_estimator).sum_pi_squared  # the optimal token baselines
+    )
     return "update" if one_pass and not read_before_update else "actor"
 
 

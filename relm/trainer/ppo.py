@@ -40,7 +40,7 @@ from relm.rollout.watchdog import engine_stage
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
 from relm.trainer.data_parallel import gather_rows, local_rows, on_rank_rows, rank_rows, reduce_update_metrics
-from relm.trainer.experience import batched_logprobs, batched_values
+from relm.trainer.experience import batched_logprobs, batched_logprobs_and_sum_pi_squared, batched_values
 from relm.trainer.flops import peak_flops, training_flops
 from relm.trainer.metrics import (
     data_metrics,
@@ -133,16 +133,21 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
     elif source == "update":
         old_logprobs = UpdateForward()  # on-policy: the update's first forward stands for them
     else:
+        # The optimal token baselines also read each position's sum of squared probabilities, from the same forwards.
+        with_squares = estimator_needs(c.spec.algorithm.adv_estimator).sum_pi_squared
+        forward = batched_logprobs_and_sum_pi_squared if with_squares else batched_logprobs
         with timed(metrics, "old_log_prob"), c.residency.phase("old_log_prob"):
-            computed = on_rank_rows(
+            outputs = on_rank_rows(
                 c.dist,
                 rollout,
                 rows,
-                lambda b: batched_logprobs(
+                lambda b: forward(
                     actor.module, b, rows_per_forward=actor.batching.rows_per_forward, **logprobs
                 ),
             )
-        old_logprobs = ActorForward(computed)
+        computed = outputs[:, 0].contiguous() if with_squares else outputs  # [N, R]
+        squares = outputs[:, 1].contiguous() if with_squares else None
+        old_logprobs = ActorForward(computed, sum_pi_squared=squares)
         metrics.update(gap_metrics(computed, rollout, with_offpolicy=False))
     ref_logprobs = None
     reference = c.reference()
@@ -215,6 +220,9 @@ def estimate_advantages(
         lam=algo.lam,
         norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
         baseline_scores=annotated.scored.baseline_scores,
+        old_logprobs=old.logprobs if isinstance(old, ActorForward) else None,
+        sum_pi_squared=old.sum_pi_squared if isinstance(old, ActorForward) else None,
+        rollout_is_weights=weights,
         **(
             _score_components(annotated.scored, algo)
             if estimator_needs(algo.adv_estimator).score_components

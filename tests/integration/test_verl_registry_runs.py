@@ -1,7 +1,8 @@
 """verl 0.9.1's estimators and losses that read inputs or keys of their own, in real (tiny) runs.
 
 tests/parity compares the functions with verl's; these check the wiring: GDPO's rewards by name come from the
-reward function's dict through the loop, and each loss with its keys trains a step.
+reward function's dict through the loop, the optimal token baselines' sum of squared probabilities from the
+actor's old-logprob forward (and only for them), and each loss with its keys trains a step.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 from relm.algorithms import compute_advantages
 from relm.config.loader import load_config
 from relm.config.translate import translate
+from relm.learner.batch import ActorForward
+from relm.learner.forward import response_token_stats
 from relm.models.loading import resolve_model_dir
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import build_components
@@ -108,3 +111,60 @@ def test_each_loss_with_its_keys_trains_a_step(
     ]
     record = result.metrics[0]
     assert "actor/ppo_kl" in record and record["actor/pg_loss"] == record["actor/pg_loss"]  # not NaN
+
+
+OTB_ON_POLICY = (
+    "algorithm.adv_estimator=optimal_token_baseline",
+    # One mini-batch, one epoch: any other estimator would skip the old-logprob forward (on-policy).
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "algorithm.rollout_correction.rollout_is=token",
+)
+
+
+def test_the_optimal_token_baseline_reads_the_old_forwards_squared_probabilities(
+    tmp_path: Path, varied_reward
+) -> None:
+    cfg = load_config(
+        [*TINY_OVERRIDES, *OTB_ON_POLICY, varied_reward, f"trainer.default_local_dir={tmp_path}"]
+    )
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    scored = collect_experience(c.experience_sources, c.loader.next_batch(), 1, {})
+    annotated, _ = annotate(c, scored)
+    batch, _ = estimate_advantages(c.spec.algorithm, c.kl_ctrl, annotated)
+
+    old = annotated.old_logprobs
+    assert isinstance(old, ActorForward) and old.sum_pi_squared is not None
+    rollout = scored.rollout
+    with torch.no_grad():
+        stats = response_token_stats(
+            c.actor.module, rollout.input_ids, rollout.attention_mask, rollout.position_ids, rollout.response_width,
+            temperature=c.sizes.logprob_temperature, vocab_limit=len(c.tokenizer), compute_sum_pi_squared=True,
+        )  # fmt: skip
+    valid = rollout.response_mask.bool()
+    torch.testing.assert_close(old.sum_pi_squared[valid], stats.sum_pi_squared[valid], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(old.logprobs[valid], stats.logprobs[valid], atol=1e-5, rtol=1e-5)
+    assert batch.rollout_is_weights is not None  # the rollout correction's weights scale the path weights
+    expected, _ = compute_advantages(
+        "optimal_token_baseline", token_rewards=batch.token_rewards, response_mask=batch.loss_mask,
+        group_ids=rollout.group_ids, old_logprobs=old.logprobs, sum_pi_squared=old.sum_pi_squared,
+        rollout_is_weights=batch.rollout_is_weights,
+    )  # fmt: skip
+    assert torch.equal(batch.advantages, expected) and batch.advantages.abs().sum() > 0
+
+
+def test_other_estimators_do_not_compute_it(tmp_path: Path) -> None:
+    cfg = load_config([*TINY_OVERRIDES, f"trainer.default_local_dir={tmp_path}"])  # grpo, two mini-batches
+    c = build_components(translate(cfg)[0], resolve_model_dir(cfg.actor_rollout_ref.model.path))
+    annotated, _ = annotate(c, collect_experience(c.experience_sources, c.loader.next_batch(), 1, {}))
+    assert isinstance(annotated.old_logprobs, ActorForward) and annotated.old_logprobs.sum_pi_squared is None
+
+
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_each_optimal_token_baseline_trains_on_the_demo(
+    train: Callable[..., RunResult], varied_reward, estimator
+):
+    result = train(f"algorithm.adv_estimator={estimator}", varied_reward)
+    assert result.exit_code == 0, result.stderr
+    assert len(result.metrics) == 2
+    for record in result.metrics:
+        assert record["actor/pg_loss"] == record["actor/pg_loss"] and "timing_s/old_log_prob" in record

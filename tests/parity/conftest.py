@@ -31,7 +31,7 @@ def _stand_in_ray() -> types.ModuleType:
 
 @pytest.fixture(scope="session")
 def verl() -> Iterator[SimpleNamespace]:
-    """verl's `core_algos`, `reward_score`, `rollout_corr_helper` and configs; skips when verl 0.9.1 is not installed."""
+    """verl's `core_algos`, `reward_score`, `rollout_corr_helper`, `torch_functional` and configs; skips when verl 0.9.1 is not installed."""
     if importlib.util.find_spec("verl") is None:
         pytest.skip(
             f"verl {VERL_VERSION} is not installed; `make setup-verl` installs it for the parity tests"
@@ -53,6 +53,7 @@ def verl() -> Iterator[SimpleNamespace]:
             ActorConfig=importlib.import_module("verl.workers.config").ActorConfig,
             PolicyLossConfig=importlib.import_module("verl.workers.config").PolicyLossConfig,
             rollout_corr=importlib.import_module("verl.trainer.ppo.rollout_corr_helper"),
+            torch_functional=importlib.import_module("verl.utils.torch_functional"),
             RolloutCorrectionConfig=importlib.import_module(
                 "verl.trainer.config.algorithm"
             ).RolloutCorrectionConfig,

@@ -286,9 +286,100 @@ def test_gdpo_matches_verl_on_random_batches(verl):
         assert torch.all(relm_adv[~case["mask"].bool()] == 0)
 
 
-def test_every_estimator_of_verls_registry_is_compared_or_refused(verl):
+def test_every_estimator_of_verls_registry_is_compared(verl):
     from relm.algorithms import ADV_ESTIMATORS
 
-    refused = {"optimal_token_baseline", "tir_optimal_token_baseline"}  # docs/algorithms.md says why
-    assert set(verl.core_algos.ADV_ESTIMATOR_REGISTRY) == {*ESTIMATORS, "gdpo", *refused}
-    assert set(ADV_ESTIMATORS) >= {*ESTIMATORS, "gdpo"}
+    assert set(verl.core_algos.ADV_ESTIMATOR_REGISTRY) == {*ESTIMATORS, "gdpo", *OPTIMAL_TOKEN_BASELINES}
+    assert set(ADV_ESTIMATORS) >= set(verl.core_algos.ADV_ESTIMATOR_REGISTRY)
+
+
+OPTIMAL_TOKEN_BASELINES = {
+    "optimal_token_baseline": "compute_optimal_token_baseline_advantage",
+    "tir_optimal_token_baseline": "compute_multi_turn_optimal_token_baseline_advantage",
+}
+
+
+def old_policy_inputs(case: dict, seed: int) -> dict[str, torch.Tensor | None]:
+    """The optimal token baselines' inputs for a random case: old logprobs and sum of squared probabilities of one
+    random policy over a small vocabulary (so pi(y)^2 <= sum pi^2 <= 1 holds as in a run), and importance weights
+    in half the cases (`rollout_is`), truncated at 2 as verl's default threshold does."""
+    gen = torch.Generator().manual_seed(20_000 + seed)
+    num_rows, width = case["mask"].shape
+    logits = 3 * torch.randn(num_rows, width, 5, generator=gen, dtype=torch.float64)
+    tokens = torch.randint(0, 5, (num_rows, width), generator=gen)
+    old_logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    weights = torch.rand(num_rows, width, generator=gen, dtype=torch.float64) * 2 if seed % 2 else None
+    return {
+        "old_logprobs": old_logprobs,
+        "sum_pi_squared": (torch.softmax(logits, -1) ** 2).sum(-1),
+        "rollout_is_weights": weights,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMAL_TOKEN_BASELINES))
+@pytest.mark.parametrize("handle_zero_tail", [True, False])  # verl's trainer leaves the default (True)
+def test_optimal_token_baselines_match_verl_on_random_batches(verl, name, handle_zero_tail):
+    from relm.algorithms.optimal_token_baseline import (
+        compute_optimal_token_baseline,
+        compute_tir_optimal_token_baseline,
+    )
+
+    relm_fn = (
+        compute_optimal_token_baseline
+        if name == "optimal_token_baseline"
+        else compute_tir_optimal_token_baseline
+    )
+    verl_fn = getattr(verl.core_algos, OPTIMAL_TOKEN_BASELINES[name])
+    for seed in range(NUM_CASES):
+        case = random_case(seed)
+        inputs = old_policy_inputs(case, seed)
+        verl_inputs = {**inputs, "old_log_probs": inputs["old_logprobs"]}
+        del verl_inputs["old_logprobs"]
+        verl_adv, verl_ret = verl_fn(
+            case["token_rewards"].clone(), case["mask"].double(), case["group_ids"].numpy().astype(np.int64),
+            handle_zero_tail=handle_zero_tail, config=verl.core_algos.AlgoConfig(), **verl_inputs,
+        )  # fmt: skip
+        relm_adv, relm_ret = relm_fn(
+            case["token_rewards"],
+            case["mask"],
+            case["group_ids"],
+            handle_zero_tail=handle_zero_tail,
+            **inputs,
+        )
+        what = lambda m, s=seed: f"{name} seed {s}: {m}"  # noqa: E731
+        # The advantages are compared everywhere, padding included (verl zeroes them there as relm does); the
+        # returns on the valid tokens: verl's keep the later rewards' sum at a masked token inside a response.
+        torch.testing.assert_close(relm_adv, verl_adv, rtol=1e-9, atol=1e-12, msg=what)
+        assert_equal_on_valid_tokens(relm_ret, verl_ret, case["mask"], what, atol=1e-12)
+        assert torch.all(relm_ret[~case["mask"].bool()] == 0)
+        if handle_zero_tail is False:  # and the trainer's path, which passes verl's default
+            trainer_adv, _ = compute_advantages(
+                name, token_rewards=case["token_rewards"], response_mask=case["mask"], group_ids=case["group_ids"],
+                sampled_mask=case["sampled_mask"], **inputs,
+            )  # fmt: skip
+            verl_default, _ = verl_fn(
+                case["token_rewards"].clone(), case["mask"].double(), case["group_ids"].numpy().astype(np.int64),
+                config=verl.core_algos.AlgoConfig(), **verl_inputs,
+            )  # fmt: skip
+            torch.testing.assert_close(trainer_adv, verl_default, rtol=1e-9, atol=1e-12, msg=what)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sum_pi_squared_matches_verls(verl, dtype):
+    from relm.learner.vocab_chunks import _token_sum_pi_squared
+
+    gen = torch.Generator().manual_seed(0)
+    for scale in (0.1, 1.0, 10.0, 30.0):
+        logits = (scale * torch.randn(6, 9, 1000, generator=gen)).to(dtype)
+        for temperature in (1.0, 0.6):
+            what = f"scale {scale}, T {temperature}"
+            exact = (torch.softmax(logits.double() / temperature, -1) ** 2).sum(-1)
+            # verl's forward divides fp32 logits by the temperature and takes the sum from them, as relm's chunks do.
+            want = verl.torch_functional.calculate_sum_pi_squared_from_logits(logits.float() / temperature)
+            got = _token_sum_pi_squared(logits, temperature)
+            # verl subtracts two fp32 log-sums of size ~max logit (relative error ~2.5e-5 at scale 30); relm shifts
+            # by the largest logit first and stays within ~3e-6 of the float64 value at every scale.
+            torch.testing.assert_close(got, want, rtol=5e-5, atol=0, msg=what)
+            verl_error = float(((want.double() - exact) / exact).abs().max())
+            relm_error = float(((got.double() - exact) / exact).abs().max())
+            assert relm_error < 5e-6 and relm_error <= verl_error * 1.5, (what, relm_error, verl_error)

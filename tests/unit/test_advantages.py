@@ -207,6 +207,9 @@ def _inputs(rewards: torch.Tensor, values: torch.Tensor) -> dict:
         lam=0.8,
         baseline_scores=torch.tensor([0.3, -0.2]),
         score_components=torch.tensor([[1.0, 0.0], [0.2, 0.7]]),
+        # The optimal token baselines' inputs, NaN in the padding where `values` is.
+        old_logprobs=-values.abs(),
+        sum_pi_squared=values.abs() / 10,
     )
 
 
@@ -234,6 +237,10 @@ def test_estimators_declare_what_the_run_builds_for_them():
     assert {name for name, need in needs.items() if need.critic} == {"gae"}
     assert {name for name, need in needs.items() if need.greedy_baseline} == {"remax"}
     assert {name for name, need in needs.items() if need.score_components} == {"gdpo"}
+    assert {name for name, need in needs.items() if need.sum_pi_squared} == {
+        "optimal_token_baseline",
+        "tir_optimal_token_baseline",
+    }
     assert not any(need.reference for need in needs.values())
 
 

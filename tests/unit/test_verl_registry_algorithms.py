@@ -231,10 +231,20 @@ def test_the_new_losses_and_gdpo_pass_the_config_check_with_their_keys():
 
 
 @pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
-def test_the_optimal_token_baselines_are_refused_naming_the_input_relm_lacks(name):
-    with pytest.raises(UserError) as err:
-        validate_config(load_config([f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=8"]))
-    assert str(err.value).startswith(
-        f"`algorithm.adv_estimator={name}` needs each token's sum of squared policy"
+def test_the_optimal_token_baselines_pass_the_check_and_refuse_bypass_mode_in_one_line(name):
+    validate_config(load_config([f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=8"]))
+    # verl 0.9.1's example sets calculate_sum_pi_squared; relm computes it for these estimators either way.
+    validate_config(
+        load_config(
+            [f"algorithm.adv_estimator={name}", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"]
+        )
     )
-    assert "sum_pi_squared" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(UserError) as err:
+        validate_config(
+            load_config([f"algorithm.adv_estimator={name}", "algorithm.rollout_correction.bypass_mode=true"])
+        )
+    assert str(err.value) == (
+        f"`algorithm.adv_estimator={name}` reads each token's sum of squared probabilities from the actor's "
+        "old-logprob forward, which `algorithm.rollout_correction.bypass_mode=true` skips (verl stops there too): "
+        "set bypass_mode=false (decoupled mode) or choose another estimator"
+    )
