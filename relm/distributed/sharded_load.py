@@ -39,13 +39,14 @@ def stored_names_match(model: nn.Module, stored: SafetensorsFolder) -> bool:
 def materialize_shards(model: nn.Module, stored: SafetensorsFolder, device: torch.device) -> None:
     """Give a `fully_shard`-ed model built on the meta device storage for its own shards, and read them.
 
-    Buffers (real tensors already, computed by the model's constructor) keep their values: `to_empty`
-    replaces every tensor of the model, so they are put back afterwards.
+    Buffers (real tensors already, computed by the model's constructor and moved by `fully_shard`) keep
+    their values and devices: `to_empty` replaces every tensor of the model, so they are put back
+    afterwards. Under `CPUOffloadPolicy` FSDP2 moves each new shard to pinned CPU memory itself.
     """
-    buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    buffers = [(module, dict(module._buffers)) for module in model.modules() if module._buffers]
     model.to_empty(device=device)
-    for name, buffer in model.named_buffers():
-        buffer.copy_(buffers[name])
+    for module, kept in buffers:
+        module._buffers.update(kept)
     for name, param in model.named_parameters():
         local, first_row = _own_rows(param)
         stored.read_rows(name, first_row, local)  # cast to the shard's dtype while read

@@ -107,5 +107,7 @@ def _read_header(path: Path) -> dict[str, StoredTensor]:
         dtype = _DTYPES.get(entry["dtype"])
         if dtype is None:
             raise ValueError(f"{path}: tensor `{name}` has dtype {entry['dtype']}, which relm does not read")
-        tensors[name] = StoredTensor(path, dtype, tuple(entry["shape"]), data_start + entry["data_offsets"][0])
+        tensors[name] = StoredTensor(
+            path, dtype, tuple(entry["shape"]), data_start + entry["data_offsets"][0]
+        )
     return tensors

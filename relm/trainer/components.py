@@ -32,6 +32,12 @@ from relm.distributed.fsdp import shard_model
 from relm.distributed.layout import Layout
 from relm.distributed.multi_turn import DataParallelMultiTurn
 from relm.distributed.rollout import DataParallelEngine
+from relm.distributed.sharded_load import (
+    fill_from_shards,
+    materialize_parameters,
+    materialize_shards,
+    stored_names_match,
+)
 from relm.errors import UserError
 from relm.learner.lora import adapters_disabled, add_lora, has_lora, lora_settings, without_adapters
 from relm.learner.microbatch_retry import MicroBatchSize
@@ -57,6 +63,7 @@ from relm.memory.offload import OffloadedOptimizerStates, Residency
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype, resolve_model_dir
 from relm.models.precision import Precision, copy_in_dtype
+from relm.models.safetensors_rows import SafetensorsFolder
 from relm.models.tokenizer import end_of_turn_ids, load_tokenizer
 from relm.models.value_model import load_value_model
 from relm.models.zoo import default_cache_dir
@@ -287,8 +294,11 @@ def build_components(
     reward = _reward_manager(spec.reward, tokenizer, loader, compute_score)
     sources = _trained_sources(spec, model_dir)
     models = {"actor": spec.actor, "critic": spec.critic}
-    actor = load_trained_model(spec.actor, model_dir, device, precision.master)
-    # Taken before sharding: the engine generates with whole weights (a copy when data-parallel).
+    # Data-parallel, the actor is built on the meta device and each rank reads only its own shards
+    # (`relm.distributed.sharded_load`); the reference and the generation copy follow it.
+    actor, stored = load_actor(spec.actor, model_dir, device, precision.master, sharded=dist.is_distributed)
+    # Taken before sharding: the engine generates with whole weights (a copy when data-parallel; from
+    # a meta-built actor a meta copy, filled from the shards once they are read).
     # vLLM keeps its own copy of the weights (in rollout.dtype), so no HF copy is made for it.
     engine_model = (
         actor
@@ -302,7 +312,7 @@ def build_components(
         )
         memory = data_parallel_memory(spec, plan, precision, layouts)
     ref = (
-        reference_model(spec, actor, precision, dist, layouts.get("reference"))
+        reference_model(spec, actor, precision, dist, layouts.get("reference"), stored)
         if builds_reference(spec) and not has_lora(actor)  # a LoRA actor's reference is its base
         else None
     )
@@ -320,7 +330,13 @@ def build_components(
             device=device,
             dist=dist,
             layout=layouts.get(name),
+            stored=stored if name == "actor" else None,
         )
+    if stored is not None and engine_model is not actor:
+        # The whole generation copy, one gathered parameter at a time: its peak beyond the copy is one
+        # whole fp32 parameter, never a whole fp32 model.
+        materialize_parameters(engine_model, device, generation_dtype(spec.engine, device, precision))
+        fill_from_shards(engine_model, trainees["actor"].module.named_parameters(), device)
     trainees["actor"].vocab_limit = len(tokenizer)  # the policy's logprobs cover only ids it can sample
     actor, critic = trainees["actor"].module, trainees.get("critic")
     residency = build_residency(
@@ -440,17 +456,28 @@ def _multi_turn(
 
 
 def reference_model(
-    spec: RunSpec, actor: nn.Module, precision: Precision, dist: DistContext, layout: Layout | None
+    spec: RunSpec,
+    actor: nn.Module,
+    precision: Precision,
+    dist: DistContext,
+    layout: Layout | None,
+    stored: SafetensorsFolder | None = None,
 ) -> nn.Module:
     """A frozen copy of the starting policy (identical weights without a second read from disk), in
-    the compute dtype; sharded by `layout` in a data-parallel run. Taken before the actor is sharded."""
+    the compute dtype; sharded by `layout` in a data-parallel run. Taken before the actor is sharded.
+
+    `stored`: the actor was built on the meta device; the reference is too, and each rank reads its
+    own shards of it from these files in the compute dtype."""
     ref = copy_in_dtype(actor, precision.compute).eval()  # cast tensor by tensor: no second fp32 copy
     if layout is None:
         return ref
     offload = spec.actor.sharding.offload_policy  # the reference is offloaded with the actor
-    return shard_model(
+    ref = shard_model(
         ref, dist, replace(precision, master=precision.compute), offload=offload, shard_size=layout.shard_size
     )
+    if stored is not None:
+        materialize_shards(ref, stored, dist.device)
+    return ref
 
 
 def _load_run_tokenizer(spec: RunSpec, model_dir: str) -> PreTrainedTokenizerBase:
@@ -492,16 +519,36 @@ def _prompt_loader(
     )
 
 
+def load_actor(
+    spec: TrainedModelSpec, model_dir: str, device: torch.device, dtype: torch.dtype, *, sharded: bool
+) -> tuple[nn.Module, SafetensorsFolder | None]:
+    """The actor, and the files its shards are to be read from when it was built on the meta device.
+
+    `sharded` (a data-parallel run) builds it empty when it can be filled shard by shard: a fully trained
+    actor (LoRA adapters are added to a loaded model) whose safetensors hold every parameter under its
+    own name. Otherwise it loads whole, as in one process."""
+    if sharded and lora_settings(spec.source.lora) is None and SafetensorsFolder.present(model_dir):
+        stored = SafetensorsFolder(model_dir)
+        actor = load_trained_model(spec, model_dir, device, dtype, empty=True)
+        if stored_names_match(actor, stored):
+            logger.info("the actor is built on the meta device: each rank reads only its own shards")
+            return actor, stored
+        logger.info(
+            "the actor's files name its weights otherwise than its modules do (transformers converts them "
+            "while loading): every rank loads the whole actor before sharding it"
+        )
+    return load_trained_model(spec, model_dir, device, dtype), None
+
+
 def load_trained_model(
-    spec: TrainedModelSpec, model_dir: str, device: torch.device, dtype: torch.dtype
+    spec: TrainedModelSpec, model_dir: str, device: torch.device, dtype: torch.dtype, *, empty: bool = False
 ) -> nn.Module:
     """The actor (a causal LM) or the critic (a `ValueModel`) from `model_dir`, in eval mode, with
-    packed forwards attending through the flash varlen kernel where the spec packs them."""
+    packed forwards attending through the flash varlen kernel where the spec packs them.
+
+    `empty` (the actor only): its parameters on the meta device, for `relm.distributed.sharded_load`."""
     name, source = spec.name, spec.source
-    load = load_causal_lm if name == "actor" else load_value_model
-    logger.info("loading the %s from %s (%s on %s)", name, model_dir, dtype, device)
-    module = load(
-        model_dir,
+    common: dict[str, Any] = dict(
         override_config=dict(source.override_config),
         dtype=dtype,
         device=device,
@@ -509,6 +556,12 @@ def load_trained_model(
         trust_key=source.trust_key,
         seed=source.init_seed,
     )
+    if empty:
+        logger.info("building the %s of %s (%s, parameters on the meta device)", name, model_dir, dtype)
+        module = load_causal_lm(model_dir, empty=True, **common)
+    else:
+        logger.info("loading the %s from %s (%s on %s)", name, model_dir, dtype, device)
+        module = (load_causal_lm if name == "actor" else load_value_model)(model_dir, **common)
     if source.remove_padding:
         use_varlen_attention(getattr(module, "backbone", module), device)
     settings = lora_settings(source.lora)
@@ -533,9 +586,13 @@ def build_trainee(
     device: torch.device,
     dist: DistContext,
     layout: Layout | None,
+    stored: SafetensorsFolder | None = None,
 ) -> Trainee:
     """Shard `module` (data parallel, by `layout`), give it its optimizer and schedule, and apply its
     memory choices (gradient checkpointing, AdamW moments in CPU memory).
+
+    `stored`: `module` was built on the meta device; once sharded, each rank reads its own shards from
+    these files.
 
     `rows_per_step` counts the responses of one training step; the schedule spans `optim.total_training_steps`
     training steps where the user set it (a set value wins), else the run's."""
@@ -545,6 +602,8 @@ def build_trainee(
         module = shard_model(
             module, dist, precision, offload=spec.sharding.offload_policy, shard_size=layout.shard_size
         )
+        if stored is not None:
+            materialize_shards(module, stored, device)
     # CompactAdamW where a moment or weight is bf16 (one process); torch's AdamW otherwise.
     compact = not dist.is_distributed and precision.master in (torch.float32, torch.bfloat16)
     compact_moments = compact and (
