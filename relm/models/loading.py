@@ -323,7 +323,7 @@ def parameters_on_meta() -> Iterator[None]:
             moved.__dict__.update(made.__dict__)  # attributes a class set on its parameter
             module._parameters[name] = moved
 
-    nn.Module.register_parameter = register  # type: ignore[method-assign]  # undone below
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]  # undone below
     try:
         yield
     finally:

@@ -85,7 +85,7 @@ class SafetensorsFolder:
             return
         buffer = torch.empty(rows * stored.row_bytes, dtype=torch.uint8)
         with open(stored.file, "rb", buffering=0) as f:
-            view = memoryview(buffer.numpy())
+            view = memoryview(buffer.numpy())  # type: ignore[arg-type]  # an ndarray is a buffer
             offset, done = stored.start + begin * stored.row_bytes, 0
             while done < len(view):  # pread may return fewer bytes than asked (large reads)
                 got = os.preadv(f.fileno(), [view[done:]], offset + done)

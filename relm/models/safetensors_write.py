@@ -105,5 +105,5 @@ def _write_file(
             if tuple(tensor.shape) != entry.shape:
                 raise ValueError(f"`{entry.name}` has shape {tuple(tensor.shape)}, expected {entry.shape}")
             tensor = tensor.detach().to("cpu", entry.dtype).contiguous()
-            f.write(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+            f.write(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
             del tensor

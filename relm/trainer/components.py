@@ -57,6 +57,8 @@ from relm.memory.choices import (
     builds_reference,
     cap_gpu_memory,
     choose_memory,
+    host_budget_bytes,
+    sharded_rank_plan,
 )
 from relm.memory.cpu_batching import default_rows_per_microbatch
 from relm.memory.offload import OffloadedOptimizerStates, Residency
@@ -311,6 +313,10 @@ def build_components(
             spec, model_dir, dist, has_reference=builds_reference(spec), has_critic="critic" in sources
         )
         memory = data_parallel_memory(spec, plan, precision, layouts)
+        dist.host_budget_bytes = host_budget_bytes(spec.memory)
+        if stored is not None:
+            shard_size = layouts["actor"].shard_size
+            logger.info("%s", sharded_rank_plan(spec, model_dir, device, precision, shard_size).describe())
     ref = (
         reference_model(spec, actor, precision, dist, layouts.get("reference"), stored)
         if builds_reference(spec) and not has_lora(actor)  # a LoRA actor's reference is its base
@@ -556,6 +562,7 @@ def load_trained_model(
         trust_key=source.trust_key,
         seed=source.init_seed,
     )
+    module: nn.Module
     if empty:
         logger.info("building the %s of %s (%s, parameters on the meta device)", name, model_dir, dtype)
         module = load_causal_lm(model_dir, empty=True, **common)
