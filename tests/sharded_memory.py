@@ -1,6 +1,6 @@
-"""Peak host memory of one GRPO step (with a KL-loss reference), in one process or in each torchrun rank.
+"""Peak host memory of one GRPO step, in one process or in each torchrun rank.
 
-    python tests/sharded_memory.py write FOLDER [--hidden 1024 --layers 12]     # a Qwen2 of that size
+    python tests/sharded_memory.py write FOLDER [--hidden 1536 --layers 10]     # a Qwen2 of that size
     python tests/sharded_memory.py run FOLDER OUT [--set key=value ...]         # one process
     python -m torch.distributed.run --nproc_per_node 4 tests/sharded_memory.py run FOLDER OUT
 
@@ -56,7 +56,7 @@ def overrides(folder: Path, out: Path, world_size: int, extra: list[str]) -> lis
         f"actor_rollout_ref.model.path={folder}",
         "actor_rollout_ref.model.dtype=float32",
         "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.use_kl_loss=false",
         "data.train_batch_size=4",
         "data.max_prompt_length=24",
         "data.max_response_length=4",

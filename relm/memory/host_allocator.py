@@ -12,11 +12,12 @@ of an update `release_heap_fragments` gives the holes back once the free memory 
 
 A data-parallel CPU run takes the opposite setting (`return_freed_host_memory`): FSDP2 gathers each
 block's weights and its gradients into fresh buffers of many sizes, forward after forward, and a heap that
-keeps them holds far more than the rank's shards. Measured on a 135M-parameter Qwen2 GRPO step over 4 gloo
-ranks (tests/integration/test_sharded_memory.py): each rank peaked at 3.2-3.45 GiB with freed memory kept
-(as much as one process holding the whole model, 3.2 GiB), 2.1-2.6 GiB with glibc's defaults (whose
-dynamic threshold sends blocks under 32 MiB to the heap), 1.76 GiB with every block of 1 MiB or more mapped
-on its own and unmapped when freed, 0.2 GiB above the rank's live tensors.
+keeps them holds far more than the rank's shards. Measured on a 135M-parameter Qwen2 GRPO step with a
+KL-loss reference over 4 gloo ranks (tests/sharded_memory.py's run, 2 cores): each rank peaked at
+3.1-3.4 GiB with freed memory kept (one process holding the whole model: 3.2 GiB), 2.1-2.6 GiB with
+glibc's defaults (whose dynamic threshold sends blocks under 32 MiB to the heap), 1.76 GiB with every
+block of 1 MiB or more mapped on its own and unmapped when freed: 0.15 GiB above what the rank held after
+the step with its heap trimmed.
 """
 
 from __future__ import annotations
