@@ -76,7 +76,7 @@ def _mallopt() -> Callable[[int, int], int] | None:
     except (OSError, AttributeError, TypeError):
         return None
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt  # type: ignore[no-any-return]  # a ctypes function
+    return mallopt
 
 
 def _watch_heap(libc: ctypes.CDLL) -> None:
