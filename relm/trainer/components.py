@@ -342,6 +342,7 @@ def build_components(
         # The whole generation copy, one gathered parameter at a time: its peak beyond the copy is one
         # whole fp32 parameter, never a whole fp32 model.
         materialize_parameters(engine_model, device, generation_dtype(spec.engine, device, precision))
+        engine_model.to(device)  # its buffers were copied from the actor's before sharding moved them
         fill_from_shards(engine_model, trainees["actor"].module.named_parameters(), device)
     trainees["actor"].vocab_limit = len(tokenizer)  # the policy's logprobs cover only ids it can sample
     actor, critic = trainees["actor"].module, trainees.get("critic")

@@ -135,3 +135,34 @@ def test_a_critic_is_counted_whole_at_start_up(world: int):
         request, world, reference_dtype=torch.float32, engine_dtype=None, one_process_engine_dtype=None
     )
     assert plan.trained_shards == 16 * 1800 // world and plan.critic_startup == 4 * 800
+
+
+def test_a_rank_whose_share_exceeds_the_host_budget_stops_before_loading():
+    from relm.config.loader import load_config
+    from relm.config.translate import translate
+    from relm.memory.choices import RunDoesNotFit, sharded_rank_plan
+    from relm.memory.host import process_rss_bytes
+    from relm.models.precision import pick_precision
+
+    folder = resolve_model_dir("zoo:tiny/qwen2")
+    cpu = torch.device("cpu")
+    rss_gb = process_rss_bytes() / 1e9
+    grpo = "algorithm.adv_estimator=grpo"  # no critic, no reference
+    roomy = translate(load_config([grpo, f"trainer.max_host_memory_gb={rss_gb + 1:.3f}"]))[0]
+    plan = sharded_rank_plan(roomy, folder, cpu, pick_precision("auto", cpu), 2)
+    assert plan.shard_size == 2 and plan.engine_copy == 4 * plan.one_process // 16  # fp32 copy; no reference
+    tight = translate(load_config([grpo, f"trainer.max_host_memory_gb={rss_gb:.3f}"]))[0]
+    with pytest.raises(RunDoesNotFit, match=r"does not fit each rank's host memory: sharded construction"):
+        sharded_rank_plan(tight, folder, cpu, pick_precision("auto", cpu), 2)
+
+
+def test_on_cpu_a_host_budget_decides_whether_weights_stay_gathered():
+    from relm.distributed.context import DistContext
+    from relm.distributed.gathering import available_bytes
+    from relm.memory.host import process_rss_bytes
+
+    cpu = torch.device("cpu")
+    assert available_bytes(cpu) is None and available_bytes(cpu, DistContext()) is None  # no budget: always
+    room = available_bytes(cpu, DistContext(host_budget_bytes=process_rss_bytes() + 10**9))
+    assert room is not None and 0.9e9 < room <= 1e9
+    assert available_bytes(cpu, DistContext(host_budget_bytes=1)) == 0
