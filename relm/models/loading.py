@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
@@ -408,8 +408,14 @@ def _build(
     if empty:
         with parameters_on_meta():
             if model_class is not None:
-                return model_class._from_config(config, **common)
-            return AutoModelForCausalLM.from_config(config, **common)
+                model = model_class._from_config(config, **common)
+            else:
+                model = AutoModelForCausalLM.from_config(config, **common)
+        # from_pretrained reads the folder's generation config (its eos ids end responses); from_config
+        # derives one from config.json, which may name fewer.
+        if (Path(folder) / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(folder)
+        return model
     if _has_weight_files(Path(folder)):
         try:
             return builder.from_pretrained(folder, config=config, **common)

@@ -74,6 +74,7 @@ def test_an_empty_build_has_meta_parameters_real_buffers_and_the_files_names():
     whole = load_causal_lm(folder, dtype=torch.float32, device="cpu")
     empty = load_causal_lm(folder, dtype=torch.float32, device="cpu", empty=True)
     assert all(p.is_meta for p in empty.parameters())
+    assert empty.generation_config.to_dict() == whole.generation_config.to_dict()  # the folder's, read
     assert empty.lm_head.weight is empty.model.embed_tokens.weight  # tied, as loaded
     for (name, buffer), (_, expected) in zip(empty.named_buffers(), whole.named_buffers(), strict=True):
         assert not buffer.is_meta and buffer.equal(expected), name
@@ -166,3 +167,14 @@ def test_on_cpu_a_host_budget_decides_whether_weights_stay_gathered():
     room = available_bytes(cpu, DistContext(host_budget_bytes=process_rss_bytes() + 10**9))
     assert room is not None and 0.9e9 < room <= 1e9
     assert available_bytes(cpu, DistContext(host_budget_bytes=1)) == 0
+
+
+def test_an_empty_build_ends_responses_at_the_folders_generation_eos_ids(tmp_path: Path):
+    import json
+    import shutil
+
+    shutil.copytree(resolve_model_dir("zoo:tiny/qwen2"), tmp_path / "model")
+    generation = tmp_path / "model" / "generation_config.json"
+    generation.write_text(json.dumps({**json.loads(generation.read_text()), "eos_token_id": [3, 7]}))
+    empty = load_causal_lm(str(tmp_path / "model"), dtype=torch.float32, device="cpu", empty=True)
+    assert empty.generation_config.eos_token_id == [3, 7]  # config.json alone names 3
