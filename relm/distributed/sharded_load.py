@@ -9,34 +9,94 @@ range (`relm.models.safetensors_rows`): FSDP2 shards every parameter on its firs
 is a contiguous run of rows. No rank ever holds a whole tensor it does not keep, except the generation
 copy (`fill_from_shards`), which gathers one parameter at a time.
 
-Only folders whose safetensors hold every parameter under the model's own names (tied weights once)
-are built this way (`stored_names_match`); any other (pickled `.bin` weights, checkpoints whose names
-transformers converts while loading, a folder without weights that is initialised at random) loads
-whole on every rank as before.
+The actor, its reference and the critic are built this way where the folder's safetensors hold every
+parameter under the model's own names (tied weights once; a critic's backbone under the causal LM's or
+its own names, its head in `value_head.safetensors` or at zero): `stored_weights`, `critic_weights`. Any
+other (pickled `.bin` weights, checkpoints whose names transformers converts while loading, a folder
+without weights that is initialised at random, LoRA) loads whole on every rank as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from relm.distributed.fsdp import full_named_tensors
 from relm.models.safetensors_rows import SafetensorsFolder
+from relm.models.value_model import VALUE_HEAD_FILE
 
 
-def stored_names_match(model: nn.Module, stored: SafetensorsFolder) -> bool:
-    """Whether every parameter of `model` lies in `stored` under its own name with its own shape."""
+@dataclass(frozen=True)
+class StoredWeights:
+    """Where each tensor of a model lies in safetensors files: its name in the model -> (files, stored name).
+
+    `zeros`: parameters the model starts at zero with no file behind them (a new critic's value head)."""
+
+    sources: Mapping[str, tuple[SafetensorsFolder, str]]
+    zeros: frozenset[str] = frozenset()
+
+
+def stored_weights(
+    model: nn.Module,
+    stored: SafetensorsFolder,
+    rename: Callable[[str], str] = lambda name: name,
+    zeros: frozenset[str] = frozenset(),
+) -> StoredWeights | None:
+    """Every parameter of `model` (but `zeros`) in `stored` under `rename(name)` with its own shape, and
+    the persistent buffers stored too; None when a parameter is missing there (then the model loads
+    whole: transformers converts names while loading some checkpoints)."""
+    sources: dict[str, tuple[SafetensorsFolder, str]] = {}
     for name, param in model.named_parameters():
-        tensor = stored.tensors.get(name)
+        if name in zeros:
+            continue
+        tensor = stored.tensors.get(rename(name))
         if tensor is None or tuple(tensor.shape) != tuple(param.shape):
-            return False
-    return True
+            return None
+        sources[name] = (stored, rename(name))
+    for name, buffer in model.named_buffers():
+        tensor = stored.tensors.get(rename(name))
+        if tensor is not None and tuple(tensor.shape) == tuple(buffer.shape):
+            sources[name] = (stored, rename(name))  # a few models save theirs: the file's values win
+    return StoredWeights(sources, zeros)
+
+
+def critic_weights(model: nn.Module, folder: str) -> StoredWeights | None:
+    """A `ValueModel`'s: its backbone's tensors in the folder's files, under the causal LM's names (the
+    class's `base_model_prefix`, `model.` for most) or a backbone-only checkpoint's (relm's critic
+    checkpoints), and its head in `value_head.safetensors`, or at zero without one (as `ValueModel`
+    starts it)."""
+    stored = SafetensorsFolder(folder)
+    backbone_prefix = f"{getattr(model.backbone, 'base_model_prefix', '')}."
+    head_names = frozenset(name for name, _ in model.named_parameters() if name.startswith("value_head."))
+    head_file = Path(folder) / VALUE_HEAD_FILE
+
+    def renamed(prefix: str) -> Callable[[str], str]:
+        return lambda name: prefix + name.removeprefix("backbone.")
+
+    for prefix in (backbone_prefix, ""):
+        backbone = stored_weights(model, stored, renamed(prefix), zeros=head_names)
+        if backbone is not None:
+            break
+    else:
+        return None
+    if not head_file.is_file():
+        return StoredWeights(backbone.sources, head_names)
+    head = SafetensorsFolder(folder, files=[VALUE_HEAD_FILE])
+    sources = dict(backbone.sources)
+    for name in head_names:
+        short = name.removeprefix("value_head.")
+        if short not in head.tensors:
+            return None
+        sources[name] = (head, short)
+    return StoredWeights(sources)
 
 
 @torch.no_grad()
-def materialize_shards(model: nn.Module, stored: SafetensorsFolder, device: torch.device) -> None:
+def materialize_shards(model: nn.Module, weights: StoredWeights, device: torch.device) -> None:
     """Give a `fully_shard`-ed model built on the meta device storage for its own shards, and read them.
 
     Buffers (real tensors already, computed by the model's constructor and moved by `fully_shard`) keep
@@ -49,11 +109,15 @@ def materialize_shards(model: nn.Module, stored: SafetensorsFolder, device: torc
         module._buffers.update(kept)
     for name, param in model.named_parameters():
         local, first_row = _own_rows(param)
-        stored.read_rows(name, first_row, local)  # cast to the shard's dtype while read
-    # Persistent buffers stored with the weights (a few models save theirs) take the file's values.
+        if name in weights.zeros:
+            local.zero_()
+            continue
+        stored, stored_name = weights.sources[name]
+        stored.read_rows(stored_name, first_row, local)  # cast to the shard's dtype while read
     for name, buffer in model.named_buffers():
-        if name in stored.tensors and tuple(stored.tensors[name].shape) == tuple(buffer.shape):
-            stored.read_rows(name, 0, buffer)
+        if name in weights.sources:
+            stored, stored_name = weights.sources[name]
+            stored.read_rows(stored_name, 0, buffer)
 
 
 def _own_rows(param: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -14,8 +14,9 @@ parameters and S ranks a copy:
 On CPU (g = 4 with several ranks, 0 in one process, no reference) the ratio tends to (16 / S + 4) / 16:
 0.5 at S = 4, never below 0.25; the generation copy is the floor until the engine shards too.
 
-A critic is not built from shards yet: each rank loads it whole in fp32 before sharding it, which the
-start-up figure counts. Gathered blocks, activations and logits come on top (the update's own
+A critic is built from shards too (16 bytes a parameter over S). A model that falls back to loading whole
+on every rank (LoRA, weights transformers renames while loading: `relm.distributed.sharded_load`) is not
+counted at its whole size here. Gathered blocks, activations and logits come on top (the update's own
 arithmetic, `relm.memory.plan`).
 """
 
@@ -43,8 +44,6 @@ class ShardedRankPlan:
     """The whole generation copy every rank holds."""
     in_flight: int
     """One whole fp32 parameter gathered at a time (the largest: the vocabulary matrix)."""
-    critic_startup: int
-    """A critic's whole fp32 weights while it is loaded, before sharding (0 without a critic)."""
     one_process: int
 
     @property
@@ -54,10 +53,9 @@ class ShardedRankPlan:
 
     @property
     def startup(self) -> int:
-        """While the models are built: weights' shards only (no gradients or moments yet), and a critic
-        loaded whole."""
+        """While the models are built: weights' shards only (no gradients or moments yet)."""
         weights = self.trained_shards // 4
-        return weights + self.reference_shard + self.engine_copy + self.in_flight + self.critic_startup
+        return weights + self.reference_shard + self.engine_copy + self.in_flight
 
     def describe(self) -> str:
         gib = 2**30
@@ -103,6 +101,5 @@ def plan_sharded_rank(
         reference_shard=reference // shard_size,
         engine_copy=engine,
         in_flight=4 * policy.vocab_size * policy.hidden_size,
-        critic_startup=critic_trained // 4,
         one_process=trained + critic_trained + reference + one_engine,
     )

@@ -56,15 +56,14 @@ class StoredTensor:
 class SafetensorsFolder:
     """The tensors of a folder's safetensors files, by name, read a row range at a time."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, files: list[str] | None = None) -> None:
+        """The model weights of `folder` (one file or an index's shards), or the named `files` in it."""
         folder = Path(folder)
         index = folder / SAFE_WEIGHTS_INDEX_NAME
-        if index.is_file():
+        if files is None and index.is_file():
             files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        else:
-            files = [SAFE_WEIGHTS_NAME]
         self.tensors: dict[str, StoredTensor] = {}
-        for name in files:
+        for name in files or [SAFE_WEIGHTS_NAME]:
             self.tensors.update(_read_header(folder / name))
 
     @staticmethod

@@ -33,10 +33,12 @@ from relm.distributed.layout import Layout
 from relm.distributed.multi_turn import DataParallelMultiTurn
 from relm.distributed.rollout import DataParallelEngine
 from relm.distributed.sharded_load import (
+    StoredWeights,
+    critic_weights,
     fill_from_shards,
     materialize_parameters,
     materialize_shards,
-    stored_names_match,
+    stored_weights,
 )
 from relm.errors import UserError
 from relm.learner.lora import adapters_disabled, add_lora, has_lora, lora_settings, without_adapters
@@ -298,7 +300,7 @@ def build_components(
     models = {"actor": spec.actor, "critic": spec.critic}
     # Data-parallel, the actor is built on the meta device and each rank reads only its own shards
     # (`relm.distributed.sharded_load`); the reference and the generation copy follow it.
-    actor, stored = load_actor(spec.actor, model_dir, device, precision.master, sharded=dist.is_distributed)
+    actor, stored = load_trained(spec.actor, model_dir, device, precision.master, sharded=dist.is_distributed)
     # Taken before sharding: the engine generates with whole weights (a copy when data-parallel; from
     # a meta-built actor a meta copy, filled from the shards once they are read).
     # vLLM keeps its own copy of the weights (in rollout.dtype), so no HF copy is made for it.
@@ -324,8 +326,10 @@ def build_components(
     )
     trainees: dict[str, Trainee] = {}
     for name, source in sources.items():
-        module = (
-            actor if name == "actor" else load_trained_model(models[name], source, device, precision.master)
+        module, weights = (
+            (actor, stored)
+            if name == "actor"
+            else load_trained(models[name], source, device, precision.master, sharded=dist.is_distributed)
         )
         trainees[name] = build_trainee(
             models[name],
@@ -336,7 +340,7 @@ def build_components(
             device=device,
             dist=dist,
             layout=layouts.get(name),
-            stored=stored if name == "actor" else None,
+            stored=weights,
         )
     if stored is not None and engine_model is not actor:
         # The whole generation copy, one gathered parameter at a time: its peak beyond the copy is one
@@ -468,7 +472,7 @@ def reference_model(
     precision: Precision,
     dist: DistContext,
     layout: Layout | None,
-    stored: SafetensorsFolder | None = None,
+    stored: StoredWeights | None = None,
 ) -> nn.Module:
     """A frozen copy of the starting policy (identical weights without a second read from disk), in
     the compute dtype; sharded by `layout` in a data-parallel run. Taken before the actor is sharded.
@@ -526,23 +530,29 @@ def _prompt_loader(
     )
 
 
-def load_actor(
+def load_trained(
     spec: TrainedModelSpec, model_dir: str, device: torch.device, dtype: torch.dtype, *, sharded: bool
-) -> tuple[nn.Module, SafetensorsFolder | None]:
-    """The actor, and the files its shards are to be read from when it was built on the meta device.
+) -> tuple[nn.Module, StoredWeights | None]:
+    """The actor or the critic, and where its shards are to be read from when it was built on the meta
+    device.
 
     `sharded` (a data-parallel run) builds it empty when it can be filled shard by shard: a fully trained
-    actor (LoRA adapters are added to a loaded model) whose safetensors hold every parameter under its
-    own name. Otherwise it loads whole, as in one process."""
+    model (LoRA adapters are added to a loaded model) whose safetensors hold every parameter under its
+    own name (`relm.distributed.sharded_load`). Otherwise it loads whole, as in one process."""
     if sharded and lora_settings(spec.source.lora) is None and SafetensorsFolder.present(model_dir):
-        stored = SafetensorsFolder(model_dir)
-        actor = load_trained_model(spec, model_dir, device, dtype, empty=True)
-        if stored_names_match(actor, stored):
-            logger.info("the actor is built on the meta device: each rank reads only its own shards")
-            return actor, stored
+        module = load_trained_model(spec, model_dir, device, dtype, empty=True)
+        if spec.name == "actor":
+            weights = stored_weights(module, SafetensorsFolder(model_dir))
+        else:
+            weights = critic_weights(module, model_dir)
+        if weights is not None:
+            logger.info("the %s is built on the meta device: each rank reads only its own shards", spec.name)
+            return module, weights
         logger.info(
-            "the actor's files name its weights otherwise than its modules do (transformers converts them "
-            "while loading): every rank loads the whole actor before sharding it"
+            "the %s's files name its weights otherwise than its modules do (transformers converts them "
+            "while loading): every rank loads the whole %s before sharding it",
+            spec.name,
+            spec.name,
         )
     return load_trained_model(spec, model_dir, device, dtype), None
 
@@ -553,7 +563,7 @@ def load_trained_model(
     """The actor (a causal LM) or the critic (a `ValueModel`) from `model_dir`, in eval mode, with
     packed forwards attending through the flash varlen kernel where the spec packs them.
 
-    `empty` (the actor only): its parameters on the meta device, for `relm.distributed.sharded_load`."""
+    `empty`: its parameters on the meta device, for `relm.distributed.sharded_load`."""
     name, source = spec.name, spec.source
     common: dict[str, Any] = dict(
         override_config=dict(source.override_config),
@@ -566,10 +576,9 @@ def load_trained_model(
     module: nn.Module
     if empty:
         logger.info("building the %s of %s (%s, parameters on the meta device)", name, model_dir, dtype)
-        module = load_causal_lm(model_dir, empty=True, **common)
     else:
         logger.info("loading the %s from %s (%s on %s)", name, model_dir, dtype, device)
-        module = (load_causal_lm if name == "actor" else load_value_model)(model_dir, **common)
+    module = (load_causal_lm if name == "actor" else load_value_model)(model_dir, empty=empty, **common)
     if source.remove_padding:
         use_varlen_attention(getattr(module, "backbone", module), device)
     settings = lora_settings(source.lora)
@@ -594,7 +603,7 @@ def build_trainee(
     device: torch.device,
     dist: DistContext,
     layout: Layout | None,
-    stored: SafetensorsFolder | None = None,
+    stored: StoredWeights | None = None,
 ) -> Trainee:
     """Shard `module` (data parallel, by `layout`), give it its optimizer and schedule, and apply its
     memory choices (gradient checkpointing, AdamW moments in CPU memory).

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from relm.distributed.sharded_load import materialize_parameters, stored_names_match
+from relm.distributed.sharded_load import critic_weights, materialize_parameters, stored_weights
 from relm.memory.model_shape import ModelShape
 from relm.memory.plan import PlanRequest, TraineeRequest
 from relm.memory.sharded_plan import plan_sharded_rank
@@ -79,7 +79,8 @@ def test_an_empty_build_has_meta_parameters_real_buffers_and_the_files_names():
     for (name, buffer), (_, expected) in zip(empty.named_buffers(), whole.named_buffers(), strict=True):
         assert not buffer.is_meta and buffer.equal(expected), name
     stored = SafetensorsFolder(folder)
-    assert stored_names_match(empty, stored)
+    weights = stored_weights(empty, stored)
+    assert weights is not None and weights.sources["model.norm.weight"][1] == "model.norm.weight"
     materialize_parameters(empty, torch.device("cpu"), torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 and not p.is_meta for p in empty.parameters())
     assert empty.lm_head.weight is empty.model.embed_tokens.weight  # made once
@@ -90,7 +91,7 @@ def test_names_transformers_would_convert_fall_back_to_a_whole_load(tmp_path: Pa
     state = {f"renamed.{k}": v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     save_file(state, str(tmp_path / "model.safetensors"))
     empty = load_causal_lm(resolve_model_dir("zoo:tiny/qwen2"), dtype=torch.float32, device="cpu", empty=True)
-    assert not stored_names_match(empty, SafetensorsFolder(tmp_path))
+    assert stored_weights(empty, SafetensorsFolder(tmp_path)) is None
 
 
 def test_per_rank_bytes_by_hand():
@@ -122,7 +123,7 @@ def test_per_rank_bytes_by_hand():
 
 
 @pytest.mark.parametrize("world", [1, 4])
-def test_a_critic_is_counted_whole_at_start_up(world: int):
+def test_a_critic_is_sharded_too(world: int):
     actor = ModelShape(num_params=1000, num_layers=2, hidden_size=10, intermediate_size=20, vocab_size=7)
     critic = ModelShape(num_params=800, num_layers=2, hidden_size=10, intermediate_size=20, vocab_size=7)
     request = PlanRequest(
@@ -135,7 +136,7 @@ def test_a_critic_is_counted_whole_at_start_up(world: int):
     plan = plan_sharded_rank(
         request, world, reference_dtype=torch.float32, engine_dtype=None, one_process_engine_dtype=None
     )
-    assert plan.trained_shards == 16 * 1800 // world and plan.critic_startup == 4 * 800
+    assert plan.trained_shards == 16 * 1800 // world and plan.one_process == 16 * 1800
 
 
 def test_a_rank_whose_share_exceeds_the_host_budget_stops_before_loading():
@@ -178,3 +179,20 @@ def test_an_empty_build_ends_responses_at_the_folders_generation_eos_ids(tmp_pat
     generation.write_text(json.dumps({**json.loads(generation.read_text()), "eos_token_id": [3, 7]}))
     empty = load_causal_lm(str(tmp_path / "model"), dtype=torch.float32, device="cpu", empty=True)
     assert empty.generation_config.eos_token_id == [3, 7]  # config.json alone names 3
+
+
+def test_a_critic_reads_its_backbone_under_either_name_and_its_head_or_zeros(tmp_path: Path):
+    from relm.models.value_model import load_value_model
+
+    folder = resolve_model_dir("zoo:tiny/qwen2")
+    empty = load_value_model(folder, dtype=torch.float32, device="cpu", empty=True)
+    assert all(p.is_meta for p in empty.parameters())
+    fresh = critic_weights(empty, folder)  # a causal LM's folder: `model.` names, no head file
+    assert fresh is not None and fresh.zeros == {"value_head.weight", "value_head.bias"}
+    assert fresh.sources["backbone.norm.weight"][1] == "model.norm.weight"
+    trained = load_value_model(folder, dtype=torch.float32, device="cpu")
+    trained.save_pretrained(tmp_path)  # relm's critic checkpoint: the backbone's own names, the head's file
+    saved = critic_weights(empty, str(tmp_path))
+    assert saved is not None and not saved.zeros
+    assert saved.sources["backbone.norm.weight"][1] == "norm.weight"
+    assert saved.sources["value_head.bias"][1] == "bias"
