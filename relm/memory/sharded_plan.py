@@ -58,14 +58,17 @@ class ShardedRankPlan:
         return weights + self.reference_shard + self.engine_copy + self.in_flight
 
     def describe(self) -> str:
-        gib = 2**30
         return (
-            f"sharded construction: each rank holds ~{self.steady / gib:.2f} GiB of models "
-            f"({self.trained_shards / gib:.2f} of fp32 weights, gradients and AdamW moments, "
-            f"{self.reference_shard / gib:.2f} of reference over {self.shard_size} ranks; "
-            f"{self.engine_copy / gib:.2f} of whole generation copy), one process would hold "
-            f"{self.one_process / gib:.2f} GiB"
+            f"sharded construction: each rank holds ~{_size(self.steady)} of models "
+            f"({_size(self.trained_shards)} of fp32 weights, gradients and AdamW moments and "
+            f"{_size(self.reference_shard)} of reference, over {self.shard_size} ranks; "
+            f"{_size(self.engine_copy)} of whole generation copy), one process would hold "
+            f"{_size(self.one_process)}"
         )
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
 
 
 def plan_sharded_rank(
