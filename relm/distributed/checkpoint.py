@@ -30,7 +30,7 @@ from torch import nn
 from relm.distributed.context import DistContext
 from relm.distributed.safe_load import load_pt
 from relm.errors import UserError
-from relm.models.value_model import ValueModel
+from relm.models.value_model import VALUE_HEAD_FILE, ValueModel
 
 DCP_FOLDER = "dcp"
 SCHEDULER_FILE = "scheduler.pt"
@@ -159,20 +159,59 @@ def load_full_optimizer_into_sharded(
 def export_sharded(folder: Path, dest: Path, *, value_model: bool) -> None:
     """Write the model of a sharded checkpoint folder as a plain HF folder at `dest` (one process).
 
-    The model is built from the folder's config.json without allocating weights twice (meta device,
-    then empty CPU storage), filled from DCP and saved with `save_pretrained`; a critic is saved as
-    `ValueModel.save_pretrained` does (backbone folder plus value_head.safetensors).
+    Streamed tensor by tensor: the model is built from the folder's config.json on the meta device only
+    to name its tensors (the names and the tied weights `save_pretrained` would write), then each tensor
+    is read from DCP alone and written into the safetensors file (`relm.models.safetensors_write`), so
+    the export holds one tensor at a time, never the whole fp32 model. A critic is written as
+    `ValueModel.save_pretrained` writes it (backbone folder plus value_head.safetensors).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
-    from transformers.utils import logging as hf_logging
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    hf_logging.disable_progress_bar()  # a per-shard bar for one file is noise
+    from relm.distributed.safe_dcp import read_dcp_metadata
+    from relm.models.safetensors_write import TensorEntry, write_streamed
+
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
         causal_lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model: PreTrainedModel | ValueModel = ValueModel(causal_lm) if value_model else causal_lm
-    model.to_empty(device="cpu")
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()  # type: ignore[operator]  # nn.Module hides the HF model's API
-    load_sharded(model, None, None, folder, "export")
-    model.save_pretrained(dest)
+        model: nn.Module = ValueModel(causal_lm) if value_model else causal_lm
+    saved: nn.Module = model.backbone if isinstance(model, ValueModel) else model
+    prefix = "model." + ("backbone." if value_model else "")  # DCP's key: the state dict's "model" entry
+    stored = read_dcp_metadata(folder / DCP_FOLDER / ".metadata").state_dict_metadata
+    entries, seen = [], set()
+    for name, tensor in saved.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue  # a tied weight is written once, under its first name, as save_pretrained does
+        seen.add(id(tensor))
+        meta = stored.get(prefix + name)
+        if meta is None or not hasattr(meta, "size"):
+            raise UserError(f"checkpoint `{folder}` holds no `{name}`: it was saved for another model")
+        entries.append(TensorEntry(name, meta.properties.dtype, tuple(meta.size)))  # type: ignore[union-attr]  # a tensor's metadata
+    write_streamed(dest, entries, lambda entry: read_one_tensor(folder, prefix + entry.name, entry))
+    config.architectures = [type(saved).__name__]
+    config.save_pretrained(dest)
+    generation = getattr(saved, "generation_config", None)
+    if generation is not None and not value_model:
+        generation.save_pretrained(dest)
+    if value_model:
+        head = {
+            name: read_one_tensor(
+                folder, f"model.value_head.{name}", TensorEntry(name, t.dtype, tuple(t.shape))
+            )
+            for name, t in model.value_head.state_dict().items()  # type: ignore[union-attr]  # a ValueModel's
+        }
+        save_file(head, str(dest / VALUE_HEAD_FILE))
+
+
+def read_one_tensor(folder: Path, key: str, entry: Any) -> torch.Tensor:
+    """One whole tensor (`key`, DCP's flattened name) of a sharded checkpoint, read alone."""
+    import torch.distributed.checkpoint as dcp
+
+    from relm.distributed.safe_dcp import SafePlanner, SafeReader
+
+    dcp_folder = folder / DCP_FOLDER
+    tensor = torch.empty(entry.shape, dtype=entry.dtype)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message=".*single process.*")
+        dcp.load({key: tensor}, storage_reader=SafeReader(dcp_folder), planner=SafePlanner(dcp_folder))
+    return tensor

@@ -47,6 +47,9 @@ class DistContext:
     """The 1-D `DeviceMesh` ("dp") of all ranks: the trainer's collectives, and the mesh of a model
     sharded over all ranks; None in a single-process run."""
     _model_meshes: dict[int, Any] = field(default_factory=dict, repr=False)
+    host_budget_bytes: int | None = None
+    """Host memory this process may hold (`trainer.max_host_memory_gb`), None: unbounded. On CPU it is
+    what decides whether a sharded model's weights stay gathered (`relm.distributed.gathering`)."""
 
     @property
     def is_distributed(self) -> bool:

@@ -19,7 +19,10 @@ Both cost memory: the unsharded gradient of the whole model less the shard it re
 parameter x (1 - 1/shard size): nothing for a replicated model), and the whole model's gathered
 weights (counted at the master dtype's size, an upper bound under bf16 compute). Each is taken when
 it fits `GATHER_SHARE` of the GPU memory free at the start of the phase, the rest staying for
-activations; a CPU run (gloo) always takes both, which is how CI runs these paths. A model under
+activations; a CPU run (gloo) takes both unless the process has a host budget
+(`trainer.max_host_memory_gb`, `DistContext.host_budget_bytes`), which is then what must hold them:
+CI runs these paths without one. The ranks take the decision together (the least memory any of them
+has decides): a rank that gathers while another does not would wait for it forever. A model under
 `CPUOffloadPolicy` takes neither: offloading says memory matters more than speed. A model that is not
 FSDP (a single-process run) is left alone.
 
@@ -36,6 +39,9 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
+
+from relm.distributed.context import DistContext
+from relm.memory.host import process_rss_bytes
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -83,13 +89,23 @@ def passes_are_collective(model: nn.Module) -> bool:
     return size is not None and size > 1
 
 
-def available_bytes(device: torch.device) -> int | None:
-    """GPU memory free for new tensors: the driver's free memory plus the allocator's unused cache
-    (None on CPU, where the host's memory is not what limits a run)."""
-    if device.type != "cuda":
-        return None
-    free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+def available_bytes(device: torch.device, dist: DistContext | None = None) -> int | None:
+    """GPU memory free for new tensors: the driver's free memory plus the allocator's unused cache; on
+    CPU what the process's host budget leaves (None without one: unbounded). With `dist`, the least
+    over the ranks (a collective), so that every rank makes the same choice."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        available: int | None = (
+            free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        )
+    else:
+        budget = dist.host_budget_bytes if dist is not None else None
+        available = None if budget is None else max(budget - process_rss_bytes(), 0)
+    if dist is None or not dist.is_distributed:
+        return available
+    unbounded = float("inf")
+    least = -dist.max_floats([-(unbounded if available is None else float(available))])[0]
+    return None if least == unbounded else int(least)
 
 
 def fits(extra_bytes: int, available: int | None) -> bool:
@@ -105,7 +121,9 @@ def gather_costs(model: nn.Module) -> tuple[int, int]:
     return 4 * numel * (size - 1) // size, itemsize * numel
 
 
-def choose_for_update(model: nn.Module, device: torch.device) -> GatherChoice:
+def choose_for_update(
+    model: nn.Module, device: torch.device, dist: DistContext | None = None
+) -> GatherChoice:
     """Defer the gradient sync if it fits, then keep the weights gathered if that fits beside it.
 
     The gradient sync goes first: per micro-batch it moves fp32 gradients, twice the bytes of the
@@ -114,7 +132,7 @@ def choose_for_update(model: nn.Module, device: torch.device) -> GatherChoice:
     if shard_group_size(model) is None or _offloaded(model, device):
         return NO_CHANGE
     grad_bytes, weight_bytes = gather_costs(model)
-    available = available_bytes(device)
+    available = available_bytes(device, dist)
     defer = fits(grad_bytes, available)
     return GatherChoice(defer, fits(grad_bytes * defer + weight_bytes, available))
 
@@ -139,8 +157,9 @@ class Accumulation:
         self._units = fsdp_units(model) if choice != NO_CHANGE else []
 
     @classmethod
-    def planned(cls, model: nn.Module, device: torch.device, world_size: int = 1) -> Accumulation:
-        return cls(model, choose_for_update(model, device), world_size)
+    def planned(cls, model: nn.Module, device: torch.device, dist: DistContext | None = None) -> Accumulation:
+        world_size = dist.world_size if dist is not None and dist.is_distributed else 1
+        return cls(model, choose_for_update(model, device, dist), world_size)
 
     def __enter__(self) -> Accumulation:
         if self.choice.keep_gathered:
@@ -170,11 +189,13 @@ class Accumulation:
 
 
 @contextlib.contextmanager
-def gathered_for_passes(model: nn.Module, device: torch.device) -> Iterator[bool]:
+def gathered_for_passes(
+    model: nn.Module, device: torch.device, dist: DistContext | None = None
+) -> Iterator[bool]:
     """Within it, an FSDP model's no-grad forward passes gather each unit's weights once, not once per
     pass, when the whole model's weights fit (see the module docstring); yields whether they do."""
     hold = shard_group_size(model) is not None and not _offloaded(model, device)
-    hold = hold and fits(gather_costs(model)[1], available_bytes(device))
+    hold = hold and fits(gather_costs(model)[1], available_bytes(device, dist))
     units = fsdp_units(model) if hold else []
     if hold:
         _hold_weights(units, hold=True)

@@ -96,7 +96,7 @@ def run_update(
     world_size = 1 if dist is None or single_process else dist.world_size
     rows_per_minibatch = batching.rows_per_minibatch // world_size
     first_forward = torch.zeros(len(batch), batch.rollout.response_width)
-    with Accumulation.planned(model, device, world_size) as accumulation:
+    with Accumulation.planned(model, device, dist) as accumulation:
         for epoch in range(batching.num_epochs):
             for mini in minibatch_indices(
                 len(batch), rows_per_minibatch, shuffle=batching.shuffle, generator=rng

@@ -43,6 +43,7 @@ from relm.memory.plan import (
     plan_memory,
     with_lora,
 )
+from relm.memory.sharded_plan import ShardedRankPlan, plan_sharded_rank
 from relm.models.loading import load_config, pick_dtype, resolve_model_dir
 from relm.models.precision import Precision, pick_precision
 
@@ -522,3 +523,34 @@ def build_residency(
                 kept = None if planned.offload_optimizer else optimizer
                 models[name] = ParkedModel(module, device, kept)
     return Residency(models)
+
+
+def sharded_rank_plan(
+    spec: RunSpec, model_dir: str, device: torch.device, precision: Precision, shard_size: int
+) -> ShardedRankPlan:
+    """What one rank of a data-parallel run holds with its models built from shards
+    (`relm.memory.sharded_plan`), and, on CPU under `trainer.max_host_memory_gb`, a check that it fits.
+
+    Raises:
+        RunDoesNotFit: on CPU, the rank's models alone exceed the budget less what the process holds.
+    """
+    request = _plan_request(spec, model_dir, device, precision, (0, 0), {"actor": None, "critic": None})
+    vllm = spec.engine.name == "vllm"
+    engine = pick_dtype(spec.engine.dtype, device) if device.type == "cuda" else precision.master
+    plan = plan_sharded_rank(
+        request,
+        shard_size,
+        reference_dtype=precision.compute,
+        engine_dtype=None if vllm else engine,
+        one_process_engine_dtype=None if vllm or engine == precision.master else engine,
+    )
+    budget = host_budget_bytes(spec.memory)
+    room = None if budget is None or device.type != "cpu" else budget - request.host_baseline_bytes
+    if room is not None and max(plan.steady, plan.startup) > room:
+        raise RunDoesNotFit(
+            f"`{spec.actor.source.path}` does not fit each rank's host memory: {plan.describe()}, over the "
+            f"{_size(room)} left within trainer.max_host_memory_gb={spec.memory.max_host_memory_gb:g}; "
+            "raise it or use more ranks (trainer.n_gpus_per_node)",
+            None,
+        )
+    return plan

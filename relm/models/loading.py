@@ -7,17 +7,20 @@ Everything that builds a policy, reference or critic goes through `load_causal_l
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
 import pickle
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
@@ -301,6 +304,32 @@ def _disable_dropout(config: PretrainedConfig) -> None:
             setattr(config, key, 0.0)
 
 
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Every parameter a module registers inside the block goes to the meta device; buffers do not.
+
+    Why not `with torch.device("meta")`: that puts buffers there too, and a rotary embedding's
+    frequencies, computed in its constructor and saved nowhere, would be lost. A parameter is made on
+    the CPU by its layer (uninitialised: `torch.empty`) and moved at once, one at a time.
+    """
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None and param.device.type != "meta":
+            made = module._parameters[name]
+            assert made is not None
+            moved = nn.Parameter(made.to("meta"), requires_grad=made.requires_grad)
+            moved.__dict__.update(made.__dict__)  # attributes a class set on its parameter
+            module._parameters[name] = moved
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]  # undone below
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
 def load_causal_lm(
     path: str,
     *,
@@ -310,12 +339,15 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     trust_key: str = "actor_rollout_ref.model.trust_remote_code",
     seed: int = 0,
+    empty: bool = False,
 ) -> PreTrainedModel:
     """A decoder-only causal LM from `path`, on `device` in `dtype`, dropout off.
 
     A folder with a config but no weight files gives a model initialised from `seed`, with a warning:
     this is how configs of known models become benchmark and compatibility subjects without a
-    download.
+    download. `empty` builds the model's structure only: its parameters on the meta device (no
+    memory), its buffers (rotary frequencies) computed on the CPU as the class makes them, for a
+    data-parallel run that fills each rank's shards from the files (`relm.distributed.sharded_load`).
 
     Raises:
         UserError: see `resolve_model_dir`, plus: not a decoder-only text model; unknown override key.
@@ -336,6 +368,7 @@ def load_causal_lm(
                 trust_remote_code=trust_remote_code,
                 seed=seed,
                 device=torch.device(device),
+                empty=empty,
             )
             break
         except ValueError:
@@ -346,6 +379,8 @@ def load_causal_lm(
                 "model `%s` refused attn_implementation=%s; trying %s", path, attn, attn_choices[i + 1]
             )
     # eval() as from_pretrained leaves it (from_config does not): the update loops call train().
+    if empty:
+        return model.eval()  # type: ignore[possibly-undefined]  # the last choice returns or raises
     return model.eval().to(device)  # type: ignore[possibly-undefined]  # the last choice returns or raises
 
 
@@ -358,6 +393,7 @@ def _build(
     trust_remote_code: bool,
     seed: int,
     device: torch.device,
+    empty: bool = False,
 ) -> PreTrainedModel:
     common: dict[str, Any] = {
         "dtype": dtype,
@@ -369,6 +405,17 @@ def _build(
     if model_class is not None:
         builder = model_class
         common.pop("trust_remote_code")  # a concrete class has its code already
+    if empty:
+        with parameters_on_meta():
+            if model_class is not None:
+                model = model_class._from_config(config, **common)
+            else:
+                model = AutoModelForCausalLM.from_config(config, **common)
+        # from_pretrained reads the folder's generation config (its eos ids end responses); from_config
+        # derives one from config.json, which may name fewer.
+        if (Path(folder) / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(folder)
+        return model
     if _has_weight_files(Path(folder)):
         try:
             return builder.from_pretrained(folder, config=config, **common)

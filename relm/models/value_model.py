@@ -127,8 +127,11 @@ def load_value_model(
     trust_remote_code: bool = False,
     trust_key: str = "critic.model.trust_remote_code",
     seed: int = 0,
+    empty: bool = False,
 ) -> ValueModel:
     """A `ValueModel` on `path`'s backbone; the head is read from `value_head.safetensors` if present.
+
+    `empty`: parameters on the meta device, head included (`load_causal_lm`'s `empty`), nothing read.
 
     Raises:
         UserError: what `load_causal_lm` raises, or a value-head file of the wrong shape.
@@ -142,11 +145,12 @@ def load_value_model(
         trust_remote_code=trust_remote_code,
         trust_key=trust_key,
         seed=seed,
+        empty=empty,
     )
     model = ValueModel(causal_lm)
     del causal_lm
     head_file = Path(folder) / VALUE_HEAD_FILE
-    if head_file.is_file():
+    if head_file.is_file() and not empty:
         state = load_file(str(head_file))
         try:
             model.value_head.load_state_dict(state)

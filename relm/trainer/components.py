@@ -32,6 +32,14 @@ from relm.distributed.fsdp import shard_model
 from relm.distributed.layout import Layout
 from relm.distributed.multi_turn import DataParallelMultiTurn
 from relm.distributed.rollout import DataParallelEngine
+from relm.distributed.sharded_load import (
+    StoredWeights,
+    critic_weights,
+    fill_from_shards,
+    materialize_parameters,
+    materialize_shards,
+    stored_weights,
+)
 from relm.errors import UserError
 from relm.learner.lora import adapters_disabled, add_lora, has_lora, lora_settings, without_adapters
 from relm.learner.microbatch_retry import MicroBatchSize
@@ -51,12 +59,15 @@ from relm.memory.choices import (
     builds_reference,
     cap_gpu_memory,
     choose_memory,
+    host_budget_bytes,
+    sharded_rank_plan,
 )
 from relm.memory.cpu_batching import default_rows_per_microbatch
 from relm.memory.offload import OffloadedOptimizerStates, Residency
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype, resolve_model_dir
 from relm.models.precision import Precision, copy_in_dtype
+from relm.models.safetensors_rows import SafetensorsFolder
 from relm.models.tokenizer import end_of_turn_ids, load_tokenizer
 from relm.models.value_model import load_value_model
 from relm.models.zoo import default_cache_dir
@@ -287,8 +298,11 @@ def build_components(
     reward = _reward_manager(spec.reward, tokenizer, loader, compute_score)
     sources = _trained_sources(spec, model_dir)
     models = {"actor": spec.actor, "critic": spec.critic}
-    actor = load_trained_model(spec.actor, model_dir, device, precision.master)
-    # Taken before sharding: the engine generates with whole weights (a copy when data-parallel).
+    # Data-parallel, the actor is built on the meta device and each rank reads only its own shards
+    # (`relm.distributed.sharded_load`); the reference and the generation copy follow it.
+    actor, stored = load_trained(spec.actor, model_dir, device, precision.master, sharded=dist.is_distributed)
+    # Taken before sharding: the engine generates with whole weights (a copy when data-parallel; from
+    # a meta-built actor a meta copy, filled from the shards once they are read).
     # vLLM keeps its own copy of the weights (in rollout.dtype), so no HF copy is made for it.
     engine_model = (
         actor
@@ -301,15 +315,21 @@ def build_components(
             spec, model_dir, dist, has_reference=builds_reference(spec), has_critic="critic" in sources
         )
         memory = data_parallel_memory(spec, plan, precision, layouts)
+        dist.host_budget_bytes = host_budget_bytes(spec.memory)
+        if stored is not None:
+            shard_size = layouts["actor"].shard_size
+            logger.info("%s", sharded_rank_plan(spec, model_dir, device, precision, shard_size).describe())
     ref = (
-        reference_model(spec, actor, precision, dist, layouts.get("reference"))
+        reference_model(spec, actor, precision, dist, layouts.get("reference"), stored)
         if builds_reference(spec) and not has_lora(actor)  # a LoRA actor's reference is its base
         else None
     )
     trainees: dict[str, Trainee] = {}
     for name, source in sources.items():
-        module = (
-            actor if name == "actor" else load_trained_model(models[name], source, device, precision.master)
+        module, weights = (
+            (actor, stored)
+            if name == "actor"
+            else load_trained(models[name], source, device, precision.master, sharded=dist.is_distributed)
         )
         trainees[name] = build_trainee(
             models[name],
@@ -320,7 +340,14 @@ def build_components(
             device=device,
             dist=dist,
             layout=layouts.get(name),
+            stored=weights,
         )
+    if stored is not None and engine_model is not actor:
+        # The whole generation copy, one gathered parameter at a time: its peak beyond the copy is one
+        # whole fp32 parameter, never a whole fp32 model.
+        materialize_parameters(engine_model, device, generation_dtype(spec.engine, device, precision))
+        engine_model.to(device)  # its buffers were copied from the actor's before sharding moved them
+        fill_from_shards(engine_model, trainees["actor"].module.named_parameters(), device)
     trainees["actor"].vocab_limit = len(tokenizer)  # the policy's logprobs cover only ids it can sample
     actor, critic = trainees["actor"].module, trainees.get("critic")
     residency = build_residency(
@@ -440,17 +467,28 @@ def _multi_turn(
 
 
 def reference_model(
-    spec: RunSpec, actor: nn.Module, precision: Precision, dist: DistContext, layout: Layout | None
+    spec: RunSpec,
+    actor: nn.Module,
+    precision: Precision,
+    dist: DistContext,
+    layout: Layout | None,
+    stored: StoredWeights | None = None,
 ) -> nn.Module:
     """A frozen copy of the starting policy (identical weights without a second read from disk), in
-    the compute dtype; sharded by `layout` in a data-parallel run. Taken before the actor is sharded."""
+    the compute dtype; sharded by `layout` in a data-parallel run. Taken before the actor is sharded.
+
+    `stored`: the actor was built on the meta device; the reference is too, and each rank reads its
+    own shards of it from these files in the compute dtype."""
     ref = copy_in_dtype(actor, precision.compute).eval()  # cast tensor by tensor: no second fp32 copy
     if layout is None:
         return ref
     offload = spec.actor.sharding.offload_policy  # the reference is offloaded with the actor
-    return shard_model(
+    ref = shard_model(
         ref, dist, replace(precision, master=precision.compute), offload=offload, shard_size=layout.shard_size
     )
+    if stored is not None:
+        materialize_shards(ref, stored, dist.device)
+    return ref
 
 
 def _load_run_tokenizer(spec: RunSpec, model_dir: str) -> PreTrainedTokenizerBase:
@@ -492,16 +530,42 @@ def _prompt_loader(
     )
 
 
+def load_trained(
+    spec: TrainedModelSpec, model_dir: str, device: torch.device, dtype: torch.dtype, *, sharded: bool
+) -> tuple[nn.Module, StoredWeights | None]:
+    """The actor or the critic, and where its shards are to be read from when it was built on the meta
+    device.
+
+    `sharded` (a data-parallel run) builds it empty when it can be filled shard by shard: a fully trained
+    model (LoRA adapters are added to a loaded model) whose safetensors hold every parameter under its
+    own name (`relm.distributed.sharded_load`). Otherwise it loads whole, as in one process."""
+    if sharded and lora_settings(spec.source.lora) is None and SafetensorsFolder.present(model_dir):
+        module = load_trained_model(spec, model_dir, device, dtype, empty=True)
+        if spec.name == "actor":
+            weights = stored_weights(module, SafetensorsFolder(model_dir))
+        else:
+            weights = critic_weights(module, model_dir)
+        if weights is not None:
+            logger.info("the %s is built on the meta device: each rank reads only its own shards", spec.name)
+            return module, weights
+        logger.info(
+            "the %s's files name its weights otherwise than its modules do (transformers converts them "
+            "while loading): every rank loads the whole %s before sharding it",
+            spec.name,
+            spec.name,
+        )
+    return load_trained_model(spec, model_dir, device, dtype), None
+
+
 def load_trained_model(
-    spec: TrainedModelSpec, model_dir: str, device: torch.device, dtype: torch.dtype
+    spec: TrainedModelSpec, model_dir: str, device: torch.device, dtype: torch.dtype, *, empty: bool = False
 ) -> nn.Module:
     """The actor (a causal LM) or the critic (a `ValueModel`) from `model_dir`, in eval mode, with
-    packed forwards attending through the flash varlen kernel where the spec packs them."""
+    packed forwards attending through the flash varlen kernel where the spec packs them.
+
+    `empty`: its parameters on the meta device, for `relm.distributed.sharded_load`."""
     name, source = spec.name, spec.source
-    load = load_causal_lm if name == "actor" else load_value_model
-    logger.info("loading the %s from %s (%s on %s)", name, model_dir, dtype, device)
-    module = load(
-        model_dir,
+    common: dict[str, Any] = dict(
         override_config=dict(source.override_config),
         dtype=dtype,
         device=device,
@@ -509,6 +573,12 @@ def load_trained_model(
         trust_key=source.trust_key,
         seed=source.init_seed,
     )
+    module: nn.Module
+    if empty:
+        logger.info("building the %s of %s (%s, parameters on the meta device)", name, model_dir, dtype)
+    else:
+        logger.info("loading the %s from %s (%s on %s)", name, model_dir, dtype, device)
+    module = (load_causal_lm if name == "actor" else load_value_model)(model_dir, empty=empty, **common)
     if source.remove_padding:
         use_varlen_attention(getattr(module, "backbone", module), device)
     settings = lora_settings(source.lora)
@@ -533,9 +603,13 @@ def build_trainee(
     device: torch.device,
     dist: DistContext,
     layout: Layout | None,
+    stored: StoredWeights | None = None,
 ) -> Trainee:
     """Shard `module` (data parallel, by `layout`), give it its optimizer and schedule, and apply its
     memory choices (gradient checkpointing, AdamW moments in CPU memory).
+
+    `stored`: `module` was built on the meta device; once sharded, each rank reads its own shards from
+    these files.
 
     `rows_per_step` counts the responses of one training step; the schedule spans `optim.total_training_steps`
     training steps where the user set it (a set value wins), else the run's."""
@@ -545,6 +619,8 @@ def build_trainee(
         module = shard_model(
             module, dist, precision, offload=spec.sharding.offload_policy, shard_size=layout.shard_size
         )
+        if stored is not None:
+            materialize_shards(module, stored, device)
     # CompactAdamW where a moment or weight is bf16 (one process); torch's AdamW otherwise.
     compact = not dist.is_distributed and precision.master in (torch.float32, torch.bfloat16)
     compact_moments = compact and (

@@ -210,7 +210,7 @@ def _in_forward_passes(
 
     groups = _forward_groups(batch, rows_per_forward, max_tokens, remove_padding)
     retry = not passes_are_collective(model)
-    with gathered_for_passes(model, device):
+    with gathered_for_passes(model, device, dist):
         for rows in same_group_count(groups, dist):
             run_halving_on_oom(rows, forward, what, retry=retry)
     return out

@@ -15,7 +15,8 @@ adapter_model.safetensors). The export copies it as it is, which `AutoModelForCa
 base with the adapters merged in instead, a plain HF folder that needs neither peft nor the base.
 
 A checkpoint of a data-parallel run holds sharded DCP saves instead of safetensors (see
-`relm.distributed.checkpoint`); the export gathers them into the same plain HF folders, in one process.
+`relm.distributed.checkpoint`); the export gathers them into the same plain HF folders, in one process,
+one tensor at a time (never the whole fp32 model at once: `export_sharded`).
 """
 
 from __future__ import annotations

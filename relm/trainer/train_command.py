@@ -25,7 +25,7 @@ from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
 from relm.distributed.context import in_torchrun, init_distributed
 from relm.distributed.launcher import launch, needs_torchrun, world_size_of
 from relm.errors import UserError
-from relm.memory.host_allocator import keep_freed_host_memory
+from relm.memory.host_allocator import set_host_allocator
 from relm.models.loading import load_config as load_model_config
 from relm.models.registry import import_external_lib
 from relm.rewards.custom import ComputeScore, resolve_compute_score
@@ -113,7 +113,7 @@ def _train_in_folder(
         check_resumed_settings(cfg, run_dir, checkpoint)  # before anything loads
     device = pick_device(cfg.trainer.device)  # `cuda` on a machine without one fails here, not after loading
     if device.type == "cpu":
-        keep_freed_host_memory()
+        set_host_allocator(world_size_of(spec))
     if cfg.actor_rollout_ref.rollout.name == "vllm":
         from relm.rollout.vllm_engine import cpu_head_size_problem
 
