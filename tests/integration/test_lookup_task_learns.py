@@ -5,10 +5,9 @@ on `zoo:tiny/qwen2-lookup` (random weights), where each row's letter is random a
 tool knows it. A policy that never calls the tool scores 0, one that calls it and writes any letter
 1/6, one that copies the tool's answer 1.
 
-What is asserted is what held in every run measured on two CPUs: the policy takes the tool up (from about
-10% of conversations to all of them) and answers after its result, so the score leaves 0. The copy
-itself (a score well above 1/6) is not asserted: within 70 steps it came on an AMD EPYC VM (seed 1: 0.62)
-and did not on an Intel Xeon one (seeds 1, 2, 3: 0.19, 0.11, 0.30), see SEEDS_MEASURED.
+What is asserted is what held in every run measured: the policy takes the tool up (from about 10% of
+conversations to all of them) and copies its answer, so the score rises from 0 to well above the 1/6 of a
+policy that calls the tool and writes any letter (SEEDS_MEASURED).
 """
 
 from __future__ import annotations
@@ -29,28 +28,29 @@ CONFIG = Path(__file__).resolve().parents[2] / "examples" / "lookup_task.yaml"
 TOOL_UPTAKE = (0.3, 0.95)
 """The share of conversations that call the tool: at most the first of these over the first 5 steps (a random
 policy writes the call token ~10% of the time), at least the second over the last 5 (every measured run: 0.99-1.0)."""
-LEFT_ZERO = 0.08
-"""Mean score of the last 5 steps, at least: answers after the tool's result (the first 5 steps score ~0;
-the measured runs ended at 0.11 to 0.62)."""
+COPIED = 0.5
+"""Mean score of the last 5 steps, at least: the tool's letter copied (the first 5 steps score ~0; the measured
+runs ended at 0.79 to 0.99, and a policy that calls the tool and writes any letter scores 1/6)."""
 SEED = 1
-"""The example's seed, measured at 70 steps with one torch thread on a busy 2-core machine (SEEDS_MEASURED)."""
+"""The example's seed (SEEDS_MEASURED)."""
 SEEDS_MEASURED = {
-    # CPU inverse-CDF sampler, 2026-12-05, the example's 70 steps, one torch thread. AMD EPYC VM: seed 1 rose
-    # 0.62 (by tens of steps 0.0, 0.0, 0.0, 0.16, 0.32, 0.42, 0.62). Intel Xeon VM (AVX-512), 21:46-23:00 UTC:
-    # seed 1 ended at 0.19 (0.0, 0.0, 0.0, 0.04, 0.14, 0.16, ...: a CI run of the copy-asserting test), seed
-    # 2 at 0.11 (0.0, 0.02, 0.16, 0.05, 0.08, 0.20, 0.16), seed 3 at 0.30 (0.0, 0.01, 0.11, 0.26, 0.23, 0.36,
-    # 0.32); the tool calls by tens of steps went 0.10-0.18, 0.27-0.42, 0.72-0.97, then 0.93-1.0 in every run.
-    # Recipe changes tried on Intel at seeds 1 / 2 (last 5 steps): lr 2e-3 with cosine decay 0.61 / 0.23;
-    # ppo_epochs 8: 0.19 / 0.23; 32 prompts a step 0.23 / -; an entropy bonus of 0.001: 0.45 / 0.00 (the tool
-    # never taken up, 24% of calls at the end). None copies at every seed.
-    # Before (exponential race, 60 steps): rise at 50, 60, 70 steps; score by tens of steps to 70.
-    1: ((0.72, 0.96, 0.99), (0.0, 0.01, 0.23, 0.57, 0.69, 0.87, 0.99)),
-    2: ((0.58, 0.76, 0.62), (0.0, 0.0, 0.01, 0.26, 0.59, 0.74, 0.65)),
-    3: ((0.47, 0.38, 0.57), (0.0, 0.0, 0.0, 0.05, 0.35, 0.47, 0.51)),
+    # The example as it is (16 prompts x 32 conversations, 100 steps), one torch thread, 2026-12-06 on an Intel
+    # Xeon VM (AVX-512) shared with other runs: the mean score of the first and the last 5 steps, and by tens
+    # of steps. Every run called the tool in ~10% of conversations over the first 5 steps and in all of them
+    # over the last 5.
+    1: ((0.0, 0.875), (0.0, 0.05, 0.34, 0.32, 0.36, 0.37, 0.41, 0.53, 0.62, 0.77)),
+    2: ((0.0, 0.786), (0.0, 0.01, 0.18, 0.68, 0.6, 0.77, 0.76, 0.85, 0.84, 0.77)),
+    3: ((0.0, 0.986), (0.0, 0.0, 0.02, 0.28, 0.51, 0.63, 0.78, 0.83, 0.9, 0.99)),
+    4: ((0.0, 0.837), (0.0, 0.12, 0.65, 0.8, 0.81, 0.75, 0.82, 0.82, 0.65, 0.83)),
+    5: ((0.002, 0.812), (0.02, 0.22, 0.33, 0.63, 0.84, 0.85, 0.73, 0.88, 0.73, 0.82)),
+    42: ((0.0, 0.88), (0.0, 0.0, 0.13, 0.65, 0.81, 0.86, 0.85, 0.82, 0.77, 0.85)),
 }
-"""With either sampler the policy first learns to call the tool, then to copy its answer. Past the rise it is
-nearly greedy (entropy ~0.02): a letter it maps to a wrong one gives its groups one score and GRPO no signal,
-so the score swings between 0.3 and 0.9 from step to step."""
+"""The policy first learns to call the tool, then to copy its answer. Each group's rows share one letter, so a
+near-greedy policy that maps a letter to a wrong one gives its group one score and GRPO no signal; with 16
+conversations a prompt (the example until 2026-12-06) the copy came on an AMD EPYC VM (seed 1: 0.62 at 70
+steps) and not on this Intel one (seeds 1, 2, 3: 0.19, 0.11, 0.30 at 70 steps; 0.19, 0.20, 0.13 at 150), nor
+with a rollout temperature of 1.3 (seeds 1, 2, 3: 0.41, 0.13, 0.0 at 150 steps) or that and 32 conversations
+(0.47, 0.45 at 100 steps)."""
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def one_cpu_thread() -> Iterator[None]:
     torch.set_num_threads(saved)
 
 
-def test_the_policy_learns_to_call_the_tool_and_answer_after_it(tmp_path: Path, one_cpu_thread: None) -> None:
+def test_the_policy_learns_to_call_the_tool_and_copy_its_answer(tmp_path: Path, one_cpu_thread: None) -> None:
     paths = write_lookup_task(tmp_path / "data")
     code = main(
         [
@@ -89,7 +89,7 @@ def test_the_policy_learns_to_call_the_tool_and_answer_after_it(tmp_path: Path, 
     calls = [r["multi_turn/tool_calls/mean"] for r in records]
     took_up = (sum(calls[:5]) / 5, sum(calls[-5:]) / 5)
     assert took_up[0] <= TOOL_UPTAKE[0] and took_up[1] >= TOOL_UPTAKE[1], (took_up, curve)
-    assert first < 0.02 and last >= LEFT_ZERO, (first, last, curve)
+    assert first < 0.02 and last >= COPIED, (first, last, curve)
     assert records[-1]["num_turns/mean"] > 3.5  # prompt, call, tool result, answer
     # The dumps hold whole conversations: the call, the tool's letter and the answer.
     dumped = [
