@@ -20,40 +20,26 @@ Thinking Machines, "On-Policy Distillation", 2025):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from relm.algorithms.kl import kl_estimate
 from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
+from relm.config.distillation import ESTIMATOR_MODES, LOSS_MODES, TOPK_MODES
+from relm.config.specs import DistillationLoss
 
-ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-"""Loss modes that read the teacher's log-probability of the sampled token only (single-sample estimators
-of KL(student || teacher), `relm.algorithms.kl.kl_estimate`)."""
-TOPK_MODES = ("forward_kl_topk",)
-"""Loss modes that read the teacher's top-k log-probabilities and token ids at each position."""
-LOSS_MODES = ESTIMATOR_MODES + TOPK_MODES
-"""verl 0.9.1's `distillation.distillation_loss.loss_mode` values."""
+__all__ = [
+    "ESTIMATOR_MODES",
+    "LOSS_MODES",
+    "TOPK_MODES",
+    "DistillationLoss",
+    "distillation_loss",
+    "forward_kl_topk",
+    "token_divergences",
+]
 
 CLIP_RATIO_C = 3.0
 """The dual-clip bound of the distillation policy loss: verl's vanilla loss reads `clip_ratio_c` from the
 distillation loss config, which has no such key, so it takes its default."""
-
-
-@dataclass(frozen=True)
-class DistillationLoss:
-    """How the per-token divergences become the distillation term (`distillation.distillation_loss.*`)."""
-
-    loss_mode: str
-    """One of `LOSS_MODES`."""
-    use_policy_gradient: bool
-    """The negated divergence is a per-token advantage in the clipped policy loss (else the divergence is
-    the loss itself)."""
-    loss_max_clamp: float | None
-    """Per-token divergences are clamped to [-c, c] before they are used (None: no clamp)."""
-    clip_ratio_low: float
-    clip_ratio_high: float
-    """The policy loss's clip range when `use_policy_gradient`."""
 
 
 def token_divergences(

@@ -105,4 +105,5 @@ def policy_tensors(batch: Advantaged) -> PolicyTensors:
         old_logprobs=batch.annotated.old_logprobs,
         ref_logprobs=batch.annotated.ref_logprobs,
         rollout_is_weights=batch.rollout_is_weights,
+        teacher_logprobs=batch.annotated.teacher_logprobs,
     )

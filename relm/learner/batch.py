@@ -191,6 +191,9 @@ class Annotated:
     """[N, R] reference-model logprobs; absent in a run with no reference model (no KL anywhere)."""
     values: torch.Tensor | None
     """[N, R] critic values V(s_t) before the update; absent in a run with no critic."""
+    teacher_logprobs: torch.Tensor | None = None
+    """[N, R] each sampled token's logprob under its distillation teacher (temperature 1); absent without
+    distillation."""
 
     def __len__(self) -> int:
         return len(self.scored)

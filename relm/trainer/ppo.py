@@ -52,6 +52,7 @@ from relm.trainer.objectives import actor_objective_of, critic_objective_of
 from relm.trainer.old_logprobs import gap_metrics, old_logprob_source, rollout_correction
 from relm.trainer.run import Run
 from relm.trainer.samples import dump_rollout
+from relm.trainer.teachers import teacher_logprobs
 
 logger = logging.getLogger("relm")
 
@@ -106,7 +107,8 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
 
 
 def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, float]]:
-    """Old logprobs (actor), reference logprobs and values, each in forward passes of a few rows; their metrics.
+    """Old logprobs (actor), reference and teacher logprobs and values, each in forward passes of a few rows;
+    their metrics.
 
     Data-parallel, each rank computes them for its own rows and every rank gets them for all rows.
     """
@@ -154,6 +156,24 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
                 rows,
                 lambda b: batched_logprobs(ref, b, rows_per_forward=c.sizes.rows_per_ref_forward, **logprobs),
             )
+    teacher = None
+    if c.teachers is not None:
+        teachers = c.teachers
+        # Unsharded on every rank, so no collective: each rank scores its own rows with the same teachers.
+        teacher_forward = dict(logprobs, temperature=1.0, dist=None)  # verl's prompt logprobs: no temperature
+        with timed(metrics, "teacher"), c.residency.phase("teacher"):
+            teacher = on_rank_rows(
+                c.dist,
+                rollout,
+                rows,
+                lambda b: teacher_logprobs(
+                    teachers,
+                    b,
+                    lambda model, sub: batched_logprobs(
+                        model, sub, rows_per_forward=c.sizes.rows_per_ref_forward, **teacher_forward
+                    ),
+                ),
+            )
     values = None
     critic = c.critic
     if critic is not None:
@@ -172,7 +192,13 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
                     dist=c.dist,
                 ),
             )
-    annotated = Annotated(scored=scored, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values)
+    annotated = Annotated(
+        scored=scored,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        values=values,
+        teacher_logprobs=teacher,
+    )
     return annotated, metrics
 
 
