@@ -55,7 +55,6 @@ def parse_distillation(section: DistillationConfig) -> tuple[DistillationSpec, l
     spec = DistillationSpec(
         enabled=section.enabled,
         teachers=teachers,
-        teacher_key=section.teacher_key,
         loss=DistillationLoss(
             loss_mode=loss.loss_mode,
             use_policy_gradient=loss.use_policy_gradient,
@@ -65,8 +64,6 @@ def parse_distillation(section: DistillationConfig) -> tuple[DistillationSpec, l
         ),
         use_task_rewards=loss.use_task_rewards,
         coef=loss.distillation_loss_coef,
-        topk=loss.topk,
-        log_prob_min_clamp=loss.log_prob_min_clamp,
     )
     return spec, warnings
 

@@ -298,7 +298,6 @@ SPEC_KEYS: dict[str, str] = {
     # on-policy distillation
     "distillation.enabled": "distillation.enabled",
     "distillation.teacher_models": "distillation.teachers",
-    "distillation.teacher_key": "distillation.teacher_key",
     "distillation.distillation_loss.loss_mode": "distillation.loss.loss_mode",
     "distillation.distillation_loss.use_policy_gradient": "distillation.loss.use_policy_gradient",
     "distillation.distillation_loss.loss_max_clamp": "distillation.loss.loss_max_clamp",
@@ -308,8 +307,6 @@ SPEC_KEYS: dict[str, str] = {
     "distillation.distillation_loss.clip_ratio_high": "distillation.loss.clip_ratio_high",
     "distillation.distillation_loss.use_task_rewards": "distillation.use_task_rewards",
     "distillation.distillation_loss.distillation_loss_coef": "distillation.coef",
-    "distillation.distillation_loss.topk": "distillation.topk",
-    "distillation.distillation_loss.log_prob_min_clamp": "distillation.log_prob_min_clamp",
 }
 """Schema key -> the `RunSpec` field it sets."""
 
@@ -319,9 +316,11 @@ REFUSED_SCHEMA_KEYS: dict[str, str] = {
     f"{_ACTOR}.strategy": _STRATEGY,
     "critic.strategy": _STRATEGY,
     "distillation.distillation_loss.policy_loss_mode": "verl's distillation takes only `vanilla`",
+    "distillation.teacher_key": "relm routes responses to teachers by their row's `data_source` only",
 }
 """Schema keys relm reads only to refuse values it cannot honour (`relm.config.validate`)."""
 
+_TOPK = "read by `loss_mode=forward_kl_topk` only, which relm does not train yet"
 _TEACHER_POOL = (
     "relm's teachers score in the training processes, on their GPUs (verl's separate teacher pool)"
 )
@@ -330,6 +329,8 @@ IGNORED_SCHEMA_KEYS: dict[str, str] = {
     f"{_ARR}.hybrid_engine": "relm's engine always shares the training process and the actor's weights (verl's hybrid engine)",
     "distillation.n_gpus_per_node": _TEACHER_POOL,
     "distillation.nnodes": _TEACHER_POOL,
+    "distillation.distillation_loss.topk": _TOPK,
+    "distillation.distillation_loss.log_prob_min_clamp": _TOPK,
 }
 """Schema keys accepted and not used; a value other than the default is reported at start."""
 

@@ -631,9 +631,9 @@ class DistillationLossConfig:
     loss_mode: str = "k3"
     """The per-token divergence: `k1` (`kl`), `k3` (`low_var_kl`), `k2` (`mse`), `abs` (estimators of
     KL(student || teacher) at the sampled token) or `forward_kl_topk` (KL(teacher || student) over the
-    teacher's top `topk` tokens)."""
+    teacher's top `topk` tokens; not trained yet, refused)."""
     topk: int | None = 32
-    """The teacher's top tokens per position for `forward_kl_topk`."""
+    """The teacher's top tokens per position for `forward_kl_topk` (which relm does not train yet)."""
     use_task_rewards: bool = True
     """Keep the task's policy loss (reward, advantages, KL and entropy terms) and add the distillation term
     times `distillation_loss_coef`; off, the distillation term alone trains the student."""
@@ -671,9 +671,10 @@ class DistillationConfig:
     teacher_models: dict[str, Any] = field(default_factory=_one_teacher)
     """Teachers by name, each `{key, model_path}`: one (`teacher_model`) scores every response; with several
     (added as `+distillation.teacher_models.NAME.*`, which drops `teacher_model`) each response goes to the
-    teacher whose `key` is its row's `teacher_key` value."""
+    teacher whose `key` is its row's `data_source`. A teacher shares the student's vocabulary; its `inference.*`
+    and `num_replicas` size verl's teacher servers and are not used."""
     teacher_key: str = "data_source"
-    """The row field that routes a response to a teacher when there are several."""
+    """The row field that routes a response to a teacher when there are several: relm takes `data_source` only."""
 
 
 @dataclass

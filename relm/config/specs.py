@@ -414,15 +414,11 @@ class DistillationSpec:
 
     enabled: bool
     teachers: tuple[TeacherSpec, ...]
-    """Empty unless `enabled`."""
-    teacher_key: str
-    """The row field that routes a response to a teacher when there are several (`data_source`)."""
+    """Empty unless `enabled`; with several, a response goes to the one whose `key` is its row's data_source."""
     loss: DistillationLoss
     use_task_rewards: bool
     """The task's policy loss stays and the distillation term is added times `coef`; else it stands alone."""
     coef: float
-    topk: int | None
-    log_prob_min_clamp: float | None
 
 
 @dataclass(frozen=True)
