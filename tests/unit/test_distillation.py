@@ -13,6 +13,7 @@ from relm.algorithms.distillation import (
     forward_kl_topk,
     token_divergences,
 )
+from relm.errors import UserError
 
 
 def _settings(**changes) -> DistillationLoss:
@@ -100,3 +101,71 @@ def test_forward_kl_over_the_teachers_top_k():
     # Student confident on the teacher's ids beyond the teacher: negative sum, clamped at 0.
     confident, _, _ = forward_kl_topk(torch.tensor([[[5.0, -9.0, 5.0]]]), teacher, ids, None)
     assert confident.item() == 0.0
+
+
+# --- the keys: verl's checks, as one-line errors -----------------------------------------------------------
+
+
+def _spec(*overrides: str):
+    from relm.config.loader import load_config_with_warnings
+    from relm.config.translate import translate
+
+    cfg, warnings = load_config_with_warnings(list(overrides))
+    spec, more = translate(cfg)
+    return spec.distillation, warnings + more
+
+
+TEACHER = "distillation.teacher_models.teacher_model.model_path=/tmp/teacher"
+
+
+def test_one_teacher_scores_everything_and_verls_pool_keys_warn():
+    spec, warnings = _spec(
+        "distillation.enabled=true", TEACHER, "distillation.teacher_models.teacher_model.inference.name=vllm",
+        "distillation.n_gpus_per_node=4", "distillation.nnodes=1",
+    )  # fmt: skip
+    assert [(t.name, t.key, t.path) for t in spec.teachers] == [("teacher_model", "default", "/tmp/teacher")]
+    assert spec.loss.loss_mode == "k3" and not spec.loss.use_policy_gradient and spec.use_task_rewards
+    assert any("teacher_model.inference" in line and "not used" in line for line in warnings)
+    assert any("distillation.n_gpus_per_node=4" in line for line in warnings)
+
+
+def test_added_teachers_drop_the_default_one_and_need_keys():
+    spec, _ = _spec(
+        "distillation.enabled=true", TEACHER,
+        "+distillation.teacher_models.a.key=src/a", "+distillation.teacher_models.a.model_path=/tmp/a",
+        "+distillation.teacher_models.b.key=src/b", "+distillation.teacher_models.b.model_path=/tmp/b",
+    )  # fmt: skip
+    assert [(t.name, t.key) for t in spec.teachers] == [("a", "src/a"), ("b", "src/b")]
+    with pytest.raises(UserError, match=r"`distillation.teacher_models.b.key` is not set"):
+        _spec(
+            "distillation.enabled=true",
+            "+distillation.teacher_models.a.key=src/a", "+distillation.teacher_models.a.model_path=/tmp/a",
+            "+distillation.teacher_models.b.model_path=/tmp/b",
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ((), r"teacher_model.model_path` is not set"),
+        (
+            (TEACHER, "distillation.distillation_loss.loss_mode=k1"),
+            r"loss_mode=k1` with use_policy_gradient=false",
+        ),
+        (
+            (TEACHER, "distillation.distillation_loss.loss_mode=jsd"),
+            r"not a distillation loss; choose one of",
+        ),
+        ((TEACHER, "distillation.distillation_loss.loss_mode=forward_kl_topk"), r"not supported yet"),
+        ((TEACHER, "distillation.distillation_loss.policy_loss_mode=gspo"), r"takes only `vanilla`"),
+        ((TEACHER, "distillation.teacher_key=ability"), r"data_source only"),
+    ],
+)
+def test_what_verl_refuses_stops_with_one_line(overrides, message):
+    with pytest.raises(UserError, match=message):
+        _spec("distillation.enabled=true", *overrides)
+
+
+def test_off_by_default_and_nothing_checked_when_off():
+    spec, _ = _spec("distillation.distillation_loss.loss_mode=k1")
+    assert not spec.enabled and spec.teachers == ()
