@@ -33,6 +33,7 @@ __all__ = [
     "TOPK_MODES",
     "DistillationLoss",
     "distillation_loss",
+    "forward_kl_over_ids",
     "forward_kl_topk",
     "token_divergences",
 ]
@@ -87,6 +88,25 @@ def forward_kl_topk(
     wide = torch.promote_types(student_logits.dtype, torch.float32)
     student_logprobs = torch.log_softmax(student_logits.to(wide), dim=-1)  # [N, R, V]
     student_topk = torch.gather(student_logprobs, -1, teacher_topk_ids)  # [N, R, K]
+    return forward_kl_over_ids(student_topk, teacher_topk_logprobs, log_prob_min_clamp)
+
+
+def forward_kl_over_ids(
+    student_topk_logprobs: torch.Tensor,
+    teacher_topk_logprobs: torch.Tensor,
+    log_prob_min_clamp: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`forward_kl_topk` from the student's log-probabilities already taken at the teacher's top ids (the
+    trainer's update forward gathers them, `relm.learner.forward.response_logprobs_at`).
+
+    Args:
+        student_topk_logprobs: [N, R, K] log p_student at the teacher's top ids (with gradient).
+        teacher_topk_logprobs: [N, R, K] the teacher's log-probabilities of those ids.
+
+    Returns:
+        As `forward_kl_topk`.
+    """
+    student_topk = student_topk_logprobs
     teacher_topk = teacher_topk_logprobs.to(torch.promote_types(teacher_topk_logprobs.dtype, torch.float32))
     student_mass = student_topk.exp().sum(-1)
     teacher_mass = teacher_topk.exp().sum(-1)

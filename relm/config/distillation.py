@@ -36,8 +36,8 @@ def parse_distillation(section: DistillationConfig) -> tuple[DistillationSpec, l
 
     Raises:
         UserError: with `enabled`, a loss verl refuses (an unknown mode, `k1` backpropagated directly, a
-            policy loss other than `vanilla`, `forward_kl_topk`, which relm does not train yet) or a teacher
-            entry without its path or key.
+            policy loss other than `vanilla`, `forward_kl_topk` without `topk`) or a teacher entry without its
+            path or key.
     """
     loss = section.distillation_loss
     low = loss.clip_ratio if loss.clip_ratio_low is None else loss.clip_ratio_low
@@ -64,6 +64,8 @@ def parse_distillation(section: DistillationConfig) -> tuple[DistillationSpec, l
         ),
         use_task_rewards=loss.use_task_rewards,
         coef=loss.distillation_loss_coef,
+        topk=loss.topk if loss.loss_mode in TOPK_MODES else None,
+        log_prob_min_clamp=loss.log_prob_min_clamp,
     )
     return spec, warnings
 
@@ -74,10 +76,9 @@ def _check_loss(section: DistillationConfig) -> None:
         raise UserError(
             f"`{key}.loss_mode={loss.loss_mode}` is not a distillation loss; choose one of: {', '.join(LOSS_MODES)}"
         )
-    if loss.loss_mode in TOPK_MODES:
+    if loss.loss_mode in TOPK_MODES and (loss.topk is None or loss.topk < 1):
         raise UserError(
-            f"`{key}.loss_mode={loss.loss_mode}` is not supported yet (relm's trainer does not keep the student's "
-            "top-k log-probabilities); use k3 (supervised) or k1 with use_policy_gradient=true"
+            f"`{key}.topk={loss.topk}`: `{loss.loss_mode}` needs the teacher's top ids; set topk >= 1"
         )
     if loss.loss_mode == "k1" and not loss.use_policy_gradient:
         raise UserError(

@@ -307,6 +307,8 @@ SPEC_KEYS: dict[str, str] = {
     "distillation.distillation_loss.clip_ratio_high": "distillation.loss.clip_ratio_high",
     "distillation.distillation_loss.use_task_rewards": "distillation.use_task_rewards",
     "distillation.distillation_loss.distillation_loss_coef": "distillation.coef",
+    "distillation.distillation_loss.topk": "distillation.topk",
+    "distillation.distillation_loss.log_prob_min_clamp": "distillation.log_prob_min_clamp",
 }
 """Schema key -> the `RunSpec` field it sets."""
 
@@ -320,7 +322,6 @@ REFUSED_SCHEMA_KEYS: dict[str, str] = {
 }
 """Schema keys relm reads only to refuse values it cannot honour (`relm.config.validate`)."""
 
-_TOPK = "read by `loss_mode=forward_kl_topk` only, which relm does not train yet"
 _TEACHER_POOL = (
     "relm's teachers score in the training processes, on their GPUs (verl's separate teacher pool)"
 )
@@ -329,8 +330,6 @@ IGNORED_SCHEMA_KEYS: dict[str, str] = {
     f"{_ARR}.hybrid_engine": "relm's engine always shares the training process and the actor's weights (verl's hybrid engine)",
     "distillation.n_gpus_per_node": _TEACHER_POOL,
     "distillation.nnodes": _TEACHER_POOL,
-    "distillation.distillation_loss.topk": _TOPK,
-    "distillation.distillation_loss.log_prob_min_clamp": _TOPK,
 }
 """Schema keys accepted and not used; a value other than the default is reported at start."""
 

@@ -631,9 +631,9 @@ class DistillationLossConfig:
     loss_mode: str = "k3"
     """The per-token divergence: `k1` (`kl`), `k3` (`low_var_kl`), `k2` (`mse`), `abs` (estimators of
     KL(student || teacher) at the sampled token) or `forward_kl_topk` (KL(teacher || student) over the
-    teacher's top `topk` tokens; not trained yet, refused)."""
+    teacher's top `topk` tokens)."""
     topk: int | None = 32
-    """The teacher's top tokens per position for `forward_kl_topk` (which relm does not train yet)."""
+    """The teacher's top tokens per position for `forward_kl_topk`."""
     use_task_rewards: bool = True
     """Keep the task's policy loss (reward, advantages, KL and entropy terms) and add the distillation term
     times `distillation_loss_coef`; off, the distillation term alone trains the student."""

@@ -419,6 +419,10 @@ class DistillationSpec:
     use_task_rewards: bool
     """The task's policy loss stays and the distillation term is added times `coef`; else it stands alone."""
     coef: float
+    topk: int | None
+    """`forward_kl_topk`: the teacher's top ids a position (None for the estimator modes)."""
+    log_prob_min_clamp: float | None
+    """`forward_kl_topk`: floor of both sides' top-k log-probabilities (None: none)."""
 
 
 @dataclass(frozen=True)

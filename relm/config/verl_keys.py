@@ -68,7 +68,9 @@ _REWARD_IN_PROCESS = (
     "relm scores rewards in its own reward workers (`reward_model.num_workers`), not verl's reward loop"
 )
 _SANDBOX = "remote code sandboxes are not supported; score in a custom function"
-_CHUNKED_TOPK = "`forward_kl_topk` is not supported yet"
+_CHUNKED_TOPK = (
+    "relm's log-softmax over the vocabulary always runs a few positions at a time (no [B, T, V] fp32 buffer)"
+)
 _TRANSFER_QUEUE = "verl's transfer queue moves data between Ray workers; relm has no workers to feed"
 _SKIP = "rollout dumps and replays for debugging are not implemented"
 _TRAINER_V1 = "relm has one synchronous trainer loop (verl's v1 trainer modes do not apply)"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relm.algorithms.distillation import distillation_loss, token_divergences
+from relm.algorithms.distillation import TOPK_MODES, distillation_loss, forward_kl_over_ids, token_divergences
 from relm.algorithms.kl import kl_estimate
 from relm.algorithms.losses import AggScale, agg_loss, compute_policy_loss
 from relm.algorithms.rollout_correction import bypass_policy_loss
@@ -43,6 +43,8 @@ class DistillationTerm:
     """The task's loss (policy loss, entropy bonus, KL loss) stays and the term is added times `coef`; else
     the term alone is the loss."""
     coef: float
+    log_prob_min_clamp: float | None = None
+    """`forward_kl_topk`: floor of both sides' top-k logprobs."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,9 @@ class PolicyTensors:
     rollout_is_weights: torch.Tensor | None
     """Decoupled mode's importance weights; absent when `rollout_is` is off."""
     teacher_logprobs: torch.Tensor | None = None
-    """The teacher's logprobs of the sampled tokens; `ActorObjective.distillation` needs them."""
+    """The teacher's logprobs of the sampled tokens; an estimator `ActorObjective.distillation` needs them."""
+    teacher_topk_logprobs: torch.Tensor | None = None
+    """[n, R, K] the teacher's logprobs of its top ids (`forward_kl_topk`)."""
 
 
 def actor_objective(
@@ -90,6 +94,7 @@ def actor_objective(
     batch: PolicyTensors,
     spec: ActorObjective,
     scale: AggScale,
+    student_topk: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Loss = policy loss - entropy_coeff * entropy + kl_coef * KL(pi || ref), each aggregated by
     `spec.loss_agg_mode` over `batch.loss_mask` with the mini-batch's counts `scale`. With distillation
@@ -103,6 +108,8 @@ def actor_objective(
     Args:
         logprobs: [n, R] the policy's logprobs of the responses, with gradient.
         entropy: [n, R] the policy's entropy at each response position.
+        student_topk: [n, R, K] the policy's logprobs at the teacher's top ids, with gradient
+            (`forward_kl_topk` only).
 
     Returns:
         (loss, metrics): `pg_loss`, `entropy`, the policy loss's own metrics, with a KL loss `kl_loss` and
@@ -140,16 +147,41 @@ def actor_objective(
         metrics.update(kl_loss=kl_loss.detach(), kl_coef=spec.kl_loss.coef)
     term = spec.distillation
     if term is not None:
-        if batch.teacher_logprobs is None:
-            raise RuntimeError(
-                "a distillation loss needs the teachers' logprobs: the run builds its teachers"
-            )
-        divergences = token_divergences(logprobs, batch.teacher_logprobs, term.loss.loss_mode)
+        divergences, topk_metrics = _divergences(logprobs, batch, term, student_topk)
         distill, distill_metrics = distillation_loss(
             divergences, mask, term.loss, logprobs=logprobs, old_logprobs=old_logprobs,
             loss_agg_mode=spec.loss_agg_mode, scale=scale, rollout_is_weights=batch.rollout_is_weights,
         )  # fmt: skip
         loss = loss + term.coef * distill if term.use_task_rewards else distill
         metrics.update(distill_metrics)
+        metrics.update(topk_metrics)
         metrics["distillation/loss"] = distill.detach()
     return loss, metrics
+
+
+def _divergences(
+    logprobs: torch.Tensor, batch: PolicyTensors, term: DistillationTerm, student_topk: torch.Tensor | None
+) -> tuple[torch.Tensor, Metrics]:
+    """[n, R] per-token divergences of the student from the teacher, and (top-k) the masses' means."""
+    mode = term.loss.loss_mode
+    if mode not in TOPK_MODES:
+        if batch.teacher_logprobs is None:
+            raise RuntimeError(
+                "a distillation loss needs the teachers' logprobs: the run builds its teachers"
+            )
+        return token_divergences(logprobs, batch.teacher_logprobs, mode), {}
+    if student_topk is None or batch.teacher_topk_logprobs is None:
+        raise RuntimeError(
+            "forward_kl_topk needs the teacher's top-k logprobs and the student's at those ids"
+        )
+    divergences, student_mass, teacher_mass = forward_kl_over_ids(
+        student_topk, batch.teacher_topk_logprobs, term.log_prob_min_clamp
+    )
+    on = batch.loss_mask.bool()
+    masses: Metrics = {}
+    if on.any():
+        masses = {
+            "distillation/student_mass": student_mass.detach()[on].mean(),
+            "distillation/teacher_mass": teacher_mass[on].mean(),
+        }
+    return divergences, masses

@@ -29,6 +29,7 @@ def actor_objective_of(spec: RunSpec) -> ActorObjective:
             loss=spec.distillation.loss,
             use_task_rewards=spec.distillation.use_task_rewards,
             coef=spec.distillation.coef,
+            log_prob_min_clamp=spec.distillation.log_prob_min_clamp,
         )
         if spec.distillation.enabled
         else None,

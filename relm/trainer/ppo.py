@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch import nn
 
 from relm.algorithms.advantages import compute_advantages, estimator_needs
 from relm.algorithms.kl import KLController, apply_kl_penalty
@@ -33,6 +34,7 @@ from relm.learner.batch import (
     OldLogprobs,
     Rollout,
     Scored,
+    TeacherTopK,
     UpdateForward,
 )
 from relm.learner.critic import update_critic
@@ -40,7 +42,7 @@ from relm.rollout.watchdog import engine_stage
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
 from relm.trainer.data_parallel import gather_rows, local_rows, on_rank_rows, rank_rows, reduce_update_metrics
-from relm.trainer.experience import batched_logprobs, batched_values
+from relm.trainer.experience import batched_logprobs, batched_topk, batched_values, unpack_topk
 from relm.trainer.flops import peak_flops, training_flops
 from relm.trainer.metrics import (
     data_metrics,
@@ -52,7 +54,7 @@ from relm.trainer.objectives import actor_objective_of, critic_objective_of
 from relm.trainer.old_logprobs import gap_metrics, old_logprob_source, rollout_correction
 from relm.trainer.run import Run
 from relm.trainer.samples import dump_rollout
-from relm.trainer.teachers import teacher_logprobs
+from relm.trainer.teachers import teacher_scores
 
 logger = logging.getLogger("relm")
 
@@ -156,24 +158,10 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
                 rows,
                 lambda b: batched_logprobs(ref, b, rows_per_forward=c.sizes.rows_per_ref_forward, **logprobs),
             )
-    teacher = None
+    teacher, teacher_topk = None, None
     if c.teachers is not None:
-        teachers = c.teachers
-        # Unsharded on every rank, so no collective: each rank scores its own rows with the same teachers.
-        teacher_forward = dict(logprobs, temperature=1.0, dist=None)  # verl's prompt logprobs: no temperature
         with timed(metrics, "teacher"), c.residency.phase("teacher"):
-            teacher = on_rank_rows(
-                c.dist,
-                rollout,
-                rows,
-                lambda b: teacher_logprobs(
-                    teachers,
-                    b,
-                    lambda model, sub: batched_logprobs(
-                        model, sub, rows_per_forward=c.sizes.rows_per_ref_forward, **teacher_forward
-                    ),
-                ),
-            )
+            teacher, teacher_topk = _teacher_annotations(c, rollout, rows, logprobs)
     values = None
     critic = c.critic
     if critic is not None:
@@ -193,13 +181,37 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
                 ),
             )
     annotated = Annotated(
-        scored=scored,
-        old_logprobs=old_logprobs,
-        ref_logprobs=ref_logprobs,
-        values=values,
-        teacher_logprobs=teacher,
-    )
+        scored=scored, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values,
+        teacher_logprobs=teacher, teacher_topk=teacher_topk,
+    )  # fmt: skip
     return annotated, metrics
+
+
+def _teacher_annotations(
+    c: RunComponents, rollout: Rollout, rows: torch.Tensor | None, logprobs: dict[str, Any]
+) -> tuple[torch.Tensor | None, TeacherTopK | None]:
+    """The teachers' logprobs of the sampled tokens, or (`forward_kl_topk`) their top-k ids and logprobs.
+
+    At temperature 1 (verl asks its teacher servers for prompt logprobs, which no temperature touches);
+    the teachers are whole on every rank, so each scores its rank's rows with no collective."""
+    teachers, distill = c.teachers, c.spec.distillation
+    assert teachers is not None
+    forward = dict(logprobs, temperature=1.0, dist=None)
+
+    def sampled(model: nn.Module, sub: Rollout) -> torch.Tensor:
+        return batched_logprobs(model, sub, rows_per_forward=c.sizes.rows_per_ref_forward, **forward)
+
+    if distill.topk is None:
+        return on_rank_rows(c.dist, rollout, rows, lambda b: teacher_scores(teachers, b, sampled)), None
+    k = distill.topk
+
+    def top(model: nn.Module, sub: Rollout) -> torch.Tensor:
+        return batched_topk(
+            model, sub, k, rows_per_forward=c.sizes.rows_per_ref_forward, device=c.device,
+            max_tokens_per_forward=forward["max_tokens_per_forward"], vocab_limit=forward["vocab_limit"],
+        )  # fmt: skip
+
+    return None, unpack_topk(on_rank_rows(c.dist, rollout, rows, lambda b: teacher_scores(teachers, b, top)))
 
 
 def estimate_advantages(

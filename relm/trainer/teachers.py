@@ -60,9 +60,15 @@ def load_teachers(
 
     Raises:
         UserError: a teacher whose folder does not load (see `load_causal_lm`), or whose vocabulary is
-            smaller than the student tokenizer's `vocab_size` (it could not score the student's ids).
+            smaller than the student tokenizer's `vocab_size` (it could not score the student's ids); a
+            `topk` larger than that vocabulary.
     """
     source = run.actor.source
+    if spec.topk is not None and spec.topk > vocab_size:
+        raise UserError(
+            f"`distillation.distillation_loss.topk={spec.topk}` is more than the {vocab_size} ids of the student's "
+            "tokenizer; set a smaller topk"
+        )
     by_key: dict[str, nn.Module] = {}
     for teacher in spec.teachers:
         logger.info("loading the teacher %s from %s (%s on %s)", teacher.name, teacher.path, dtype, device)
@@ -74,7 +80,7 @@ def load_teachers(
             trust_key=source.trust_key,
             seed=source.init_seed,
         )
-        rows = module.get_input_embeddings().weight.shape[0]  # type: ignore[operator]  # an HF causal LM
+        rows = int(module.get_input_embeddings().weight.shape[0])
         if rows < vocab_size:
             raise UserError(
                 f"`distillation.teacher_models.{teacher.name}.model_path={teacher.path}`: its vocabulary has {rows} "
@@ -86,13 +92,18 @@ def load_teachers(
     return Teachers(by_key=by_key, group=nn.ModuleList(list(by_key.values())))
 
 
-def teacher_logprobs(
-    teachers: Teachers, batch: Rollout, logprobs_of: Callable[[nn.Module, Rollout], torch.Tensor]
+def teacher_scores(
+    teachers: Teachers, batch: Rollout, score: Callable[[nn.Module, Rollout], torch.Tensor]
 ) -> torch.Tensor:
-    """[N, R] fp32 each response token's log-probability under its teacher; `logprobs_of(teacher, rows)` is
-    the no-grad forward ([n, R]) over the rows one teacher scores."""
-    out = torch.zeros(len(batch), batch.response_width)
+    """[N, R, ...] each response token's scores under its teacher; `score(teacher, rows)` is the no-grad
+    forward ([n, R, ...]: logprobs of the sampled tokens, or top-k logprobs and ids) over the rows one teacher
+    scores."""
+    out: torch.Tensor | None = None
     for key, rows in teachers.rows_of(batch).items():
         if rows:
-            out[rows] = logprobs_of(teachers.by_key[key], batch.select(rows)).float().cpu()
+            scored = score(teachers.by_key[key], batch.select(rows)).cpu()
+            if out is None:
+                out = torch.zeros(len(batch), *scored.shape[1:], dtype=scored.dtype)
+            out[rows] = scored
+    assert out is not None, "every row goes to a teacher"
     return out

@@ -156,7 +156,14 @@ def test_added_teachers_drop_the_default_one_and_need_keys():
             (TEACHER, "distillation.distillation_loss.loss_mode=jsd"),
             r"not a distillation loss; choose one of",
         ),
-        ((TEACHER, "distillation.distillation_loss.loss_mode=forward_kl_topk"), r"not supported yet"),
+        (
+            (
+                TEACHER,
+                "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                "distillation.distillation_loss.topk=0",
+            ),
+            r"set topk >= 1",
+        ),
         ((TEACHER, "distillation.distillation_loss.policy_loss_mode=gspo"), r"takes only `vanilla`"),
         ((TEACHER, "distillation.teacher_key=ability"), r"data_source only"),
     ],
@@ -164,6 +171,42 @@ def test_added_teachers_drop_the_default_one_and_need_keys():
 def test_what_verl_refuses_stops_with_one_line(overrides, message):
     with pytest.raises(UserError, match=message):
         _spec("distillation.enabled=true", *overrides)
+
+
+def test_topk_is_read_only_by_the_top_k_loss():
+    spec, _ = _spec("distillation.enabled=true", TEACHER, "distillation.distillation_loss.topk=8")
+    assert spec.topk is None  # k3, the default
+    spec, _ = _spec(
+        "distillation.enabled=true", TEACHER, "distillation.distillation_loss.loss_mode=forward_kl_topk",
+        "distillation.distillation_loss.topk=8", "distillation.distillation_loss.log_prob_min_clamp=-10",
+    )  # fmt: skip
+    assert spec.topk == 8 and spec.log_prob_min_clamp == -10.0
+
+
+def test_the_update_forward_gives_the_student_logprobs_at_the_teachers_top_ids():
+    """One forward gives the sampled tokens' logprobs (as `response_logprobs`) and the logprobs at given ids;
+    at temperature 1 those at a model's own top ids are its `response_topk` values, largest first."""
+    from relm.learner.forward import response_logprobs, response_logprobs_at, response_topk
+    from relm.models.loading import load_causal_lm, resolve_model_dir
+
+    torch.manual_seed(0)
+    model = load_causal_lm(resolve_model_dir("zoo:tiny/qwen2"), dtype=torch.float32, device="cpu")
+    ids = torch.randint(0, 100, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding in one row
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    values, top_ids = response_topk(model, ids, mask, positions, 4, 5, vocab_limit=100)
+    assert top_ids.shape == (3, 4, 5) and bool((values[..., :-1] >= values[..., 1:]).all())
+    sampled, _ = response_logprobs(model, ids, mask, positions, 4, temperature=0.7, vocab_limit=100)
+    again, entropy, at_ids = response_logprobs_at(
+        model, ids, mask, positions, 4, top_ids, temperature=0.7, compute_entropy=True, vocab_limit=100
+    )
+    torch.testing.assert_close(again, sampled)
+    assert entropy is not None and entropy.shape == (3, 4)
+    _, _, at_one = response_logprobs_at(model, ids, mask, positions, 4, top_ids, vocab_limit=100)
+    torch.testing.assert_close(at_one, values)
+    at_ids.sum().backward()  # the gathered logprobs carry the gradient to the weights
+    assert next(model.parameters()).grad is not None
 
 
 def test_off_by_default_and_nothing_checked_when_off():

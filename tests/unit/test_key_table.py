@@ -96,6 +96,7 @@ WITH: dict[str, list[str]] = {
         "distillation.enabled=true",
         "distillation.teacher_models.teacher_model.model_path=/tmp/teacher",
     ],
+    "distillation.distillation_loss.topk": ["distillation.distillation_loss.loss_mode=forward_kl_topk"],
     "distillation.distillation_loss.clip_ratio": [
         "distillation.distillation_loss.clip_ratio_low=null",
         "distillation.distillation_loss.clip_ratio_high=null",
