@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,7 +78,7 @@ def _accumulate_minibatch(
         mb = batch.select(micro).to(device)
         rollout = mb.rollout
         topk = mb.annotated.teacher_topk
-        forward = dict(
+        forward: dict[str, Any] = dict(
             temperature=temperature,
             compute_entropy=True,
             # entropy_coeff 0 (the default): the entropy is only a metric, kept out of backward

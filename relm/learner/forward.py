@@ -148,8 +148,8 @@ def _response_logits(
     """[N, R + 1, V] logits of the last R + 1 columns, in the model's dtype."""
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     if _accepts_logits_to_keep(model):
-        return model(**kwargs, use_cache=False, logits_to_keep=response_width + 1).logits  # type: ignore[no-any-return]
-    return model(**kwargs, use_cache=False).logits[:, -response_width - 1 :]  # type: ignore[no-any-return]
+        return model(**kwargs, use_cache=False, logits_to_keep=response_width + 1).logits
+    return model(**kwargs, use_cache=False).logits[:, -response_width - 1 :]
 
 
 def _padded_logprobs(

@@ -80,7 +80,7 @@ def load_teachers(
             trust_key=source.trust_key,
             seed=source.init_seed,
         )
-        rows = int(module.get_input_embeddings().weight.shape[0])
+        rows = module.config.get_text_config().vocab_size
         if rows < vocab_size:
             raise UserError(
                 f"`distillation.teacher_models.{teacher.name}.model_path={teacher.path}`: its vocabulary has {rows} "
