@@ -31,12 +31,17 @@ DEMO = (
 )
 """test_learning.py's cheaper demo with GRPO (its teacher run is that test's grpo run)."""
 
-TEACHER_STEPS, STUDENT_STEPS = 50, 30
+TEACHER_STEPS, STUDENT_STEPS = 50, 20
 TEACHER_SEED, STUDENT_SEED = 1, 2
-"""Measured 2026-12-06 (2-core VM, one thread, beside other test runs): the teacher (GRPO, seed 1) validates
-at 1.0 after 50 steps; the student (seed 2, k1 as a per-token reward, verl's on-policy distillation recipe)
-validates at 0.0 before its first step, 0.69 after 10, 0.84 after 20 and 1.0 after 30: the whole gap closed,
-where REQUIRED_SHARE asks for 80%. The student's sampled training score rose from 0.015 to 0.98."""
+"""Measured 2026-12-06 (2-core AMD EPYC VM, one thread, beside other test runs): the teacher (GRPO, seed 1)
+validates at 1.0 after 50 steps. Students distilled with supervised `forward_kl_topk` (top 16) validate, at
+steps 0, 5, 10, 15, 20: seed 1 0, 0.31, 1, 1, 1; seed 2 (as AVX2 computes it) 0, 0.5, 1, 1, 1; seed 3 (steps 0, 10,
+20, 30) 0, 1, 1, 1: the whole gap closed by step 10 where REQUIRED_SHARE asks for 80% at step 20.
+
+verl's scripts' default, k1 as a per-token reward (policy gradient), also learns but less surely in this budget
+(steps 0, 10, 20, 30): seed 1 0, 0.5, 1, 1; seed 2 0, 0.69, 0.84, 1; seed 3 0, 0.69, 0.5, 0.64; and the k3
+estimator backpropagated (verl's YAML default) barely moves in 30 steps (seeds 2, 3: 0 and 0.19): one sampled
+token's estimate carries far less signal than the teacher's top 16. docs/distillation.md has these figures."""
 
 
 @pytest.fixture
@@ -74,8 +79,8 @@ def test_distilled_student_closes_most_of_the_gap_to_its_teacher(train, tmp_path
         f"trainer.test_freq={STUDENT_STEPS}",
         "distillation.enabled=true",
         f"distillation.teacher_models.teacher_model.model_path={folder}",
-        "distillation.distillation_loss.loss_mode=k1",
-        "distillation.distillation_loss.use_policy_gradient=true",
+        "distillation.distillation_loss.loss_mode=forward_kl_topk",
+        "distillation.distillation_loss.topk=16",
         "distillation.distillation_loss.use_task_rewards=false",
         run_dir=tmp_path / "student",
         tiny=False,
@@ -90,4 +95,7 @@ def test_distilled_student_closes_most_of_the_gap_to_its_teacher(train, tmp_path
         f"the student closed {closed:.0%} of the gap: {fresh} -> {distilled}, teacher {teacher_score}"
     )
     step = student.metrics[-1]
-    assert "timing_s/teacher" in step and "distillation/loss" in step  # the teacher scored, its term trained
+    # the teacher scored, its term trained; the teacher's top 16 hold most of its mass on this task
+    assert (
+        "timing_s/teacher" in step and "distillation/loss" in step and step["distillation/teacher_mass"] > 0.5
+    )
