@@ -212,3 +212,29 @@ def test_the_update_forward_gives_the_student_logprobs_at_the_teachers_top_ids()
 def test_off_by_default_and_nothing_checked_when_off():
     spec, _ = _spec("distillation.distillation_loss.loss_mode=k1")
     assert not spec.enabled and spec.teachers == ()
+
+
+class _Rows:
+    """What routing reads of a rollout: its rows' data sources."""
+
+    def __init__(self, data_sources: list[str]) -> None:
+        self.data_sources = data_sources
+
+    def __len__(self) -> int:
+        return len(self.data_sources)
+
+
+def test_several_teachers_route_rows_by_data_source():
+    from torch import nn
+
+    from relm.trainer.teachers import Teachers
+
+    a, b = nn.Linear(1, 1), nn.Linear(1, 1)
+    teachers = Teachers(by_key={"src/a": a, "src/b": b}, group=nn.ModuleList([a, b]))
+    rows = _Rows(["src/b", "src/a", "src/b"])
+    assert teachers.rows_of(rows) == {"src/a": [1], "src/b": [0, 2]}  # type: ignore[arg-type]
+    rows.data_sources.append("src/c")
+    with pytest.raises(UserError, match=r"data_source `src/c` has no teacher"):
+        teachers.rows_of(rows)  # type: ignore[arg-type]
+    lone = Teachers(by_key={"default": a}, group=nn.ModuleList([a]))
+    assert lone.rows_of(rows) == {"default": [0, 1, 2, 3]}  # type: ignore[arg-type]
