@@ -7,8 +7,10 @@ data and model paths and its sizes changed, for one step on CPU.
 its `recipe` submodule (verl-project/verl-recipe). Each script runs under bash with `python`, `python3`,
 `ray` and the usual GPU-side commands replaced by a stub that records the command line instead of running
 it, so the shell expands the script's own variables. The recorded overrides are then rewritten: data
-files become relm's built-in task, model paths `zoo:tiny/qwen2`, batch sizes and lengths tiny, one step,
-no validation or checkpoints, one process. Everything else (estimator, losses, loggers, engine names, the
+files become relm's built-in task, model paths (the distillation teachers' too) `zoo:tiny/qwen2`, batch sizes
+and lengths tiny, one step, no validation or checkpoints, one process. A multi-teacher distillation routes each
+row by its data_source; the built-in task has one, so the first teacher's `key` becomes it (the others keep theirs
+and score no row). Everything else (estimator, losses, loggers, engine names, the
 keys relm does not have) stays as the script wrote it. Each is run as `python -m relm.trainer.main_ppo`
 with the verl folder as the working folder (so relative `--config-path`s resolve), and recorded as
 
@@ -36,6 +38,8 @@ STUBBED_COMMANDS = (
     "sleep", "torchrun", "npu-smi", "ifconfig", "hostname",
 )  # fmt: skip
 TINY_MODEL = "zoo:tiny/qwen2"
+DEMO_DATA_SOURCE = "relm/letters"
+"""The built-in task's data_source (`relm.data.demo_task.DEMO_DATA_SOURCE`)."""
 PROMPT_LEN, RESPONSE_LEN, BATCH, MINI_BATCH, MICRO_BATCH, MAX_TOKENS = 32, 16, 4, 2, 2, 256
 
 _STUB = """#!/bin/bash
@@ -105,11 +109,18 @@ def _key(arg: str) -> str:
     return arg.partition("=")[0].lstrip("+~")
 
 
+def _raw_key(arg: str) -> str:
+    return arg.partition("=")[0]
+
+
 def rewrite(module_and_args: list[str], verl_dir: Path, data: tuple[Path, Path], run_dir: Path) -> list[str]:
     """The overrides with paths and sizes replaced, plus what one step on CPU needs."""
     module, *args = module_and_args
     out: list[str] = []
     skip_next = False
+    routed = (
+        False  # a multi-teacher line: the first teacher's key is renamed to the built-in task's data_source
+    )
     for position, arg in enumerate(args):
         if skip_next:
             skip_next = False
@@ -126,6 +137,8 @@ def rewrite(module_and_args: list[str], verl_dir: Path, data: tuple[Path, Path],
             out.append(arg)
             continue
         replaced = _replace(arg, data)
+        if not routed and re.fullmatch(r"\+?distillation\.teacher_models\.[^.]+\.key", _raw_key(arg)):
+            replaced, routed = f"{_raw_key(arg)}={DEMO_DATA_SOURCE}", True
         if replaced is not None:
             out.append(replaced)
         # None: dropped (a size relm derives, or a path relm has no use for)
@@ -168,6 +181,8 @@ def _replace(arg: str, data: tuple[Path, Path]) -> str | None:
     if key == "data.val_files":
         return f"{raw_key}={data[1]}"
     if key in ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path"):
+        return f"{raw_key}={TINY_MODEL}"
+    if key.startswith("distillation.teacher_models.") and leaf == "model_path":
         return f"{raw_key}={TINY_MODEL}"
     if key in ("critic.model.tokenizer_path", "actor_rollout_ref.model.tokenizer_path", "data.tokenizer"):
         return None

@@ -295,6 +295,20 @@ SPEC_KEYS: dict[str, str] = {
     "seed": "loop.seed",
     "data.custom_cls.path": "data.custom_cls",
     "data.custom_cls.name": "data.custom_cls",
+    # on-policy distillation
+    "distillation.enabled": "distillation.enabled",
+    "distillation.teacher_models": "distillation.teachers",
+    "distillation.distillation_loss.loss_mode": "distillation.loss.loss_mode",
+    "distillation.distillation_loss.use_policy_gradient": "distillation.loss.use_policy_gradient",
+    "distillation.distillation_loss.loss_max_clamp": "distillation.loss.loss_max_clamp",
+    # and clip_ratio_high, where those are unset
+    "distillation.distillation_loss.clip_ratio": "distillation.loss.clip_ratio_low",
+    "distillation.distillation_loss.clip_ratio_low": "distillation.loss.clip_ratio_low",
+    "distillation.distillation_loss.clip_ratio_high": "distillation.loss.clip_ratio_high",
+    "distillation.distillation_loss.use_task_rewards": "distillation.use_task_rewards",
+    "distillation.distillation_loss.distillation_loss_coef": "distillation.coef",
+    "distillation.distillation_loss.topk": "distillation.topk",
+    "distillation.distillation_loss.log_prob_min_clamp": "distillation.log_prob_min_clamp",
 }
 """Schema key -> the `RunSpec` field it sets."""
 
@@ -303,11 +317,19 @@ _STRATEGY = "relm trains with PyTorch (FSDP2 when distributed): `fsdp`, `fsdp2` 
 REFUSED_SCHEMA_KEYS: dict[str, str] = {
     f"{_ACTOR}.strategy": _STRATEGY,
     "critic.strategy": _STRATEGY,
+    "distillation.distillation_loss.policy_loss_mode": "verl's distillation takes only `vanilla`",
+    "distillation.teacher_key": "relm routes responses to teachers by their row's `data_source` only",
 }
 """Schema keys relm reads only to refuse values it cannot honour (`relm.config.validate`)."""
 
+_TEACHER_POOL = (
+    "relm's teachers score in the training processes, on their GPUs (verl's separate teacher pool)"
+)
+
 IGNORED_SCHEMA_KEYS: dict[str, str] = {
     f"{_ARR}.hybrid_engine": "relm's engine always shares the training process and the actor's weights (verl's hybrid engine)",
+    "distillation.n_gpus_per_node": _TEACHER_POOL,
+    "distillation.nnodes": _TEACHER_POOL,
 }
 """Schema keys accepted and not used; a value other than the default is reported at start."""
 

@@ -620,6 +620,63 @@ class AlgorithmConfig:
     """`gdpo`: one weight per `gdpo_reward_keys` entry for the sum of the normalised rewards; unset: all 1."""
 
 
+def _one_teacher() -> dict[str, Any]:
+    return {"teacher_model": {"key": None, "model_path": None, "num_replicas": 0}}
+
+
+@dataclass
+class DistillationLossConfig:
+    """How the teacher's per-token log-probabilities train the student (`distillation.distillation_loss.*`)."""
+
+    loss_mode: str = "k3"
+    """The per-token divergence: `k1` (`kl`), `k3` (`low_var_kl`), `k2` (`mse`), `abs` (estimators of
+    KL(student || teacher) at the sampled token) or `forward_kl_topk` (KL(teacher || student) over the
+    teacher's top `topk` tokens)."""
+    topk: int | None = 32
+    """The teacher's top tokens per position for `forward_kl_topk`."""
+    use_task_rewards: bool = True
+    """Keep the task's policy loss (reward, advantages, KL and entropy terms) and add the distillation term
+    times `distillation_loss_coef`; off, the distillation term alone trains the student."""
+    distillation_loss_coef: float = 1.0
+    """Weight of the distillation term beside the task's policy loss (with `use_task_rewards`)."""
+    loss_max_clamp: float | None = None
+    """Clamp each token's divergence to [-c, c] (unset: no clamp)."""
+    log_prob_min_clamp: float | None = None
+    """`forward_kl_topk`: floor of both sides' top-k log-probabilities (unset: none)."""
+    use_policy_gradient: bool = False
+    """Use the negated divergence as each token's advantage in a clipped policy loss (the reverse-KL reward
+    of on-policy distillation; `k1` needs it); off, backpropagate the divergence itself (`k3`, `forward_kl_topk`)."""
+    policy_loss_mode: str = "vanilla"
+    """The policy loss of `use_policy_gradient`: verl 0.9.1 has only `vanilla` (the PPO clip)."""
+    clip_ratio: float = 0.2
+    """Clip range of that policy loss where `clip_ratio_low` / `clip_ratio_high` are unset."""
+    clip_ratio_low: float | None = 0.2
+    """Lower clip range of that policy loss."""
+    clip_ratio_high: float | None = 0.2
+    """Upper clip range of that policy loss."""
+
+
+@dataclass
+class DistillationConfig:
+    """On-policy distillation from frozen teacher models (`distillation.*`, verl 0.9.1's keys)."""
+
+    enabled: bool = False
+    """Score each response's tokens with a teacher and train the student towards it."""
+    distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
+    """The distillation loss."""
+    n_gpus_per_node: int = 8
+    """verl's GPUs per node of the teacher's own resource pool; relm runs teachers in its training processes."""
+    nnodes: int = 0
+    """verl's nodes of the teacher's resource pool; relm runs teachers in its training processes."""
+    teacher_models: dict[str, Any] = field(default_factory=_one_teacher)
+    """Teachers by name, each `{key, model_path}`: one (`teacher_model`) scores every response; with several
+    (added as `+distillation.teacher_models.NAME.*`, which drops `teacher_model`) each response goes to the
+    teacher whose `key` is its row's `data_source`. A teacher shares the student's vocabulary; its `inference.*`
+    and `num_replicas` size verl's teacher servers and are not used."""
+    teacher_key: str = "data_source"
+    """The row field that routes a response to a teacher when there are several: relm takes `data_source` only."""
+
+
 @dataclass
 class TrainerConfig:
     """The loop, logging and checkpoints (`trainer.*`)."""
@@ -698,5 +755,7 @@ class RelmConfig:
     """Advantages and reward shaping."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Loop, logs, checkpoints."""
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    """On-policy distillation from a frozen teacher."""
     seed: int = 42
     """Seed of every random generator relm owns."""

@@ -380,6 +380,52 @@ class AlgorithmSpec:
 
 
 @dataclass(frozen=True)
+class DistillationLoss:
+    """How the per-token divergences become the distillation term (`distillation.distillation_loss.*`;
+    `relm.algorithms.distillation.distillation_loss`)."""
+
+    loss_mode: str
+    """One of `relm.algorithms.distillation.LOSS_MODES`."""
+    use_policy_gradient: bool
+    """The negated divergence is a per-token advantage in the clipped policy loss (else the divergence is
+    the loss itself)."""
+    loss_max_clamp: float | None
+    """Per-token divergences are clamped to [-c, c] before they are used (None: no clamp)."""
+    clip_ratio_low: float
+    clip_ratio_high: float
+    """The policy loss's clip range when `use_policy_gradient`."""
+
+
+@dataclass(frozen=True)
+class TeacherSpec:
+    """One frozen teacher (`distillation.teacher_models.NAME`)."""
+
+    name: str
+    """Its entry's name under `teacher_models` (for messages)."""
+    key: str
+    """The `teacher_key` value of the rows it scores (`default` for a lone teacher, which scores all)."""
+    path: str
+    """Its weights: a folder, a Hub id or `zoo:NAME`."""
+
+
+@dataclass(frozen=True)
+class DistillationSpec:
+    """On-policy distillation (`distillation.*`): the teachers and the loss."""
+
+    enabled: bool
+    teachers: tuple[TeacherSpec, ...]
+    """Empty unless `enabled`; with several, a response goes to the one whose `key` is its row's data_source."""
+    loss: DistillationLoss
+    use_task_rewards: bool
+    """The task's policy loss stays and the distillation term is added times `coef`; else it stands alone."""
+    coef: float
+    topk: int | None
+    """`forward_kl_topk`: the teacher's top ids a position (None for the estimator modes)."""
+    log_prob_min_clamp: float | None
+    """`forward_kl_topk`: floor of both sides' top-k log-probabilities (None: none)."""
+
+
+@dataclass(frozen=True)
 class MemorySpec:
     """The run's side of the memory plan request that no model spec carries."""
 
@@ -436,3 +482,4 @@ class RunSpec:
     algorithm: AlgorithmSpec
     memory: MemorySpec
     loop: LoopSpec
+    distillation: DistillationSpec

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from relm.config import key_table
+from relm.config.distillation import parse_distillation
 from relm.config.remote_code import ACTOR_KEY, CRITIC_KEY, model_trust
 from relm.config.rollout_correction import parse_rollout_correction
 from relm.config.schema import (
@@ -53,8 +54,10 @@ def translate(cfg: RelmConfig) -> tuple[RunSpec, list[str]]:
     """Every component's spec for `cfg`, and one warning line per accepted key that will not act.
 
     Raises:
-        UserError: an `algorithm.rollout_correction` value verl would refuse (parsed here, once).
+        UserError: an `algorithm.rollout_correction` or `distillation` value verl would refuse (parsed here,
+            once).
     """
+    distillation, distillation_warnings = parse_distillation(cfg.distillation)
     spec = RunSpec(
         data=data_spec(cfg),
         actor=actor_spec(cfg),
@@ -75,8 +78,9 @@ def translate(cfg: RelmConfig) -> tuple[RunSpec, list[str]]:
             num_gpus=cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes,
         ),
         loop=loop_spec(cfg),
+        distillation=distillation,
     )
-    return spec, key_table.unused_value_warnings(cfg, spec)
+    return spec, key_table.unused_value_warnings(cfg, spec) + distillation_warnings
 
 
 def data_spec(cfg: RelmConfig) -> DataSpec:

@@ -432,7 +432,10 @@ def _check_batches(cfg: RelmConfig) -> None:
             f"`data.train_batch_size={train}` x `rollout.n={n}` = {train * n} responses do not split evenly "
             f"over {ranks} GPUs; make the product a multiple of {ranks}"
         )
-    if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS and n < 2:
+    distill = cfg.distillation
+    advantages_train = not (distill.enabled and not distill.distillation_loss.use_task_rewards)
+    # Distilling without the task's loss, the estimator's advantages train nothing (verl's OPD scripts: grpo, n=1).
+    if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS and n < 2 and advantages_train:
         raise UserError(
             f"`actor_rollout_ref.rollout.n={n}`: `{cfg.algorithm.adv_estimator}` compares responses to the "
             f"same prompt, so it needs n >= 2"

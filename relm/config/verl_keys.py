@@ -68,7 +68,9 @@ _REWARD_IN_PROCESS = (
     "relm scores rewards in its own reward workers (`reward_model.num_workers`), not verl's reward loop"
 )
 _SANDBOX = "remote code sandboxes are not supported; score in a custom function"
-_DISTILL = "on-policy distillation is not implemented"
+_CHUNKED_TOPK = (
+    "relm's log-softmax over the vocabulary always runs a few positions at a time (no [B, T, V] fp32 buffer)"
+)
 _TRANSFER_QUEUE = "verl's transfer queue moves data between Ray workers; relm has no workers to feed"
 _SKIP = "rollout dumps and replays for debugging are not implemented"
 _TRAINER_V1 = "relm has one synchronous trainer loop (verl's v1 trainer modes do not apply)"
@@ -322,7 +324,9 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "reward_manager.source": _REWARD_IN_PROCESS,
     "reward_manager.module.*": _REWARD_IN_PROCESS,
     "sandbox_fusion.*": _SANDBOX,
-    "distillation.*": _DISTILL,
+    # verl's dataclass-only keys of the top-k loss (not in its YAML; scripts add them with `+`)
+    "distillation.distillation_loss.use_chunked_topk": _CHUNKED_TOPK,
+    "distillation.distillation_loss.chunked_topk_chunk_size": _CHUNKED_TOPK,
     "transfer_queue.*": _TRANSFER_QUEUE,
     "skip.*": _SKIP,
     "trainer.checkpoint_callback_class": _CKPT,
@@ -403,7 +407,6 @@ UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
         "a constant loss divisor is not supported yet; leave it null and pick `loss_agg_mode`"
     ),
     "data.tool_config_path": "tool calling (multi-turn rollouts) is not supported yet",
-    "distillation.enabled": "on-policy distillation is not supported yet",
     "transfer_queue.enable": "verl's transfer queue is not supported; leave it off",
     "reward.reward_manager.module.path": "custom reward-manager classes are not supported; use a custom function",
     "reward_manager.module.path": "custom reward-manager classes are not supported; use a custom function",

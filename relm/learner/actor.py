@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import nn
@@ -12,7 +13,7 @@ from relm.distributed.context import DistContext
 from relm.distributed.gathering import Accumulation
 from relm.learner.actor_objective import ActorObjective, PolicyTensors, actor_objective
 from relm.learner.batch import Advantaged, UpdateForward
-from relm.learner.forward import response_logprobs
+from relm.learner.forward import response_logprobs, response_logprobs_at
 from relm.learner.trainee import Trainee
 from relm.learner.update_loop import MicroStep, UpdateResult, run_update
 from relm.memory.host_allocator import release_heap_fragments
@@ -76,21 +77,30 @@ def _accumulate_minibatch(
     for index, micro in enumerate(micros):
         mb = batch.select(micro).to(device)
         rollout = mb.rollout
-        logprobs, entropy = response_logprobs(
-            model,
-            rollout.input_ids,
-            rollout.attention_mask,
-            rollout.position_ids,
-            rollout.response_width,
+        topk = mb.annotated.teacher_topk
+        forward: dict[str, Any] = dict(
             temperature=temperature,
             compute_entropy=True,
             # entropy_coeff 0 (the default): the entropy is only a metric, kept out of backward
             entropy_grad=objective.entropy_coeff != 0,
-            remove_padding=remove_padding,
             vocab_limit=vocab_limit,
         )
+        student_topk = None
+        if topk is None:
+            logprobs, entropy = response_logprobs(
+                model, rollout.input_ids, rollout.attention_mask, rollout.position_ids, rollout.response_width,
+                remove_padding=remove_padding, **forward,
+            )  # fmt: skip
+        else:  # forward_kl_topk: the same forward also gives the student's logprobs at the teacher's top ids
+            logprobs, entropy, student_topk = response_logprobs_at(
+                model, rollout.input_ids, rollout.attention_mask, rollout.position_ids, rollout.response_width,
+                topk.ids, **forward,
+            )  # fmt: skip
         assert entropy is not None, "asked for with compute_entropy=True"
-        loss, metrics = actor_objective(logprobs, entropy, policy_tensors(mb), objective, scale)
+        tensors = policy_tensors(mb)
+        loss, metrics = actor_objective(
+            logprobs, entropy, tensors, objective, scale, student_topk=student_topk
+        )
         accumulation.backward(loss, last=index == len(micros) - 1)
         steps.append(MicroStep(rows=micro, metrics=metrics, forward=logprobs.detach().float().cpu()))
         release_heap_fragments()  # a CPU run's kept heap, bounded between micro-batches
@@ -105,4 +115,8 @@ def policy_tensors(batch: Advantaged) -> PolicyTensors:
         old_logprobs=batch.annotated.old_logprobs,
         ref_logprobs=batch.annotated.ref_logprobs,
         rollout_is_weights=batch.rollout_is_weights,
+        teacher_logprobs=batch.annotated.teacher_logprobs,
+        teacher_topk_logprobs=None
+        if batch.annotated.teacher_topk is None
+        else batch.annotated.teacher_topk.logprobs,
     )

@@ -186,6 +186,16 @@ OldLogprobs = ActorForward | EngineLogprobs | UpdateForward
 
 
 @dataclass(frozen=True)
+class TeacherTopK:
+    """A distillation teacher's `k` most likely ids at each response position (temperature 1)."""
+
+    logprobs: torch.Tensor
+    """[N, R, k] fp32."""
+    ids: torch.Tensor
+    """[N, R, k] int64."""
+
+
+@dataclass(frozen=True)
 class Annotated:
     """A scored rollout with the frozen models' view of it (`trainer/ppo.annotate`)."""
 
@@ -195,6 +205,11 @@ class Annotated:
     """[N, R] reference-model logprobs; absent in a run with no reference model (no KL anywhere)."""
     values: torch.Tensor | None
     """[N, R] critic values V(s_t) before the update; absent in a run with no critic."""
+    teacher_logprobs: torch.Tensor | None = None
+    """[N, R] each sampled token's logprob under its distillation teacher (temperature 1); absent without
+    distillation, and with `forward_kl_topk`, which reads `teacher_topk` instead."""
+    teacher_topk: TeacherTopK | None = None
+    """The teacher's top ids and their logprobs at each position (`forward_kl_topk` only)."""
 
     def __len__(self) -> int:
         return len(self.scored)

@@ -103,13 +103,106 @@ def response_token_stats(
             compute_entropy=compute_entropy, entropy_grad=entropy_grad, positions_per_chunk=vocab_chunk,
             vocab_limit=vocab_limit, compute_sum_pi_squared=compute_sum_pi_squared,
         )  # fmt: skip
+    return _padded_token_stats(
+        model, input_ids, attention_mask, position_ids, response_width, input_ids[:, -response_width:],
+        temperature=temperature, compute_entropy=compute_entropy, entropy_grad=entropy_grad,
+        vocab_chunk=vocab_chunk, vocab_limit=vocab_limit, compute_sum_pi_squared=compute_sum_pi_squared,
+    )  # fmt: skip
+
+
+def response_logprobs_at(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_width: int,
+    ids: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    compute_entropy: bool = False,
+    entropy_grad: bool = True,
+    vocab_limit: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """`response_logprobs` (padded rows) and, from the same forward, the logprobs of `ids` [N, R, K] at each
+    response position: a distillation teacher's top ids (`forward_kl_topk`), with gradient when autograd is on.
+
+    Returns:
+        ([N, R] logprobs of the sampled tokens, [N, R] entropy or None, [N, R, K] logprobs of `ids`).
+    """
+    targets = torch.cat([input_ids[:, -response_width:].unsqueeze(-1), ids], dim=-1)  # [N, R, 1 + K]
+    stats = _padded_token_stats(
+        model, input_ids, attention_mask, position_ids, response_width, targets,
+        temperature=temperature, compute_entropy=compute_entropy, entropy_grad=entropy_grad,
+        vocab_chunk=None, vocab_limit=vocab_limit,
+    )  # fmt: skip
+    picked = stats.logprobs  # [N, R, 1 + K]
+    return picked[..., 0], stats.entropy, picked[..., 1:]
+
+
+@torch.no_grad()
+def response_topk(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_width: int,
+    k: int,
+    *,
+    vocab_limit: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `k` most likely ids at each response position under softmax(logits) (temperature 1) and their
+    logprobs: what a distillation teacher gives for `forward_kl_topk` (verl asks its servers for the prompt's
+    top-k logprobs). Rows of logits go through the fp32 log-softmax a few at a time.
+
+    Returns:
+        ([N, R, k] fp32 logprobs, [N, R, k] int64 ids), largest first.
+    """
+    logits = _response_logits(model, input_ids, attention_mask, position_ids, response_width)
+    logits = logits[:, :-1, :vocab_limit]  # [N, R, V]; the last column predicts nothing
+    rows = max(1, DEFAULT_CHUNK_VALUES // (logits.shape[1] * logits.shape[2]))
+    values, ids = [], []
+    for block in logits.split(rows):
+        top = torch.log_softmax(block.float(), dim=-1).topk(k, dim=-1)
+        values.append(top.values)
+        ids.append(top.indices)
+    return torch.cat(values), torch.cat(ids)
+
+
+def _response_logits(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_width: int,
+) -> torch.Tensor:
+    """[N, R + 1, V] logits of the last R + 1 columns, in the model's dtype."""
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     if _accepts_logits_to_keep(model):
-        logits = model(**kwargs, use_cache=False, logits_to_keep=response_width + 1).logits  # [N, R+1, V]
-    else:
-        logits = model(**kwargs, use_cache=False).logits[:, -response_width - 1 :]  # [N, R+1, V]
+        return model(**kwargs, use_cache=False, logits_to_keep=response_width + 1).logits
+    return model(**kwargs, use_cache=False).logits[:, -response_width - 1 :]
+
+
+def _padded_token_stats(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_width: int,
+    targets: torch.Tensor,
+    *,
+    temperature: float,
+    compute_entropy: bool,
+    entropy_grad: bool,
+    vocab_chunk: int | None,
+    vocab_limit: int | None,
+    compute_sum_pi_squared: bool = False,
+) -> TokenStats:
+    """The padded path of `response_token_stats` for `targets` [N, R] (the sampled ids) or [N, R, k] (several
+    ids a position). The logprobs take the targets' shape; entropy and sum of squared probabilities are per
+    position, [N, R], either way."""
+    logits = _response_logits(model, input_ids, attention_mask, position_ids, response_width)  # [N, R+1, V]
     logits = logits[..., :vocab_limit]  # a view; None keeps every row
-    targets = input_ids[:, -response_width:]  # [N, R]; column P-1+t of `logits` predicts targets[:, t]
+    # targets [N, R] (or [N, R, k]): column P-1+t of `logits` predicts targets[:, t]
 
     # Blocks of whole rows when a row fits the budget, else column slices of one row. The blocks are
     # `split` views, not indexing: autograd joins a split's gradients in one concatenation, whereas
@@ -149,7 +242,7 @@ def response_token_stats(
         if compute_sum_pi_squared:
             squared_rows.append(torch.cat(squared_cols, dim=1))
     return TokenStats(
-        logprobs=torch.cat(logprob_rows),  # [N, R]
+        logprobs=torch.cat(logprob_rows),  # [N, R] (or [N, R, k])
         entropy=torch.cat(entropy_rows) if compute_entropy else None,
         sum_pi_squared=torch.cat(squared_rows) if compute_sum_pi_squared else None,
     )

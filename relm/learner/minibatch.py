@@ -13,7 +13,7 @@ from relm.distributed.balance import same_group_count
 if TYPE_CHECKING:
     from relm.distributed.context import DistContext
 
-ADDITIVE_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss"})
+ADDITIVE_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss", "distillation/loss"})
 """Losses computed with the mini-batch's `AggScale`: each micro-batch holds a share, so they are summed
 within a mini-batch. Every other metric (ratios, fractions) is averaged."""
 

@@ -26,6 +26,7 @@ class TokenStats:
     padded positions); a statistic the caller did not ask for is None."""
 
     logprobs: torch.Tensor
+    """[N, R], or [N, R, k] where the padded path was given k target ids a position (distillation's top-k)."""
     entropy: torch.Tensor | None
     sum_pi_squared: torch.Tensor | None
     """Sum over the vocabulary of the squared probabilities (`sum_pi_squared`), without gradient."""
@@ -41,7 +42,8 @@ def vocab_chunk_stats(
     compute_sum_pi_squared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Logprob of `targets` (and entropy, and sum of squared probabilities) of one chunk of logits
-    [..., c, V] -> [..., c] fp32 each; None for a statistic not asked for.
+    [..., c, V] -> [..., c] fp32 each (the logprob [..., c, k] for [..., c, k] targets; the other two stay
+    per position); None for a statistic not asked for.
 
     With `use_checkpoint` only the model-dtype logits view is saved; the fp32 softmax is recomputed
     in backward. An entropy without gradient is computed apart, under no_grad, so the backward
@@ -70,13 +72,19 @@ def _token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, c, V] logits, [n, c] targets -> ([n, c] logprob, [n, c] entropy or zeros when not asked).
 
+    `targets` may also be [n, c, k] (several ids a position: the sampled one and a teacher's top ids);
+    the logprob is then [n, c, k].
+
     The trainer has `relm.models.fused_layers` swap in a compiled copy of this and `_token_entropy`
     on CUDA (`compiled_pieces`): eager, each line is a pass over [n, c, V] fp32 values; compiled, the
     chunk is read about once.
     """
     scaled = logits.float() / scale  # [n, c, V]
     log_norm = torch.logsumexp(scaled, dim=-1)  # [n, c]
-    logprob = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm  # [n, c]
+    if targets.dim() == scaled.dim():  # [n, c, k]
+        logprob = scaled.gather(-1, targets) - log_norm.unsqueeze(-1)
+    else:
+        logprob = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm  # [n, c]
     if not compute_entropy:
         return logprob, torch.zeros_like(logprob)
     return logprob, _entropy_of(scaled, log_norm)

@@ -286,6 +286,7 @@ def whole_model_plan(request: PlanRequest) -> tuple[MemoryPlan | None, str]:
         name
         for name, on in (
             ("the reference", plan.park_reference),
+            ("the teachers", plan.park_teachers),
             ("the engine copy", plan.park_engine_copy),
         )
         if on
@@ -388,7 +389,22 @@ def _plan_request(
         cpu_rows_per_microbatch=spec.actor.update.rows_per_microbatch
         or default_rows_per_microbatch(spec, actor.vocab_size if device.type == "cpu" else None),
         response_length=spec.data.max_response_length,
+        teacher_params=_teacher_params(spec),
     )
+
+
+def _teacher_params(spec: RunSpec) -> int:
+    """Parameters of the distillation teachers together, from their configs (0 without distillation)."""
+    total = 0
+    for teacher in spec.distillation.teachers if spec.distillation.enabled else ():
+        source = spec.actor.source
+        _, config, _ = load_config(
+            resolve_model_dir(teacher.path),
+            trust_remote_code=source.trust_remote_code,
+            trust_key=source.trust_key,
+        )
+        total += ModelShape.from_config(config, trust_remote_code=source.trust_remote_code).num_params
+    return total
 
 
 def _vocab_size(spec: RunSpec, model_dir: str) -> int:
@@ -503,6 +519,7 @@ def build_residency(
     *,
     ref: nn.Module | None,
     engine_copy: nn.Module | None,
+    teachers: nn.Module | None = None,
     trained: Mapping[str, tuple[nn.Module, torch.optim.Optimizer | None]],
 ) -> Residency:
     """The models the plan parks outside their phases (none without a plan).
@@ -515,6 +532,8 @@ def build_residency(
     if plan is not None:
         if plan.park_reference and ref is not None:
             models["reference"] = ParkedModel(ref, device)
+        if plan.park_teachers and teachers is not None:
+            models["teacher"] = ParkedModel(teachers, device)
         if plan.park_engine_copy and engine_copy is not None:
             models["engine_copy"] = ParkedModel(engine_copy, device)
         for name, (module, optimizer) in trained.items():

@@ -24,6 +24,7 @@ PHASE_NEEDS = {
     "generate": {"engine_copy"},
     "old_log_prob": set(),
     "reference": {"reference"},
+    "teacher": {"teacher"},
     "values": {"critic"},
     "update_critic": {"critic"},
     "update_actor": set(),

@@ -11,7 +11,8 @@ C critic parameters) and the run's lengths. Bytes a parameter:
   eagerly cast attention projections keep one: `ModelShape.autocast_cached_params`), and two AdamW
   moments (8 in fp32, 4 in bf16);
 - frozen copies hold 2: the reference model, and the engine's bf16 copy of the policy (the engine copy), which exists only
-  beside fp32 master weights (bf16 weights are generated on directly);
+  beside fp32 master weights (bf16 weights are generated on directly); the distillation teachers, frozen models of
+  their own shapes, hold 2 a parameter of theirs (4 where the run computes in fp32, as the reference does);
 - activations of one micro-batch, per token: without gradient checkpointing every layer keeps its
   intermediate tensors; with it only each layer's input stays and one layer is recomputed at a time,
   plus the output head's bf16 logits and their gradient, and 2 GiB of log-softmax scratch.
@@ -28,7 +29,7 @@ stays allocated between trips: offloaded moments, parked models (a parked critic
 and their sum must stay within `HOST_SHARE` of the machine's memory.
 
 The plan walks rungs of precision, cheapest loss first, and within each rung arrangements of rising
-transfer cost: park the reference, then the engine copy, then the critic (each moved once a step),
+transfer cost: park the reference, then the teachers, then the engine copy, then the critic (each moved once a step),
 then keep the actor's moments in CPU memory, then the critic's too (moved every optimizer step):
 
 1. fp32 master weights and fp32 moments (nothing given up);
@@ -167,6 +168,9 @@ class PlanRequest:
     """CPU runs: responses per forward/backward (`actor.ppo_micro_batch_size_per_gpu` or relm's default)."""
     response_length: int = 0
     """CPU runs: response tokens of the longest row; the training forwards hold logits for all of them."""
+    teacher_params: int = 0
+    """Parameters of the frozen distillation teachers together (`distillation.teacher_models`), held in the
+    compute dtype like the reference; 0 without distillation."""
 
     def __post_init__(self) -> None:
         if next(iter(self.trainees), None) != POLICY:
@@ -215,6 +219,7 @@ class MemoryPlan:
     """The token budget of the policy's micro-batches (a critic's follows it unless the user set its own)."""
     rung: Rung
     park_reference: bool = False
+    park_teachers: bool = False
     park_engine_copy: bool = False
     engine_copy: bool = False
     """The engine generates with its own copy of the actor (fp32 master weights)."""
@@ -262,7 +267,11 @@ class MemoryPlan:
         """The lines printed before the first step."""
         parked = [
             name
-            for name, on in (("reference", self.park_reference), ("engine copy", self.park_engine_copy))
+            for name, on in (
+                ("reference", self.park_reference),
+                ("teachers", self.park_teachers),
+                ("engine copy", self.park_engine_copy),
+            )
             if on
         ] + [name for name, t in self.trainees.items() if t.parked]
         checkpointing = ", ".join(
@@ -423,6 +432,7 @@ def plan_memory(request: PlanRequest) -> MemoryPlan:
         max_tokens_per_microbatch=max_tokens,
         rung=rung,
         park_reference="reference" in chosen.parked,
+        park_teachers="teachers" in chosen.parked,
         park_engine_copy="engine copy" in chosen.parked,
         engine_copy=_engine_copy_bytes(request, rung) > 0,
         budget_bytes=budget,
@@ -480,6 +490,7 @@ def _arrangements(request: PlanRequest, rung: Rung) -> list[tuple[frozenset[str]
         name
         for name, present in (
             ("reference", _has_reference_copy(request)),
+            ("teachers", request.teacher_params > 0),
             ("engine copy", _engine_copy_bytes(request, rung) > 0),
         )
         if present
@@ -498,6 +509,7 @@ def _layout(request: PlanRequest, rung: Rung, parked: frozenset[str], offloaded:
     compute = 2 if (rung.weights == FP32 and request.autocast) or rung.weights != FP32 else 4
     frozen = {
         "reference": compute * P if _has_reference_copy(request) else 0,
+        "teachers": compute * request.teacher_params,
         "engine copy": _engine_copy_bytes(request, rung) * P,
     }
     resident_frozen = sum(size for name, size in frozen.items() if name not in parked)

@@ -90,6 +90,7 @@ from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
 from relm.rollout.vllm_lora import VLLMLora
 from relm.rollout.watchdog import WatchedEngine
 from relm.trainer.data_parallel import choose_layouts, data_parallel_memory
+from relm.trainer.teachers import Teachers, load_teachers
 
 logger = logging.getLogger("relm")
 
@@ -166,6 +167,8 @@ class RunComponents:
     ones), and the check that a separate engine copy took it."""
     reward_model: ModelScorer | None = None
     """The frozen reward model or LLM judge (`reward_model.enable`), whose score is the reward."""
+    teachers: Teachers | None = None
+    """The frozen teachers of on-policy distillation (`distillation.enabled`), one per teacher folder."""
     multi_turn: ConversationRollout | None = None
     """Drives `engine` through conversations with tools when `rollout.multi_turn.enable` (else None);
     data-parallel, each rank runs whole conversations for its share of the prompts."""
@@ -272,7 +275,7 @@ def build_components(
     compute_score: ComputeScore | None = None,
     dist: DistContext | None = None,
 ) -> RunComponents:
-    """Load tokenizer, actor (+ reference, critic), engine, data and reward for `spec`.
+    """Load tokenizer, actor (+ reference, teachers, critic), engine, data and reward for `spec`.
 
     `model_dir` is the resolved local folder of `actor_rollout_ref.model.path`; `compute_score` the
     already-loaded reward function (loaded from `custom_reward_function` when not given); `dist` the
@@ -324,6 +327,14 @@ def build_components(
         if builds_reference(spec) and not has_lora(actor)  # a LoRA actor's reference is its base
         else None
     )
+    teachers = (
+        load_teachers(spec.distillation, spec, device, precision.compute, len(tokenizer))
+        if spec.distillation.enabled
+        else None
+    )
+    if teachers is not None and spec.actor.source.remove_padding:
+        for teacher in teachers.group:
+            use_varlen_attention(teacher, device)
     trainees: dict[str, Trainee] = {}
     for name, source in sources.items():
         module, weights = (
@@ -354,6 +365,7 @@ def build_components(
         memory.plan,
         device,
         ref=ref,
+        teachers=teachers.group if teachers is not None else None,
         engine_copy=engine_model if engine_model is not actor else None,
         trained={name: (t.module, t.optimizer) for name, t in trainees.items()},
     )
@@ -403,6 +415,7 @@ def build_components(
         reward_model=build_reward_model(spec.reward.model, device=device)
         if spec.reward.model.enable
         else None,
+        teachers=teachers,
         multi_turn=_multi_turn(spec, tools, engine, tokenizer, engine_model)
         if spec.engine.multi_turn.enable
         else None,

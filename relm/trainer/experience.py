@@ -13,8 +13,8 @@ from relm.data.prompt_batch import PromptBatch
 from relm.distributed.balance import same_group_count
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import gathered_for_passes, passes_are_collective
-from relm.learner.batch import Rollout
-from relm.learner.forward import response_logprobs, response_token_stats, response_values
+from relm.learner.batch import Rollout, TeacherTopK
+from relm.learner.forward import response_logprobs, response_token_stats, response_topk, response_values
 from relm.learner.minibatch import forward_token_counts, microbatch_indices
 from relm.rollout.base import GenerationOutput
 from relm.rollout.padding import left_pad
@@ -117,9 +117,9 @@ def batched_logprobs_and_sum_pi_squared(
     dist: DistContext | None = None,
     vocab_limit: int | None = None,
 ) -> torch.Tensor:
-    """[N, 2, R]: the logprobs of `batched_logprobs` ([:, 0]) and, from the same forwards, each position's sum over
-    the vocabulary of the squared probabilities ([:, 1]), which the optimal token baselines read. One tensor so
-    that the passes and the data-parallel gathering stay those of `batched_logprobs`."""
+    """[N, R, 2]: the logprobs of `batched_logprobs` ([..., 0]) and, from the same forwards, each position's sum
+    over the vocabulary of the squared probabilities ([..., 1]), which the optimal token baselines read. One
+    tensor so that the passes and the data-parallel gathering stay those of `batched_logprobs`."""
 
     def stats_of(mb: Rollout) -> torch.Tensor:
         stats = response_token_stats(
@@ -134,7 +134,7 @@ def batched_logprobs_and_sum_pi_squared(
             compute_sum_pi_squared=True,
         )
         assert stats.sum_pi_squared is not None  # asked for
-        return torch.stack([stats.logprobs, stats.sum_pi_squared], dim=1)
+        return torch.stack([stats.logprobs, stats.sum_pi_squared], dim=-1)
 
     return _in_forward_passes(
         model,
@@ -146,8 +146,49 @@ def batched_logprobs_and_sum_pi_squared(
         max_tokens=max_tokens_per_forward,
         remove_padding=remove_padding,
         dist=dist,
-        row_shape=(2,),
     )
+
+
+@torch.no_grad()
+def batched_topk(
+    model: nn.Module,
+    batch: Rollout,
+    k: int,
+    *,
+    rows_per_forward: int,
+    device: torch.device,
+    max_tokens_per_forward: int | None = None,
+    vocab_limit: int | None = None,
+) -> torch.Tensor:
+    """A distillation teacher's top `k` ids and logprobs at each response position (`response_topk`), in
+    forward passes of `rows_per_forward` rows (or `max_tokens_per_forward` tokens), padded rows.
+
+    Returns:
+        [N, R, k, 2] float64: the logprobs in `[..., 0]`, the ids in `[..., 1]` (float64 holds every id
+        exactly), one tensor so that data-parallel ranks gather it like any other; `unpack_topk` splits it.
+    """
+
+    def topk_of(mb: Rollout) -> torch.Tensor:
+        values, ids = response_topk(
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.position_ids,
+            mb.response_width,
+            k,
+            vocab_limit=vocab_limit,
+        )
+        return torch.stack([values.double(), ids.double()], dim=-1)
+
+    return _in_forward_passes(
+        model, batch, topk_of, "teacher top-k forward", rows_per_forward=rows_per_forward, device=device,
+        max_tokens=max_tokens_per_forward, remove_padding=False, dist=None,
+    )  # fmt: skip
+
+
+def unpack_topk(packed: torch.Tensor) -> TeacherTopK:
+    """`batched_topk`'s [N, R, k, 2] tensor as a `TeacherTopK` record."""
+    return TeacherTopK(logprobs=packed[..., 0].float(), ids=packed[..., 1].long())
 
 
 @torch.no_grad()
@@ -197,23 +238,28 @@ def _in_forward_passes(
     max_tokens: int | None,
     remove_padding: bool,
     dist: DistContext | None,
-    row_shape: tuple[int, ...] = (),
 ) -> torch.Tensor:
-    """[N, *row_shape, R] fp32 on the CPU: `compute` ([n, *row_shape, R] of a sub-batch on `device`) over groups of rows cut by
+    """[N, R, ...] on the CPU, fp32 (float64 where `compute` gives float64): `compute` ([n, R, ...] of a sub-batch
+    on `device`; the trailing shape and the dtype are taken from the first pass) over groups of rows cut by
     row count or token budget, each retried in halves on out-of-memory (not when `model` is sharded:
     its passes gather weights from other ranks, so every rank must make the same ones). A sharded
-    model's weights stay gathered from the first pass to the last where memory allows."""
-    out = torch.zeros(len(batch), *row_shape, batch.response_width)
+    model's weights stay gathered from the first pass to the last where memory allows. A batch of no rows
+    gives [0, R]."""
+    found: list[torch.Tensor] = []  # [N, R, ...], shaped by the first pass's result
 
     def forward(rows: torch.Tensor) -> None:
-        out[rows] = compute(batch.select(rows).to(device)).float().cpu()
+        result = compute(batch.select(rows).to(device)).cpu()
+        result = result if result.dtype == torch.float64 else result.float()
+        if not found:
+            found.append(torch.zeros(len(batch), *result.shape[1:], dtype=result.dtype))
+        found[0][rows] = result
 
     groups = _forward_groups(batch, rows_per_forward, max_tokens, remove_padding)
     retry = not passes_are_collective(model)
     with gathered_for_passes(model, device, dist):
         for rows in same_group_count(groups, dist):
             run_halving_on_oom(rows, forward, what, retry=retry)
-    return out
+    return found[0] if found else torch.zeros(len(batch), batch.response_width)
 
 
 def run_halving_on_oom(

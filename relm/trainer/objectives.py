@@ -7,12 +7,13 @@ The learner's objectives take these small frozen records (`relm.learner.actor_ob
 from __future__ import annotations
 
 from relm.config.specs import RunSpec
-from relm.learner.actor_objective import ActorObjective, KLLoss
+from relm.learner.actor_objective import ActorObjective, DistillationTerm, KLLoss
 from relm.learner.critic import CriticObjective
 
 
 def actor_objective_of(spec: RunSpec) -> ActorObjective:
-    """`actor_rollout_ref.actor`'s loss keys and `algorithm.rollout_correction` as an `ActorObjective`."""
+    """`actor_rollout_ref.actor`'s loss keys, `algorithm.rollout_correction` and `distillation.distillation_loss`
+    as an `ActorObjective`."""
     loss = spec.actor_loss
     return ActorObjective(
         loss_mode=loss.loss_mode,
@@ -24,6 +25,14 @@ def actor_objective_of(spec: RunSpec) -> ActorObjective:
         kl_loss=KLLoss(kind=loss.kl_loss_type, coef=loss.kl_loss_coef) if loss.use_kl_loss else None,
         correction=spec.algorithm.rollout_correction,  # parsed once, by relm.config.translate
         params=loss.params,
+        distillation=DistillationTerm(
+            loss=spec.distillation.loss,
+            use_task_rewards=spec.distillation.use_task_rewards,
+            coef=spec.distillation.coef,
+            log_prob_min_clamp=spec.distillation.log_prob_min_clamp,
+        )
+        if spec.distillation.enabled
+        else None,
     )
 
 

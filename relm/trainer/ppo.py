@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch import nn
 
 from relm.algorithms.advantages import compute_advantages, estimator_needs
 from relm.algorithms.kl import KLController, apply_kl_penalty
@@ -33,6 +34,7 @@ from relm.learner.batch import (
     OldLogprobs,
     Rollout,
     Scored,
+    TeacherTopK,
     UpdateForward,
 )
 from relm.learner.critic import update_critic
@@ -40,7 +42,13 @@ from relm.rollout.watchdog import engine_stage
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
 from relm.trainer.data_parallel import gather_rows, local_rows, on_rank_rows, rank_rows, reduce_update_metrics
-from relm.trainer.experience import batched_logprobs, batched_logprobs_and_sum_pi_squared, batched_values
+from relm.trainer.experience import (
+    batched_logprobs,
+    batched_logprobs_and_sum_pi_squared,
+    batched_topk,
+    batched_values,
+    unpack_topk,
+)
 from relm.trainer.flops import peak_flops, training_flops
 from relm.trainer.metrics import (
     data_metrics,
@@ -52,6 +60,7 @@ from relm.trainer.objectives import actor_objective_of, critic_objective_of
 from relm.trainer.old_logprobs import gap_metrics, old_logprob_source, rollout_correction
 from relm.trainer.run import Run
 from relm.trainer.samples import dump_rollout
+from relm.trainer.teachers import teacher_scores
 
 logger = logging.getLogger("relm")
 
@@ -106,7 +115,8 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
 
 
 def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, float]]:
-    """Old logprobs (actor), reference logprobs and values, each in forward passes of a few rows; their metrics.
+    """Old logprobs (actor), reference and teacher logprobs and values, each in forward passes of a few rows;
+    their metrics.
 
     Data-parallel, each rank computes them for its own rows and every rank gets them for all rows.
     """
@@ -145,8 +155,8 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
                     actor.module, b, rows_per_forward=actor.batching.rows_per_forward, **logprobs
                 ),
             )
-        computed = outputs[:, 0].contiguous() if with_squares else outputs  # [N, R]
-        squares = outputs[:, 1].contiguous() if with_squares else None
+        computed = outputs[..., 0].contiguous() if with_squares else outputs  # [N, R]
+        squares = outputs[..., 1].contiguous() if with_squares else None
         old_logprobs = ActorForward(computed, sum_pi_squared=squares)
         metrics.update(gap_metrics(computed, rollout, with_offpolicy=False))
     ref_logprobs = None
@@ -159,6 +169,10 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
                 rows,
                 lambda b: batched_logprobs(ref, b, rows_per_forward=c.sizes.rows_per_ref_forward, **logprobs),
             )
+    teacher, teacher_topk = None, None
+    if c.teachers is not None:
+        with timed(metrics, "teacher"), c.residency.phase("teacher"):
+            teacher, teacher_topk = _teacher_annotations(c, rollout, rows, logprobs)
     values = None
     critic = c.critic
     if critic is not None:
@@ -177,8 +191,38 @@ def annotate(c: RunComponents, scored: Scored) -> tuple[Annotated, dict[str, flo
                     dist=c.dist,
                 ),
             )
-    annotated = Annotated(scored=scored, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values)
+    annotated = Annotated(
+        scored=scored, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values,
+        teacher_logprobs=teacher, teacher_topk=teacher_topk,
+    )  # fmt: skip
     return annotated, metrics
+
+
+def _teacher_annotations(
+    c: RunComponents, rollout: Rollout, rows: torch.Tensor | None, logprobs: dict[str, Any]
+) -> tuple[torch.Tensor | None, TeacherTopK | None]:
+    """The teachers' logprobs of the sampled tokens, or (`forward_kl_topk`) their top-k ids and logprobs.
+
+    At temperature 1 (verl asks its teacher servers for prompt logprobs, which no temperature touches);
+    the teachers are whole on every rank, so each scores its rank's rows with no collective."""
+    teachers, distill = c.teachers, c.spec.distillation
+    assert teachers is not None
+    forward = dict(logprobs, temperature=1.0, dist=None)
+
+    def sampled(model: nn.Module, sub: Rollout) -> torch.Tensor:
+        return batched_logprobs(model, sub, rows_per_forward=c.sizes.rows_per_ref_forward, **forward)
+
+    if distill.topk is None:
+        return on_rank_rows(c.dist, rollout, rows, lambda b: teacher_scores(teachers, b, sampled)), None
+    k = distill.topk
+
+    def top(model: nn.Module, sub: Rollout) -> torch.Tensor:
+        return batched_topk(
+            model, sub, k, rows_per_forward=c.sizes.rows_per_ref_forward, device=c.device,
+            max_tokens_per_forward=forward["max_tokens_per_forward"], vocab_limit=forward["vocab_limit"],
+        )  # fmt: skip
+
+    return None, unpack_topk(on_rank_rows(c.dist, rollout, rows, lambda b: teacher_scores(teachers, b, top)))
 
 
 def estimate_advantages(

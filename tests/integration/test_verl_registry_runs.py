@@ -168,3 +168,25 @@ def test_each_optimal_token_baseline_trains_on_the_demo(
     assert len(result.metrics) == 2
     for record in result.metrics:
         assert record["actor/pg_loss"] == record["actor/pg_loss"] and "timing_s/old_log_prob" in record
+
+
+def test_an_optimal_token_baseline_trains_beside_a_top_k_teacher(
+    train: Callable[..., RunResult], varied_reward
+):
+    """Both read extra tensors from forwards before the update: the actor's squared-probability sums ([N, R, 2]
+    passes) and the teacher's top ids (float64 [N, R, k, 2] passes); the task's advantages and the distillation
+    term train together."""
+    result = train(
+        "algorithm.adv_estimator=optimal_token_baseline",
+        varied_reward,
+        "trainer.total_training_steps=1",
+        "distillation.enabled=true",
+        "distillation.teacher_models.teacher_model.model_path=zoo:tiny/qwen2",
+        "distillation.distillation_loss.loss_mode=forward_kl_topk",
+        "distillation.distillation_loss.topk=4",
+        "distillation.distillation_loss.use_task_rewards=true",
+    )
+    assert result.exit_code == 0, result.stderr
+    record = result.metrics[0]
+    assert "timing_s/old_log_prob" in record and "timing_s/teacher" in record
+    assert record["actor/pg_loss"] == record["actor/pg_loss"] and "distillation/loss" in record

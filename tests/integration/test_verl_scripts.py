@@ -44,3 +44,8 @@ def test_the_sample_of_verl_scripts_runs_or_stops_naming_the_missing_feature(tmp
     lora = runs["examples/tuning/lora/run_qwen3_8b_fsdp.sh"]
     assert (lora.result, lora.detail) == ("ran", ""), lora.detail
     assert "actor_rollout_ref.model.lora_rank=64" in lora.argv
+    # verl's multi-teacher on-policy distillation (two teachers routed by data_source, k1 as a per-token reward,
+    # grpo with n=1 and no task loss) trains one step; the harness routes the built-in task to the first teacher.
+    mopd = runs["examples/on_policy_distillation_trainer/run_qwen3_8b_mopd_fsdp.sh"]
+    assert (mopd.result, mopd.detail) == ("ran", ""), mopd.detail
+    assert "+distillation.teacher_models.gsm8k.key=relm/letters" in mopd.argv

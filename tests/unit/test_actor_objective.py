@@ -93,3 +93,62 @@ def test_engine_logprobs_go_through_the_bypass_loss():
     )
     assert loss.item() == pytest.approx(-0.471921, abs=1e-6)
     assert float(metrics["rollout_corr/kl"]) == pytest.approx(0.143841, abs=1e-6)
+
+
+def test_distillation_term_joins_the_task_loss_or_stands_alone():
+    """On-policy (ratio 1), k1 as a per-token reward: divergences s - t with teacher logprobs 0 are ln 1.5 and
+    ln 0.5; the clipped loss is -mean(A) = mean(divergence) = (ln 1.5 + ln 0.5) / 2 = -0.143841.
+    With the task's loss: pg_loss 0 (ratio 1: -mean(A) = 0), entropy -0.2, k1 KL -0.071921, plus 2 x term.
+    Alone: the term itself, and its gradient is the divergence / 2 tokens on each token."""
+    from dataclasses import replace
+
+    from relm.config.specs import DistillationLoss
+    from relm.learner.actor_objective import DistillationTerm
+
+    loss_spec = DistillationLoss(
+        loss_mode="k1", use_policy_gradient=True, loss_max_clamp=None, clip_ratio_low=0.2, clip_ratio_high=0.2
+    )
+    batch = replace(tensors(UpdateForward()), teacher_logprobs=torch.zeros(1, 3))
+    term = -0.143841
+    with_task = replace(SPEC, distillation=DistillationTerm(loss=loss_spec, use_task_rewards=True, coef=2.0))
+    logprobs, entropy = policy()
+    loss, metrics = actor_objective(logprobs, entropy, batch, with_task, SCALE)
+    assert loss.item() == pytest.approx(0.0 - 0.2 - 0.071921 + 2 * term, abs=1e-6)
+    assert metrics["distillation/loss"].item() == pytest.approx(term, abs=1e-6)
+    alone = replace(SPEC, distillation=DistillationTerm(loss=loss_spec, use_task_rewards=False, coef=2.0))
+    logprobs, entropy = policy()
+    loss, _ = actor_objective(logprobs, entropy, batch, alone, SCALE)
+    assert loss.item() == pytest.approx(term, abs=1e-6)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    torch.testing.assert_close(grad, torch.tensor([[math.log(1.5) / 2, math.log(0.5) / 2, 0.0]]))
+    with pytest.raises(RuntimeError, match="teachers' logprobs"):
+        actor_objective(*policy(), tensors(UpdateForward()), alone, SCALE)
+
+
+def test_forward_kl_topk_term_reads_the_students_logprobs_at_the_teachers_ids():
+    """Supervised top-k forward KL alone: teacher top-2 probabilities 0.5 and 0.25 on both tokens, student
+    probabilities 0.25 and 0.25 there: per token 0.5 ln 2 + 0.25 ln 1 = 0.346574, the loss their token mean."""
+    from dataclasses import replace
+
+    from relm.config.specs import DistillationLoss
+    from relm.learner.actor_objective import DistillationTerm
+
+    loss_spec = DistillationLoss(
+        loss_mode="forward_kl_topk", use_policy_gradient=False, loss_max_clamp=None, clip_ratio_low=0.2,
+        clip_ratio_high=0.2,
+    )  # fmt: skip
+    term = DistillationTerm(loss=loss_spec, use_task_rewards=False, coef=1.0, log_prob_min_clamp=None)
+    teacher = torch.log(torch.tensor([0.5, 0.25])).expand(1, 3, 2)
+    batch = replace(tensors(UpdateForward()), teacher_topk_logprobs=teacher)
+    student = torch.log(torch.full((1, 3, 2), 0.25)).requires_grad_(True)
+    loss, metrics = actor_objective(
+        *policy(), batch, replace(SPEC, distillation=term), SCALE, student_topk=student
+    )
+    assert loss.item() == pytest.approx(0.5 * math.log(2), abs=1e-6)
+    assert metrics["distillation/teacher_mass"].item() == pytest.approx(0.75)
+    assert metrics["distillation/student_mass"].item() == pytest.approx(0.5)
+    (grad,) = torch.autograd.grad(loss, student)
+    # d/d log p_s of -p_t log p_s, over 2 tokens; the padded third token gets none
+    torch.testing.assert_close(grad, torch.tensor([[[-0.25, -0.125], [-0.25, -0.125], [0.0, 0.0]]]))
+    with pytest.raises(RuntimeError, match="top-k"):
+        actor_objective(*policy(), batch, replace(SPEC, distillation=term), SCALE)

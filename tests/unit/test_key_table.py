@@ -63,6 +63,7 @@ VALUES: dict[str, Any] = {
     "trainer.logger": ["console"],
     "trainer.device": "cpu",
     "trainer.resume_mode": "disable",
+    "distillation.teacher_models": "{teacher_model:{model_path:/tmp/other}}",  # a mapping of mappings
 }
 
 # Keys that act only with another key set (the default threshold is read only with its option on).
@@ -89,6 +90,17 @@ WITH: dict[str, list[str]] = {
     "algorithm.rollout_correction.bypass_mode": [],
     "data.custom_cls.name": ["data.custom_cls.path=/tmp/dataset.py"],
     "data.custom_cls.path": ["data.custom_cls.name=MyDataset"],
+    # the teachers are read only with distillation on, which needs a teacher
+    "distillation.enabled": ["distillation.teacher_models.teacher_model.model_path=/tmp/teacher"],
+    "distillation.teacher_models": [
+        "distillation.enabled=true",
+        "distillation.teacher_models.teacher_model.model_path=/tmp/teacher",
+    ],
+    "distillation.distillation_loss.topk": ["distillation.distillation_loss.loss_mode=forward_kl_topk"],
+    "distillation.distillation_loss.clip_ratio": [
+        "distillation.distillation_loss.clip_ratio_low=null",
+        "distillation.distillation_loss.clip_ratio_high=null",
+    ],
 }
 
 

@@ -513,3 +513,15 @@ def test_autocast_caches_the_eager_casts_of_weights_not_the_compiled_pieces():
         for p in proj.parameters()
     )
     assert ModelShape.of(model).autocast_cached_params == model.config.num_hidden_layers * attention
+
+
+def test_the_distillation_teachers_are_priced_and_parked_after_the_reference():
+    # A teacher of 5e9 parameters adds 2 bytes each (bf16 under autocast) to every phase.
+    alone, taught = plan_memory(request(100)), plan_memory(request(100, teacher_params=5 * 10**9))
+    assert taught.update_fixed_bytes - alone.update_fixed_bytes == 10 * 10**9
+    # 27 GiB (see test_parks_the_reference_first): with a 1e9-parameter teacher, parking the reference
+    # (2e9) leaves 22e9 + 3,548,315,648 over 24,642,374,860; parking the teacher too fits.
+    plan = plan_memory(request(27, teacher_params=10**9))
+    assert plan.park_reference and plan.park_teachers and not plan.park_engine_copy
+    assert plan.host_bytes == 4 * 10**9
+    assert "waiting on the CPU outside their phases: reference, teachers" in plan.describe()
