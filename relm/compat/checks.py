@@ -297,7 +297,7 @@ def _attention_free(model: nn.Module) -> bool:
     attention head count (RWKV, whose time-mixing module is named `RwkvSelfAttention`)."""
     if not any("Attention" in type(m).__name__ for m in model.modules()):
         return True
-    text = model.config.get_text_config()  # type: ignore[operator]  # nn.Module hides the HF model's API
+    text = model.config.get_text_config()  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
     return getattr(text, "num_attention_heads", None) is None
 
 
