@@ -712,7 +712,7 @@ class TrainerConfig:
     n_gpus_per_node: int = 1
     """Processes (GPUs) per node; more than one runs under torchrun, which `relm train` starts itself."""
     nnodes: int = 1
-    """Nodes; more than one prints the torchrun command to run on each."""
+    """Nodes; with more than one, `relm train` runs on each with MASTER_ADDR set (or torchrun by hand)."""
     device: str = "auto"
     """`auto` (cuda when available), `cuda` or `cpu`."""
     balance_batch: bool = True

@@ -1,7 +1,8 @@
 """Data-parallel training on PyTorch's own runtime: torchrun processes, FSDP2 sharding, DCP checkpoints.
 
 - `context`: the process group and device mesh of a run (`DistContext`), built once, passed explicitly.
-- `launcher`: `relm train` starting torchrun itself (one node) or printing the command (several).
+- `launcher`: `relm train` starting torchrun itself (on one node, or on each of several with
+  `MASTER_ADDR` set) or printing the command for several nodes.
 - `layout`: whether each model is replicated or sharded over the ranks (verl's `fsdp_size`, or planned).
 - `fsdp`: `fully_shard` of actor, reference and critic; full weights for the rollout engine.
 - `gathering`: weights gathered and gradients reduced once per optimizer step, not per micro-batch.

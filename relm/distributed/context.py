@@ -143,21 +143,27 @@ class DistContext:
                 dist.destroy_process_group()
 
 
-def init_distributed(device: torch.device, *, expected_world_size: int) -> DistContext:
+def init_distributed(
+    device: torch.device, *, expected_world_size: int, per_node: int | None = None
+) -> DistContext:
     """The context of this process: single-process outside torchrun, else a process group and mesh.
 
     Under torchrun the world size must equal `trainer.n_gpus_per_node * trainer.nnodes`, so that the
-    batch sizes validated against that product are the ones that run. On CUDA each rank takes the GPU
+    batch sizes validated against that product are the ones that run, and the processes on this node
+    (torchrun's `LOCAL_WORLD_SIZE`) `trainer.n_gpus_per_node`: with several nodes started by hand
+    (Slurm), a node given another `--nproc_per_node` would otherwise pass the product unnoticed. On CUDA each rank takes the GPU
     of its local rank; collectives use NCCL for CUDA tensors and gloo for CPU ones (CPU-offloaded
     shards and picklable objects), on CPU gloo for both.
 
     Args:
         device: the device `trainer.device` names (`cuda` or `cpu`; the index is chosen here).
         expected_world_size: `trainer.n_gpus_per_node * trainer.nnodes`.
+        per_node: `trainer.n_gpus_per_node`, checked against `LOCAL_WORLD_SIZE` where the launcher
+            sets it (torchrun does); None: not checked.
 
     Raises:
-        UserError: torchrun started another number of processes than the config names, or more
-            processes on this node than it has GPUs.
+        UserError: torchrun started another number of processes than the config names (in all or
+            on this node), or more processes on this node than it has GPUs.
     """
     if not in_torchrun():
         return DistContext(device=device)
@@ -166,7 +172,13 @@ def init_distributed(device: torch.device, *, expected_world_size: int) -> DistC
     if world_size != expected_world_size:
         raise UserError(
             f"torchrun started {world_size} processes but `trainer.n_gpus_per_node` x `trainer.nnodes` = "
-            f"{expected_world_size}; make them equal (one process per GPU)"
+            f"{expected_world_size}; make them equal (torchrun's --nnodes x --nproc_per_node, one process per GPU)"
+        )
+    local_world = os.environ.get("LOCAL_WORLD_SIZE")
+    if per_node is not None and local_world is not None and int(local_world) != per_node:
+        raise UserError(
+            f"torchrun started {local_world} processes on this node but `trainer.n_gpus_per_node={per_node}`; "
+            f"give torchrun --nproc_per_node={per_node} on every node (one process per GPU)"
         )
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh

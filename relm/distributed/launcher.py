@@ -1,4 +1,4 @@
-"""`relm train` with more than one process: start torchrun for one node, print its command for several.
+"""`relm train` with more than one process: start torchrun on this node (one node, or one of several).
 
 relm has no process launcher of its own: every data-parallel run is torchrun's (`python -m
 torch.distributed.run`), one process per GPU, and `relm.distributed.context` picks the process group
@@ -16,9 +16,16 @@ up from the variables torchrun sets. This module only saves typing:
   in a single-process run: each finishes its step, the ranks agree to stop after the same one, save,
   and exit 0, so torchrun ends cleanly too. (torchrun itself, signalled, would pass the signal on but
   then report the run as failed and kill workers still saving after 30 s.)
-- several nodes: relm cannot start processes on other machines, so it prints the one torchrun command
-  (c10d rendezvous at this machine, TCP port `RENDEZVOUS_PORT`, open to the network and unauthenticated:
-  docs/distributed.md) to run on every node, and exits with code 2.
+- several nodes: relm cannot start processes on other machines; `relm train` runs on every node. With
+  `MASTER_ADDR` set (torchrun's own name for the head node; `MASTER_PORT`, default `RENDEZVOUS_PORT`)
+  it re-runs itself under `torchrun --nnodes N --nproc_per_node G` with the c10d rendezvous at
+  MASTER_ADDR:MASTER_PORT and waits, forwarding signals as on one node; the ranks stop together
+  because the stop flag is all-reduced. The rendezvous hands out node ranks as nodes arrive (torchrun
+  ignores `--node_rank` with c10d), so global rank 0, the one writer of shared files, may be on any
+  node. Without `MASTER_ADDR` it prints the one torchrun command (rendezvous at this machine) to run
+  on every node and exits with code 2. The rendezvous and process-group ports listen on every
+  interface, unauthenticated (docs/distributed.md), and gloo follows `GLOO_SOCKET_IFNAME` as the user
+  sets it.
 """
 
 from __future__ import annotations
@@ -115,8 +122,8 @@ def launch(spec: RunSpec, argv: list[str], device: torch.device) -> int:
     """Run `relm train argv` under torchrun on this node and return its exit code (see module docstring).
 
     Raises:
-        UserError: more GPUs per node than this machine shows, or several nodes (the command to run
-            on each is printed first).
+        UserError: more GPUs per node than this machine shows, or several nodes without `MASTER_ADDR`
+            (the command to run on each is printed first).
     """
     trainer = spec.loop
     visible = torch.cuda.device_count() if device.type == "cuda" else None
@@ -126,27 +133,54 @@ def launch(spec: RunSpec, argv: list[str], device: torch.device) -> int:
             f"set it to {visible} or fewer (or trainer.device=cpu for CPU processes)"
         )
     if trainer.nnodes > 1:
+        head = os.environ.get("MASTER_ADDR")
         command = torchrun_command(
             argv,
             nproc_per_node=trainer.n_gpus_per_node,
             nnodes=trainer.nnodes,
-            rendezvous=f"{socket.gethostname()}:{RENDEZVOUS_PORT}",
+            rendezvous=f"{head or socket.gethostname()}:{rendezvous_port()}",
             run_id=trainer.experiment_name,
         )
+        if head:
+            logger.info(
+                "starting %d processes on this node, one of %d meeting at %s:%d: %s",
+                trainer.n_gpus_per_node,
+                trainer.nnodes,
+                head,
+                rendezvous_port(),
+                shlex.join(command),
+            )
+            return _run(command, dict(os.environ))
         print(
             f"relm: a {trainer.nnodes}-node run is started by torchrun on every node; run this same command "
             f"on each of the {trainer.nnodes} nodes (this machine included), from the same folder:\n\n"
-            f"  {shlex.join(command)}\n",
+            f"  {shlex.join(command)}\n\n"
+            "or run this `relm train` on every node with MASTER_ADDR set to one node's address "
+            f"(MASTER_PORT: its free port, default {RENDEZVOUS_PORT})\n",
             flush=True,
         )
         raise UserError(
             f"`trainer.nnodes={trainer.nnodes}`: relm starts processes on this machine only; run the "
-            "torchrun command printed above on every node"
+            "torchrun command printed above on every node, or set MASTER_ADDR on each"
         )
     with tempfile.TemporaryDirectory(prefix="relm-rendezvous-") as store_dir:  # mode 0700: ours alone
         command = torchrun_command(argv, nproc_per_node=trainer.n_gpus_per_node, store_dir=Path(store_dir))
         logger.info("starting %d processes: %s", trainer.n_gpus_per_node, shlex.join(command))
         return _run(command, local_env(Path(store_dir)))
+
+
+def rendezvous_port() -> int:
+    """`MASTER_PORT` as the user set it for a several-node run, else torchrun's default c10d port.
+
+    Raises:
+        UserError: it is not a port number.
+    """
+    value = os.environ.get("MASTER_PORT", str(RENDEZVOUS_PORT))
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise UserError(
+            f"MASTER_PORT={value!r} is not a TCP port; set it to a free port such as {RENDEZVOUS_PORT}"
+        )
+    return int(value)
 
 
 def local_env(store_dir: Path) -> dict[str, str]:

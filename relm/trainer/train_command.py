@@ -45,8 +45,8 @@ def train_command(argv: list[str], cfg: RelmConfig) -> int:
     """Validate everything cheap first, say so, then build the run and train.
 
     `cfg` is `argv` loaded (by the entry point, before torch was imported). A run of several processes
-    that is not yet inside torchrun starts it here (one node) or prints its command (several nodes), after
-    the checks, so a mistake is reported once rather than by every rank.
+    that is not yet inside torchrun starts it here (on each node: `relm.distributed.launcher`), after the
+    checks, so a mistake is reported once rather than by every rank.
     """
     user_keys = user_set_keys(argv)
     require_named_model(cfg, user_keys)
@@ -87,9 +87,10 @@ def train_command(argv: list[str], cfg: RelmConfig) -> int:
     )
     check_logger_packages(cfg.trainer.logger)
     run_dir = Path(cfg.trainer.default_local_dir)
-    # One process holds the run folder: this one, or global rank 0 of a torchrun run started by hand
-    # (a torchrun started below inherits this process's hold).
-    holds_folder = not in_torchrun() or os.environ.get("RANK") == "0"
+    # One process holds the run folder: this one when it starts a one-node torchrun (whose workers
+    # inherit the hold), else global rank 0: of a torchrun started by hand, or of several nodes, where
+    # a `relm train` runs on every node and rank 0 may land on any of them.
+    holds_folder = os.environ.get("RANK") == "0" if in_torchrun() else cfg.trainer.nnodes == 1
     with run_folder_lock(run_dir) if holds_folder else nullcontext():
         if holds_folder:
             claim_run_folder(run_dir)
@@ -122,7 +123,9 @@ def _train_in_folder(
             raise UserError(problem)
     if needs_torchrun(spec, device) and not in_torchrun():
         return launch(spec, argv, device)
-    dist = init_distributed(device, expected_world_size=world_size_of(spec))
+    dist = init_distributed(
+        device, expected_world_size=world_size_of(spec), per_node=spec.loop.n_gpus_per_node
+    )
     finished = False
     try:
         if dist.is_main:

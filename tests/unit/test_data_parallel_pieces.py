@@ -14,7 +14,7 @@ from relm.config.translate import translate
 from relm.config.validate import validate_config
 from relm.distributed.balance import partition_rows, split_to_count
 from relm.distributed.context import DistContext, init_distributed
-from relm.distributed.launcher import needs_torchrun, torchrun_command
+from relm.distributed.launcher import RENDEZVOUS_PORT, needs_torchrun, rendezvous_port, torchrun_command
 from relm.distributed.rollout import DataParallelEngine, share_bounds
 from relm.errors import UserError
 from relm.logs import setup_logging
@@ -116,6 +116,24 @@ def test_a_torchrun_world_size_other_than_the_config_is_named(monkeypatch: pytes
         monkeypatch.setenv(name, value)
     with pytest.raises(UserError, match=r"torchrun started 4 processes but .* = 2; make them equal"):
         init_distributed(torch.device("cpu"), expected_world_size=2)
+
+
+def test_a_node_with_another_process_count_than_n_gpus_per_node_is_named(monkeypatch: pytest.MonkeyPatch):
+    for name, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=r"started 4 processes on this node but `trainer.n_gpus_per_node=2`"):
+        init_distributed(torch.device("cpu"), expected_world_size=4, per_node=2)
+
+
+def test_the_rendezvous_port_is_master_port_or_torchruns_default(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    assert rendezvous_port() == RENDEZVOUS_PORT == 29400
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert rendezvous_port() == 29500
+    monkeypatch.setenv("MASTER_PORT", "head:29500")
+    with pytest.raises(UserError, match=r"^MASTER_PORT='head:29500' is not a TCP port"):
+        rendezvous_port()
 
 
 def test_a_mini_batch_that_does_not_split_over_the_ranks_is_named():
