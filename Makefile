@@ -78,8 +78,8 @@ demo: $(STAMP)
 	$(BIN)/relm train
 
 test: $(STAMP) $(VERL_WHEELS_STAMP) setup-box
-	$(BIN)/ruff check relm tests
-	$(BIN)/ruff format --check relm tests
+	$(BIN)/ruff check relm tests bench examples
+	$(BIN)/ruff format --check relm tests bench examples
 	$(BIN)/mypy
 	# Two workers, one file each at a time (fixtures and caches are per file), one torch thread each: the
 	# 2-core CI machine runs the suite in about 15 minutes instead of 30.
@@ -110,7 +110,7 @@ compat-types-docs: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m relm.compat.sweep --docs docs/models.md
 
 lint: $(STAMP)
-	$(BIN)/ruff check relm tests
+	$(BIN)/ruff check relm tests bench examples
 
 # mypy on relm/ with the settings in pyproject.toml ([tool.mypy]); part of `make test`.
 .PHONY: typecheck
@@ -118,7 +118,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 format: $(STAMP)
-	$(BIN)/ruff format relm tests
+	$(BIN)/ruff format relm tests bench examples
 	$(BIN)/ruff check --fix relm tests
 
 clean:
