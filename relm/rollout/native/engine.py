@@ -57,6 +57,7 @@ from relm.rollout.native.fused_projections import FusedProjections
 from relm.rollout.native.slot_scheduler import SlotScheduler
 from relm.rollout.padding import left_pad
 from relm.rollout.sampling import SampledColumns, exponential_race
+from relm.rollout.tensor_parallel import is_split
 
 logger = logging.getLogger("relm")
 
@@ -97,6 +98,9 @@ class NativeRolloutEngine:
         quantization: "fp8" generates with FP8 copies of the linear layers' weights, re-quantized at
             every `sync_weights` (`relm.rollout.native.fp8`; `actor_rollout_ref.rollout.quantization`);
             None generates with the model's own weights.
+
+    A model split over a tensor-parallel group (`relm.rollout.tensor_parallel`) generates eagerly:
+    no CUDA graphs, compiled layers, fused projections or FP8 weights.
     """
 
     def __init__(
@@ -127,6 +131,12 @@ class NativeRolloutEngine:
         if compile_mode not in COMPILE_MODES:
             # The others capture CUDA graphs of their own, inside the engine's graph capture.
             raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
+        if any(is_split(p) for p in model.parameters()):
+            # A tensor-parallel copy (`relm.rollout.tensor_parallel`): its DTensor layers run eagerly;
+            # fusing re-points weights into one buffer, which DTensor pieces cannot share.
+            if quantization is not None:
+                raise ValueError("FP8 rollout weights do not take a tensor-parallel model")
+            use_cuda_graphs, compile_layers, fuse_projections = False, False, False
         self.model = model
         self.pad_token_id = pad_token_id
         self.vocab_limit = vocab_limit
