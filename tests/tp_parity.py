@@ -92,6 +92,8 @@ def main(out_path: str) -> int:
             report[f"{key} logprob gap to tp=1"] = _gap(out, whole.logprobs)
             report[f"{key} trainer logprob gap"] = _gap(out, trainer_logprobs(trained, out, 2))
             report[f"{key} local weight share"] = _local_share(split)
+            if isinstance(local, NativeRolloutEngine):  # its memory budget counts this rank's pieces
+                report[f"{key} engine group size"] = float(local.tp_size)
             # Sampling: every rank of a group must draw the same tokens (the same logits, the same seed).
             drawn = local.generate(PROMPTS, sampled).response_ids
             everyone = dist.gather_objects(drawn)

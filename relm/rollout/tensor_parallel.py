@@ -112,6 +112,25 @@ def is_split(tensor: torch.Tensor) -> bool:
     return hasattr(tensor, "device_mesh") and hasattr(tensor, "to_local")
 
 
+def group_size(model: nn.Module) -> int:
+    """Ranks `model`'s split layers are split over (1 when none is split). FSDP2-sharded parameters are
+    DTensors too; only a tensor-parallel plan's `Shard` pieces of Linear layers count here."""
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, nn.Linear) and weight is not None and is_split(weight):
+            split: Any = weight
+            return int(split.device_mesh.size())
+    return 1
+
+
+def local_numel(tensor: torch.Tensor) -> int:
+    """Elements this rank holds of `tensor` (a split parameter's piece, or the whole tensor)."""
+    if is_split(tensor):
+        split: Any = tensor
+        return int(split.to_local().numel())
+    return tensor.numel()
+
+
 def local_piece(whole: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """This rank's piece of `whole` where `target` (a DTensor of `whole`'s shape) keeps its own."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset

@@ -12,6 +12,7 @@ from transformers import Phi3Config, Qwen2Config, Qwen2ForCausalLM, Qwen3Config
 from relm.config.loader import load_config
 from relm.config.validate import validate_config
 from relm.errors import UserError
+from relm.memory.rollout_budget import kv_bytes_per_token
 from relm.rollout.tensor_parallel import (
     model_tp_plan,
     tensor_parallel_blocker,
@@ -35,6 +36,13 @@ def test_heads_the_size_does_not_divide_are_named():
     )
     config = qwen2(num_attention_heads=6, num_key_value_heads=6)
     assert "6 attention heads, not divisible by 4" in str(tensor_parallel_config_blocker(config, 4))
+
+
+def test_each_rank_of_a_group_budgets_its_share_of_the_kv_cache():
+    config = qwen2(num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=2)
+    whole = kv_bytes_per_token(config, 2)
+    assert whole == 2 * 2 * 4 * 8 * 2  # keys and values, 2 layers, 4 heads of 8, bf16
+    assert kv_bytes_per_token(config, 2, tp_size=4) == whole // 4
 
 
 def test_a_plan_with_no_plain_split_is_refused_and_other_entries_stay_whole():
