@@ -10,7 +10,8 @@ over all ranks (`DataParallelEngine.sync_weights`, as the trainer does after eve
 data-parallel engine generates for all prompts. Rank 0 writes OUT.json: per engine and size, whether
 greedy tokens equal the whole model's (TP=1), the largest logprob gap to TP=1 and to the trainer's
 forward (`response_logprobs` over the whole trained model), and for a sampled call whether the ranks
-of each group drew the same tokens.
+of each group drew the same tokens. Then Qwen3, Gemma 2, Llama and Qwen3-MoE of the same head counts
+generate greedily in groups of 4 on the native engine, against their whole models.
 
 Used by tests/integration/test_tensor_parallel.py (CPU, gloo).
 """
@@ -24,7 +25,15 @@ import sys
 
 import torch
 from torch.distributed.fsdp import fully_shard
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    LlamaConfig,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 from relm.distributed.context import init_distributed
 from relm.distributed.rollout import DataParallelEngine
@@ -47,6 +56,27 @@ def tiny(seed: int) -> Qwen2ForCausalLM:
         num_key_value_heads=4, max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=PAD,
     )  # fmt: skip
     return Qwen2ForCausalLM(config).eval()
+
+
+OTHERS = {
+    # Qwen3: q/k norms (kept whole); Gemma 2: soft-capping and a sliding window; Llama: bias-free projections
+    "qwen3": Qwen3Config,
+    "gemma2": Gemma2Config,
+    "llama": LlamaConfig,
+    # Qwen3-MoE: attention split; the packed experts' plan entries are kept whole
+    "qwen3-moe": Qwen3MoeConfig,
+}
+
+
+def other(name: str) -> torch.nn.Module:
+    torch.manual_seed(2)
+    config = OTHERS[name](
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=8, max_position_embeddings=128, pad_token_id=PAD,
+        **({"sliding_window": 4} if name == "gemma2" else {}),
+        **({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32} if name == "qwen3-moe" else {}),
+    )  # fmt: skip
+    return AutoModelForCausalLM.from_config(config).eval()
 
 
 @torch.no_grad()
@@ -101,6 +131,17 @@ def main(out_path: str) -> int:
             report[f"{key} sampled ranks agree"] = float(
                 all(all(torch.equal(g[0], t) for t in g) for g in groups)
             )
+    # Other architectures, native engine, groups of 4 (weights copied whole, no sync).
+    kwargs = {"pad_token_id": PAD, "eos_token_ids": [EOS], "device": "cpu"}
+    for name in OTHERS:
+        model = other(name)
+        whole = NativeRolloutEngine(model, **kwargs).generate(PROMPTS, greedy)
+        split = split_generation_copy(copy.deepcopy(model), dist, 4, name)
+        out = DataParallelEngine(NativeRolloutEngine(split, **kwargs), dist, tp_size=4).generate(
+            PROMPTS, greedy
+        )
+        report[f"{name} tp=4 greedy tokens equal"] = float(torch.equal(out.response_ids, whole.response_ids))
+        report[f"{name} tp=4 trainer logprob gap"] = _gap(out, trainer_logprobs(model, out, 2))
     if dist.is_main:
         with open(out_path, "w") as f:
             json.dump(report, f, indent=1)

@@ -21,7 +21,7 @@ fill from the trainer's shards) into such a parameter by taking this rank's piec
 
 from __future__ import annotations
 
-import fnmatch
+import re
 from typing import Any
 
 import torch
@@ -101,10 +101,16 @@ def _planned_linears(model: nn.Module, plan: dict[str, str]) -> list[tuple[str, 
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
-        style = next((s for pattern, s in plan.items() if fnmatch.fnmatchcase(name, pattern)), None)
+        style = next((s for pattern, s in plan.items() if _matches(pattern, name)), None)
         if style in TENSOR_PARALLEL_STYLES:
             found.append((name, module, style))
     return found
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """Whether module `name` is the plan's `pattern`, whose `*` stands for a layer index (as transformers
+    reads its plans), never for a path of several names."""
+    return re.fullmatch(re.escape(pattern).replace(r"\*", r"\d+"), name) is not None
 
 
 def is_split(tensor: torch.Tensor) -> bool:

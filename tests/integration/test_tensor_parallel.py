@@ -63,6 +63,14 @@ def test_tp_2_and_4_generate_the_whole_models_greedy_tokens_and_the_trainers_log
             assert engine != "native" or report[f"{key} engine group size"] == tp_size, key
             # Each rank holds its share of the split layers beside the whole embeddings and head.
             assert report[f"{key} local weight share"] <= share, key
+    for arch in (
+        "qwen3",
+        "gemma2",
+        "llama",
+        "qwen3-moe",
+    ):  # q/k norms, soft-capping and windows, experts whole
+        assert report[f"{arch} tp=4 greedy tokens equal"] == 1.0, arch
+        assert report[f"{arch} tp=4 trainer logprob gap"] <= 1e-4, arch
 
 
 def test_relm_train_with_4_ranks_in_tensor_parallel_groups_of_2_trains(tmp_path: Path):
@@ -104,7 +112,7 @@ def test_relm_train_with_4_ranks_in_tensor_parallel_groups_of_2_trains(tmp_path:
             ],
             "generates with the model's own weights",
         ),
-        # (vLLM with a size above 1 is refused by the same check: tests/unit/test_tensor_parallel.py; where
+        # (vLLM with a size above 1 is refused by the same check: tests/unit/test_tensor_parallel_rules.py; where
         # vLLM is not installed, as here, `rollout.name=vllm` falls back to the native engine, which splits.)
     ],
 )
