@@ -359,8 +359,8 @@ def build_components(
             stored=weights,
         )
     if stored is not None and engine_model is not actor:
-        # The whole generation copy, one gathered parameter at a time: its peak beyond the copy is one
-        # whole fp32 parameter, never a whole fp32 model.
+        # The generation copy (or, split, this rank's pieces of it), one gathered parameter at a time: its
+        # peak beyond the copy is one whole fp32 parameter, never a whole fp32 model.
         gen_dtype = generation_dtype(spec.engine, device, precision)
         materialize_split(engine_model, device, gen_dtype)  # a tensor-parallel copy's own pieces
         materialize_parameters(engine_model, device, gen_dtype)
