@@ -71,7 +71,10 @@ def tensor_parallel_blocker(model: nn.Module, tp_size: int) -> str | None:
     problem = tensor_parallel_config_blocker(model.config, tp_size)
     if problem:
         return problem
-    for module_name, linear, style in _planned_linears(model, model_tp_plan(model)):
+    planned = _planned_linears(model, model_tp_plan(model))
+    if not planned:  # the plan names modules the built model does not have (a nested language model)
+        return f"no Linear layer of {type(model).__name__} matches its tensor-parallel plan"
+    for module_name, linear, style in planned:
         size = linear.out_features if style == "colwise" else linear.in_features
         if size % tp_size:
             side = "output" if style == "colwise" else "input"

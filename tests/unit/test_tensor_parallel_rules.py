@@ -64,6 +64,11 @@ def test_the_model_plan_names_the_causal_lms_own_modules_and_their_split_dims_ar
         "model.layers.0.mlp.gate_proj has 130 output features, not divisible by 4"
     )
     assert tensor_parallel_blocker(model, 2) is None
+    model.config.base_model_tp_plan = {"decoder.*.q_proj": "colwise"}  # names no module of the model
+    assert (
+        tensor_parallel_blocker(model, 2)
+        == "no Linear layer of Qwen2ForCausalLM matches its tensor-parallel plan"
+    )
 
 
 @pytest.mark.parametrize(
