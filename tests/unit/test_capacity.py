@@ -51,3 +51,15 @@ def test_more_cards_fit_a_larger_model_and_none_fits_a_too_small_card():
     assert fit(large, 1, 4 * 10**9, host, 512) is None
     one = fit(small, 1, card, host, 512)
     assert one is not None and one.layout.startswith("one GPU's plan: fp32 weights, fp32 moments")
+
+
+def test_the_table_in_docs_distributed_md_is_what_relm_bench_capacity_prints(capsys):
+    from pathlib import Path
+
+    from relm.bench.capacity import main
+
+    assert main([]) == 0
+    printed = capsys.readouterr().out.strip()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "distributed.md").read_text()
+    assert printed in docs
+    assert "| 80 GB |" in printed and "Qwen2.5-14B (sharded over 8, generation split over 8" in printed
