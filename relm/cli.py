@@ -9,7 +9,7 @@ USAGE = """usage: relm <command> [args]
 commands:
   train [--config FILE.yaml] [section.key=value ...]   run PPO-family training (same as python -m relm.trainer.main_ppo)
   config [KEY ...]                                       a config key's type, default and meaning (no KEY: the sections)
-  bench step|rollout|update [options]                    time full training steps, generation or the actor update alone
+  bench step|rollout|update|capacity [options]           time training steps, generation or the update; capacity: largest model per card count
   compat MODEL [options]                                 check that a model loads, generates and trains (relm compat --help)
   export CHECKPOINT OUT_DIR [--critic]                   write a checkpoint's actor (and critic) as Hugging Face folders
   plot RUN_DIR [--out FILE.png]                          draw reward, KL, entropy, length, throughput curves (RUN_DIR/curves.png)
@@ -17,11 +17,12 @@ commands:
 `relm COMMAND --help` describes each command; `relm --version` prints the version.
 """
 
-BENCH_USAGE = """usage: relm bench step|rollout|update [options]
+BENCH_USAGE = """usage: relm bench step|rollout|update|capacity [options]
 
-  step     whole training steps (`--peer trl` adds TRL's GRPOTrainer beside them)
-  rollout  generation alone (native and/or HF engine)
-  update   the actor update alone, with its MFU
+  step      whole training steps (`--peer trl` adds TRL's GRPOTrainer beside them)
+  rollout   generation alone (native and/or HF engine)
+  update    the actor update alone, with its MFU
+  capacity  the largest model the memory plan trains on 1, 2, 4, 8 cards of 24, 80, 141 GB (no GPU)
 
 `relm bench KIND --help` lists each one's options.
 """
@@ -82,8 +83,12 @@ def _bench(args: list[str]) -> int:
         from relm.bench.update import main as update_main
 
         return update_main(rest)
+    if kind == "capacity":
+        from relm.bench.capacity import main as capacity_main
+
+        return capacity_main(rest)
     print(
-        "error: `relm bench` needs `step`, `rollout` or `update`, e.g. `relm bench step --model zoo:tiny/qwen2`",
+        "error: `relm bench` needs `step`, `rollout`, `update` or `capacity`, e.g. `relm bench step --model zoo:tiny/qwen2`",
         file=sys.stderr,
     )
     return 2

@@ -367,11 +367,4 @@ def unused_value_warnings(cfg: RelmConfig, spec: RunSpec) -> list[str]:
         warnings.append(
             f"`{_ARR}.hybrid_engine=false`: accepted, not used ({IGNORED_SCHEMA_KEYS[f'{_ARR}.hybrid_engine']})"
         )
-    engine = spec.engine
-    if engine.tensor_parallel_size > 1 and engine.name != "vllm":
-        # vLLM refuses it (`relm.rollout.vllm_engine`); verl's own engine would shard the model
-        warnings.append(
-            f"`{_ROLLOUT}.tensor_model_parallel_size={engine.tensor_parallel_size}`: accepted, not used "
-            f"(the {engine.name} engine generates with the whole model on each GPU)"
-        )
     return warnings

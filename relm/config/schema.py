@@ -322,8 +322,8 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: int | None = None
     """Responses per old-logprob forward; unset uses the actor's micro-batch size."""
     tensor_model_parallel_size: int = 1
-    """Tensor-parallel size of the engine (1: every engine generates within one process); above 1 the native and
-    HF engines warn at start that they generate with the whole model on each GPU, vLLM's is an error."""
+    """Ranks that split the native or HF engine's generation copy (attention heads, MLP columns); a divisor of
+    the run's ranks and of the model's heads (docs/distributed.md#tensor-parallel-generation); vLLM: 1."""
     enforce_eager: bool = True
     """vLLM: no CUDA graphs or compilation (faster start, slower decoding)."""
     enable_chunked_prefill: bool = True

@@ -516,6 +516,37 @@ def _check_quantization(rollout: RolloutConfig) -> None:
         )
 
 
+def _check_tensor_parallel(cfg: RelmConfig) -> None:
+    """`rollout.tensor_model_parallel_size`: groups of ranks that split the native or HF engine's model
+    (docs/distributed.md#tensor-parallel-generation); the model's own head counts are checked at load."""
+    rollout = cfg.actor_rollout_ref.rollout
+    size = rollout.tensor_model_parallel_size
+    if size == 1:
+        return
+    key = f"actor_rollout_ref.rollout.tensor_model_parallel_size={size}"
+    if rollout.name not in ("native", "hf"):
+        raise UserError(
+            f"`{key}`: relm splits the model over ranks on the native and HF engines only; set "
+            "actor_rollout_ref.rollout.name=native or the size to 1"
+        )
+    ranks = num_data_parallel_ranks(cfg)
+    if ranks % size:
+        raise UserError(
+            f"`{key}` does not divide the run's {ranks} ranks (trainer.n_gpus_per_node x trainer.nnodes); "
+            "use a divisor of it, or 1"
+        )
+    if rollout.quantization is not None:
+        raise UserError(
+            f"`{key}` generates with the model's own weights; drop "
+            f"actor_rollout_ref.rollout.quantization={rollout.quantization} or set the size to 1"
+        )
+    if rollout.multi_turn.enable:
+        raise UserError(
+            f"`{key}`: multi-turn rollouts run each conversation on one rank; set the size to 1 or "
+            "actor_rollout_ref.rollout.multi_turn.enable=false"
+        )
+
+
 def _check_features(cfg: RelmConfig) -> None:
     data, rollout = cfg.data, cfg.actor_rollout_ref.rollout
     if cfg.reward_model.enable:
@@ -539,6 +570,7 @@ def _check_features(cfg: RelmConfig) -> None:
                 f"reads `data.{source_key}`: set the two equal or drop the rollout key"
             )
     _check_quantization(rollout)
+    _check_tensor_parallel(cfg)
     longest = data.max_prompt_length + data.max_response_length
     if rollout.max_model_len is not None and rollout.max_model_len < longest:
         raise UserError(

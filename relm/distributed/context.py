@@ -81,6 +81,12 @@ class DistContext:
             )
         return self._model_meshes[shard_size]
 
+    def group_mesh(self, group_size: int) -> Any:
+        """The 1-D mesh of this rank's group of `group_size` consecutive ranks (a tensor-parallel
+        generation group: ranks `r // group_size` together), the "shard" dim of `model_mesh`."""
+        mesh = self.model_mesh(group_size)
+        return mesh if mesh.ndim == 1 else mesh["shard"]
+
     def sum_floats(self, values: list[float]) -> list[float]:
         """Element-wise sum over ranks (float64, so counts of tokens stay exact)."""
         return self._all_reduce(values, "sum")

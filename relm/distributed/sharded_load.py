@@ -28,6 +28,7 @@ from torch import nn
 from relm.distributed.fsdp import full_named_tensors
 from relm.models.safetensors_rows import SafetensorsFolder
 from relm.models.value_model import VALUE_HEAD_FILE
+from relm.rollout.tensor_parallel import copy_whole_into
 
 
 @dataclass(frozen=True)
@@ -163,5 +164,5 @@ def fill_from_shards(
     a time: the peak beyond the copy is one whole parameter. A collective: every rank calls it."""
     own = dict(copy.named_parameters())
     for name, tensor in full_named_tensors(named, device):
-        own[name].copy_(tensor)
+        copy_whole_into(own[name], tensor)  # a tensor-parallel copy keeps its own piece
         del tensor

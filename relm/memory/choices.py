@@ -562,6 +562,7 @@ def sharded_rank_plan(
         reference_dtype=precision.compute,
         engine_dtype=None if vllm else engine,
         one_process_engine_dtype=None if vllm or engine == precision.master else engine,
+        tp_size=spec.engine.tensor_parallel_size,
     )
     budget = host_budget_bytes(spec.memory)
     room = None if budget is None or device.type != "cpu" else budget - request.host_baseline_bytes

@@ -39,6 +39,10 @@ class ModelShape:
     the compiled MLPs (`relm.models.fused_layers.compiles`), i.e. the attention projections; the MLPs and
     norms cast inside their graphs, the embedding is not cast and the output head is read in compiled
     vocabulary chunks. 0: unknown (the plan then counts every parameter)."""
+    tensor_parallel_params: int = 0
+    """Parameters of the Linear layers the config's tensor-parallel plan splits (`colwise`/`rowwise` entries of
+    `base_model_tp_plan`: attention and MLP projections), which a tensor-parallel generation copy holds 1/N of
+    (`relm.rollout.tensor_parallel`); 0 when it declares none."""
     lora_input_bytes_per_token: int = 0
     """Under LoRA, the bf16 copies of each adapted layer's input that its adapter keeps for backward
     (autocast casts the input again for `lora_A`), summed over the layers; 0 without LoRA."""
@@ -63,6 +67,7 @@ class ModelShape:
             ),
             head_params=sum(p.numel() for p in head.parameters()) if head is not None else 0,
             autocast_cached_params=_eagerly_cast_params(backbone, output),
+            tensor_parallel_params=_tensor_parallel_params(backbone, config),
         )
 
     def lora_params(
@@ -144,6 +149,20 @@ def _widest_embedding(backbone: nn.Module) -> int:
     embedding = backbone.get_input_embeddings() if hasattr(backbone, "get_input_embeddings") else None  # type: ignore[operator]  # nn.Module hides the HF model's API
     weight = getattr(embedding, "weight", None)
     return int(weight.shape[1]) if weight is not None else 0
+
+
+def _tensor_parallel_params(backbone: nn.Module, config: PretrainedConfig) -> int:
+    """Parameters of the Linear layers named by the `colwise`/`rowwise` entries of the config's plan."""
+    plan = getattr(config, "base_model_tp_plan", None) or {}
+    leaves = {
+        pattern.rsplit(".", 1)[-1] for pattern, style in plan.items() if style in ("colwise", "rowwise")
+    }
+    return sum(
+        p.numel()
+        for name, module in backbone.named_modules()
+        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in leaves
+        for p in module.parameters()
+    )
 
 
 def _eagerly_cast_params(backbone: nn.Module, output: nn.Module | None) -> int:

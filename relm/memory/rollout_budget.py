@@ -17,17 +17,19 @@ SAMPLING_ROWS_OF_VOCAB = 4
 copy, the probabilities and the exponential noise (see `relm.rollout.sampling.sample_next_token`)."""
 
 
-def kv_bytes_per_token(config: PretrainedConfig, dtype_bytes: int) -> int:
-    """Keys + values of one token over all layers, from an HF text config (standard attention)."""
+def kv_bytes_per_token(config: PretrainedConfig, dtype_bytes: int, tp_size: int = 1) -> int:
+    """Keys + values of one token over all layers, from an HF text config (standard attention), on one
+    rank of a tensor-parallel group of `tp_size` (each keeps its share of the key/value heads)."""
     num_heads = config.num_attention_heads
-    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+    num_kv_heads = (getattr(config, "num_key_value_heads", None) or num_heads) // tp_size
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
     return 2 * config.num_hidden_layers * num_kv_heads * head_dim * dtype_bytes
 
 
-def bytes_per_row(config: PretrainedConfig, dtype_bytes: int, length: int) -> int:
+def bytes_per_row(config: PretrainedConfig, dtype_bytes: int, length: int, tp_size: int = 1) -> int:
     """GPU bytes one decoding row holds: its KV cache of `length` tokens and its sampling buffers."""
-    return length * kv_bytes_per_token(config, dtype_bytes) + config.vocab_size * 4 * SAMPLING_ROWS_OF_VOCAB
+    kv = length * kv_bytes_per_token(config, dtype_bytes, tp_size)
+    return kv + config.vocab_size * 4 * SAMPLING_ROWS_OF_VOCAB
 
 
 def rows_within_budget(
@@ -37,11 +39,12 @@ def rows_within_budget(
     length: int,
     gpu_memory_utilization: float,
     total_bytes: int,
+    tp_size: int = 1,
 ) -> int:
-    """How many rows of `length` tokens fit beside the weights in `gpu_memory_utilization` of
+    """How many rows of `length` tokens fit beside the weights (this rank's) in `gpu_memory_utilization` of
     `total_bytes` (0 or less: not even one)."""
     free = gpu_memory_utilization * total_bytes - weight_bytes
-    return int(free // bytes_per_row(config, dtype_bytes, length))
+    return int(free // bytes_per_row(config, dtype_bytes, length, tp_size))
 
 
 def check_rollout_memory(
@@ -52,6 +55,7 @@ def check_rollout_memory(
     length: int,
     gpu_memory_utilization: float,
     total_bytes: int,
+    tp_size: int = 1,
 ) -> None:
     """Refuse a cache of `rows` x `length` tokens that, with the weights and sampling buffers, would
     exceed `gpu_memory_utilization` of the device's `total_bytes`.
@@ -59,7 +63,7 @@ def check_rollout_memory(
     Raises:
         UserError: naming actor_rollout_ref.rollout.gpu_memory_utilization, the need and the share.
     """
-    kv = rows * length * kv_bytes_per_token(config, dtype_bytes)
+    kv = rows * length * kv_bytes_per_token(config, dtype_bytes, tp_size)
     sampling = rows * config.vocab_size * 4 * SAMPLING_ROWS_OF_VOCAB
     need = weight_bytes + kv + sampling
     total = total_bytes

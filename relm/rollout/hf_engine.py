@@ -18,6 +18,7 @@ from transformers import DynamicCache
 from relm.rollout.base import GenerationOutput, SamplingParams, check_generate_args
 from relm.rollout.padding import left_pad
 from relm.rollout.sampling import SampledColumns, filter_top_k_top_p, sample_next_token
+from relm.rollout.tensor_parallel import copy_whole_into
 
 # The sampling functions moved to relm.rollout.sampling (the native engine shares them); they stay
 # importable from here.
@@ -117,7 +118,8 @@ class HFRolloutEngine:
         Colocated with the actor's own module the tensors are the engine's own and nothing moves;
         with a separate copy (another dtype or device) each is copied with its shape checked.
         Floating tensors may change dtype (fp32 master weights into a bf16 engine copy). Sharded
-        DTensors are gathered first, which is a collective: call this on every rank.
+        DTensors are gathered first, which is a collective: call this on every rank. A parameter of a
+        tensor-parallel copy (`relm.rollout.tensor_parallel`) takes its own piece of the whole tensor.
 
         Raises:
             KeyError: a name the engine's model does not have.
@@ -140,7 +142,7 @@ class HFRolloutEngine:
                 )
             if _same_memory(tensor, target):
                 continue
-            target.copy_(tensor)
+            copy_whole_into(target, tensor)  # a tensor-parallel copy's parameter takes its own piece
 
 
 class _CacheStepper:

@@ -40,6 +40,7 @@ from relm.distributed.sharded_load import (
     materialize_shards,
     stored_weights,
 )
+from relm.distributed.tensor_parallel import split_generation_copy
 from relm.errors import UserError
 from relm.learner.lora import adapters_disabled, add_lora, has_lora, lora_settings, without_adapters
 from relm.learner.microbatch_retry import MicroBatchSize
@@ -86,6 +87,7 @@ from relm.rollout.multi_turn.setup import (
 )
 from relm.rollout.multi_turn.tools import Tool
 from relm.rollout.native.engine import NativeRolloutEngine
+from relm.rollout.tensor_parallel import materialize_split
 from relm.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
 from relm.rollout.vllm_lora import VLLMLora
 from relm.rollout.watchdog import WatchedEngine
@@ -312,6 +314,9 @@ def build_components(
         if spec.engine.name == "vllm"
         else engine_model_of(actor, spec.engine, device, precision, separate=dist.is_distributed)
     )
+    tp_size = spec.engine.tensor_parallel_size if engine_model is not actor else 1
+    if tp_size > 1:  # validated: a divisor of the world size, native or HF engine
+        engine_model = split_generation_copy(engine_model, dist, tp_size, str(spec.actor.source.path))
     layouts: dict[str, Layout] = {}
     if dist.is_distributed:
         layouts, plan = choose_layouts(
@@ -354,9 +359,11 @@ def build_components(
             stored=weights,
         )
     if stored is not None and engine_model is not actor:
-        # The whole generation copy, one gathered parameter at a time: its peak beyond the copy is one
-        # whole fp32 parameter, never a whole fp32 model.
-        materialize_parameters(engine_model, device, generation_dtype(spec.engine, device, precision))
+        # The generation copy (or, split, this rank's pieces of it), one gathered parameter at a time: its
+        # peak beyond the copy is one whole fp32 parameter, never a whole fp32 model.
+        gen_dtype = generation_dtype(spec.engine, device, precision)
+        materialize_split(engine_model, device, gen_dtype)  # a tensor-parallel copy's own pieces
+        materialize_parameters(engine_model, device, gen_dtype)
         engine_model.to(device)  # its buffers were copied from the actor's before sharding moved them
         fill_from_shards(engine_model, trainees["actor"].module.named_parameters(), device)
     trainees["actor"].vocab_limit = len(tokenizer)  # the policy's logprobs cover only ids it can sample
@@ -366,7 +373,8 @@ def build_components(
         device,
         ref=ref,
         teachers=teachers.group if teachers is not None else None,
-        engine_copy=engine_model if engine_model is not actor else None,
+        # A split copy stays put: parking re-points `.data`, which its DTensor parameters do not take.
+        engine_copy=engine_model if engine_model is not actor and tp_size == 1 else None,
         trained={name: (t.module, t.optimizer) for name, t in trainees.items()},
     )
     kl = spec.algorithm.kl_ctrl
@@ -674,7 +682,8 @@ def build_run_engine(
     lora: VLLMLora | None = None,
 ) -> RolloutEngine:
     """The run's engine (`build_engine`), watched for stalls, and shared out over the ranks when
-    data-parallel."""
+    data-parallel (by groups of `tensor_model_parallel_size` ranks, whose copy is split over them)."""
+    tp_size = spec.tensor_parallel_size if dist.is_distributed else 1
     eos_ids = eos_token_ids_of(tokenizer, engine_model)
     logger.info(
         "responses end at %s; no id at or past %d (the tokenizer's length) is sampled",
@@ -691,17 +700,17 @@ def build_run_engine(
             eos_token_ids=eos_ids,
             vocab_limit=len(tokenizer),
             device=device,
-            seed=spec.seed + dist.rank,  # ranks generate different prompts: independent streams
+            # Groups generate different prompts: independent streams; a tensor-parallel group's ranks
+            # draw the same tokens.
+            seed=spec.seed + dist.rank // tp_size,
             precision=precision,
             lora=lora,
         ),
         spec.timeout_s,
     )
     if dist.is_distributed:
-        # The native and HF engines hold the whole model on every rank, so every rank is its own
-        # generation group; an engine that shards the model (vLLM) would pass its tensor-parallel size.
-        # (A `tensor_model_parallel_size` above 1 is reported at start: `relm.config.key_table`.)
-        engine = DataParallelEngine(engine, dist, tp_size=1)
+        # Every group of `tp_size` ranks generates one share (a group of one: the whole model per rank).
+        engine = DataParallelEngine(engine, dist, tp_size=tp_size)
     return engine
 
 

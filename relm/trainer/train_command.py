@@ -24,6 +24,7 @@ from relm.config.translate import translate
 from relm.config.validate import CONFIG_OK_MESSAGE, validate_config
 from relm.distributed.context import in_torchrun, init_distributed
 from relm.distributed.launcher import launch, needs_torchrun, world_size_of
+from relm.distributed.tensor_parallel import check_tensor_parallel
 from relm.errors import UserError
 from relm.memory.host_allocator import set_host_allocator
 from relm.models.loading import load_config as load_model_config
@@ -121,6 +122,8 @@ def _train_in_folder(
         problem = cpu_head_size_problem(model_config, torch.device(device))
         if problem:
             raise UserError(problem)
+    # Checked here, once, before torchrun starts the ranks that would each stop on it.
+    check_tensor_parallel(model_config, spec.engine.tensor_parallel_size, str(spec.actor.source.path))
     if needs_torchrun(spec, device) and not in_torchrun():
         return launch(spec, argv, device)
     dist = init_distributed(

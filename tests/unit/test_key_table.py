@@ -241,8 +241,8 @@ def test_each_key_that_sets_a_spec_field_changes_it(key: str):
 
 def test_the_five_once_ignored_keys_act_or_warn():
     """`data.trust_remote_code`, `*.optim.total_training_steps`, `critic.model.external_lib` set spec fields
-    (read where the tokenizer, the schedule and the critic are built); `critic.model.tokenizer_path` and a
-    tensor-parallel size without vLLM warn."""
+    (read where the tokenizer, the schedule and the critic are built); `critic.model.tokenizer_path` warns;
+    a tensor-parallel size sets the engine's (the native and HF engines split the model: no warning)."""
     for key in (
         "data.trust_remote_code",
         "actor_rollout_ref.actor.optim.total_training_steps",
@@ -254,4 +254,6 @@ def test_the_five_once_ignored_keys_act_or_warn():
     _, warnings = load_config_with_warnings(["critic.model.tokenizer_path=/tmp/tok"])
     assert any("critic.model.tokenizer_path" in line for line in warnings)
     cfg, _ = load_config_with_warnings(["actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
-    assert any("tensor_model_parallel_size=2" in line and "not used" in line for line in translate(cfg)[1])
+    spec, unused = translate(cfg)
+    assert spec.engine.tensor_parallel_size == 2
+    assert not any("tensor_model_parallel_size" in line for line in unused)

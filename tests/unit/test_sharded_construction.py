@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, Qwen2Config
 
 from relm.distributed.sharded_load import critic_weights, materialize_parameters, stored_weights
 from relm.memory.model_shape import ModelShape
@@ -120,6 +120,41 @@ def test_per_rank_bytes_by_hand():
     # CPU: the whole fp32 generation copy on each rank, none in one process (it generates on the actor)
     assert cpu.steady == 4000 + 1000 + 4000 + 280 and cpu.one_process == 20000
     assert "one process would hold" in cpu.describe()
+
+
+def test_a_tensor_parallel_copy_holds_its_share_of_the_split_projections():
+    # 600 of 1000 parameters in the attention and MLP projections: a copy split over 4 holds 400 + 150.
+    shape = ModelShape(
+        num_params=1000,
+        num_layers=2,
+        hidden_size=10,
+        intermediate_size=20,
+        vocab_size=7,
+        tensor_parallel_params=600,
+    )
+    request = PlanRequest(
+        trainees={"actor": TraineeRequest(shape)},
+        has_reference=False,
+        max_sequence_length=8,
+        gpu_bytes=0,
+        host_bytes=0,
+    )
+    plan = plan_sharded_rank(
+        request,
+        4,
+        reference_dtype=torch.bfloat16,
+        engine_dtype=torch.bfloat16,
+        one_process_engine_dtype=None,
+        tp_size=4,
+    )
+    assert plan.engine_copy == 2 * (400 + 150)
+    assert "generation copy split over 4" in plan.describe()
+    # read from a config: Qwen2's q/k/v/o and gate/up/down projections, biases included
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    qwen2 = ModelShape.from_config(config)
+    per_layer = (32 * 32 + 32) + 2 * (32 * 16 + 16) + 32 * 32 + 3 * 32 * 64
+    assert qwen2.tensor_parallel_params == 2 * per_layer
 
 
 @pytest.mark.parametrize("world", [1, 4])

@@ -57,6 +57,7 @@ from relm.rollout.native.fused_projections import FusedProjections
 from relm.rollout.native.slot_scheduler import SlotScheduler
 from relm.rollout.padding import left_pad
 from relm.rollout.sampling import SampledColumns, exponential_race
+from relm.rollout.tensor_parallel import group_size, local_numel
 
 logger = logging.getLogger("relm")
 
@@ -97,6 +98,9 @@ class NativeRolloutEngine:
         quantization: "fp8" generates with FP8 copies of the linear layers' weights, re-quantized at
             every `sync_weights` (`relm.rollout.native.fp8`; `actor_rollout_ref.rollout.quantization`);
             None generates with the model's own weights.
+
+    A model split over a tensor-parallel group (`relm.rollout.tensor_parallel`) generates eagerly:
+    no CUDA graphs, compiled layers, fused projections or FP8 weights.
     """
 
     def __init__(
@@ -127,6 +131,14 @@ class NativeRolloutEngine:
         if compile_mode not in COMPILE_MODES:
             # The others capture CUDA graphs of their own, inside the engine's graph capture.
             raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
+        self.tp_size = group_size(model)
+        """Ranks the model is split over (`relm.rollout.tensor_parallel`); 1 for a whole model."""
+        if self.tp_size > 1:
+            # A tensor-parallel copy (`relm.rollout.tensor_parallel`): its DTensor layers run eagerly;
+            # fusing re-points weights into one buffer, which DTensor pieces cannot share.
+            if quantization is not None:
+                raise ValueError("FP8 rollout weights do not take a tensor-parallel model")
+            use_cuda_graphs, compile_layers, fuse_projections = False, False, False
         self.model = model
         self.pad_token_id = pad_token_id
         self.vocab_limit = vocab_limit
@@ -468,11 +480,12 @@ class NativeRolloutEngine:
             return rows
         budget = dict(
             config=self.model.config.get_text_config(),  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
-            weight_bytes=sum(t.numel() * t.element_size() for t in self._weight_tensors()),
+            weight_bytes=sum(local_numel(t) * t.element_size() for t in self._weight_tensors()),
             dtype_bytes=next(self.model.parameters()).element_size(),
             length=length,
             gpu_memory_utilization=self.gpu_memory_utilization,
             total_bytes=torch.cuda.get_device_properties(self.device).total_memory,
+            tp_size=self.tp_size,
         )
         fit = rows_within_budget(**budget)
         if fit >= rows:
