@@ -29,6 +29,7 @@ from relm.memory.plan import (
     Rung,
     TraineeRequest,
     cpu_host_need,
+    cpu_logit_bytes,
     lora_offer,
     plan_memory,
     with_lora,
@@ -456,14 +457,30 @@ def test_checkpoint_staging_counts_against_the_host():
 def test_cpu_runs_need_every_model_in_host_memory():
     # fp32 actor 16e9 (weights, gradients, moments), reference 4e9; a micro-batch of 4 responses of
     # 1024-token rows: fp32 activations 4 * 2 * 720,000 * 1024, and its logits over the 511 response
-    # tokens + 1, nine fp32 copies at the peak: 9 * 4 * 10,000 * 4 * 512; what the run loads after the
-    # plan, 64 MiB + the tokenizer's 1,600 bytes an entry * 10,000; a checkpoint's staging 4.04e9
+    # tokens + 1 (`cpu_logit_bytes`, worked below: 557,190,000); what the run loads after the plan,
+    # 64 MiB + the tokenizer's 1,600 bytes an entry * 10,000; a checkpoint's staging 4.04e9
     cpu = request(0, autocast=False, generation_dtype=None, cpu_rows_per_microbatch=4, response_length=511)
-    rows = 5_898_240_000 + 737_280_000 + 64 * 2**20 + 16_000_000
+    rows = 5_898_240_000 + 557_190_000 + 64 * 2**20 + 16_000_000
     assert cpu_host_need(cpu) == 20e9 + rows + 4_040_000_000
     lora = with_lora(cpu, {"actor": Lora(8, 10**7)})
     # LoRA: fp32 base 4e9, adapters 8 T + 8 T, no reference; staging 4 T
     assert cpu_host_need(lora) == 4e9 + 16 * 10**7 + rows + 4 * 10**7
+
+
+def test_cpu_logit_bytes_count_two_full_copies_five_chunks_and_the_kept_heap():
+    # live: 4 bytes * vocabulary * (2 copies of rows * (response + 1) positions + 5 chunks of the
+    # positions 2^22 values hold), then 1 + KEEP_FACTOR (2.25) times that with the heap's kept free memory.
+    # README's verl block: 151,665 entries, 1 row, 256 tokens: a chunk is 4,194,304 // 151,665 = 27
+    # positions (part of the row); 4 * 151,665 * (2 * 257 + 5 * 27) = 393,722,340 live
+    assert cpu_logit_bytes(151_665, rows=1, response_length=256) == 885_875_265
+    # README's GSM8K tour: 8 rows of 16 tokens: a chunk is one whole row (27 // 16 = 1 row of 16);
+    # 4 * 151,665 * (2 * 8 * 17 + 5 * 16) = 213,544,320 live
+    assert cpu_logit_bytes(151_665, rows=8, response_length=16) == 480_474_720
+    # the plan test's shape below: 10,000 entries, 4 rows of 511: 419 positions a chunk;
+    # 4 * 10,000 * (2 * 4 * 512 + 5 * 419) = 247,640,000 live
+    assert cpu_logit_bytes(10_000, rows=4, response_length=511) == 557_190_000
+    # a vocabulary past 2^22 entries still takes one position a chunk; no response (a plan without one)
+    assert cpu_logit_bytes(5_000_000, rows=1, response_length=0) == int(2.25 * 4 * 5_000_000 * (2 + 5))
 
 
 def test_cpu_micro_batch_keeps_one_copy_of_the_logits_within_256_mib():
