@@ -25,7 +25,7 @@ log-softmax, the entropy and their backward was a full [rows, response + 1, voca
 the update's peak in README's verl block (0.87 GiB beside 0.29 GiB of everything else), and the heap, which
 keeps freed memory on CPU (`relm.memory.host_allocator`), fragmented in 149 MiB holes. With 16 MiB chunks
 only the logits and their gradient are full size (`relm.memory.plan.cpu_logit_bytes`): that command's peak
-fell from 2.6-2.9 GiB to ~1.7 GiB (docs/benchmarks.md)."""
+fell from 2.3-2.9 GiB to 1.5-1.6 GiB (docs/benchmarks.md)."""
 
 
 def default_rows_per_microbatch(spec: RunSpec, cpu_vocab_size: int | None = None) -> int:
