@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from relm.learner.packing import packed_response_token_stats, packed_response_values
-from relm.learner.vocab_chunks import DEFAULT_CHUNK_VALUES, TokenStats, vocab_chunk_stats
+from relm.learner.vocab_chunks import DEFAULT_CHUNK_VALUES, TokenStats, chunk_values, vocab_chunk_stats
 
 
 def response_logprobs(
@@ -79,7 +79,7 @@ def response_token_stats(
             it (`entropy_coeff=0`, only the metric) the entropy is computed outside autograd: no
             backward through a second pass over the vocabulary, and no recomputation of it.
         vocab_chunk: token positions whose full-vocabulary fp32 rows are held at once; None sizes
-            chunks to about 2^26 fp32 values.
+            chunks to about 2^26 fp32 values (2^22 on CPU, `relm.learner.vocab_chunks.chunk_values`).
         vocab_limit: the tokenizer's length: the softmax runs over the first `vocab_limit` logits only,
             because the engines never sample the embedding rows past it (`SampledColumns`), so both
             sides normalise over the same ids; None keeps every row.
@@ -208,7 +208,7 @@ def _padded_token_stats(
     # `split` views, not indexing: autograd joins a split's gradients in one concatenation, whereas
     # each indexed slice's backward materialises (and then adds) a zero-filled [N, R+1, V] gradient,
     # which cost a fifth of an update at 152k vocabulary entries.
-    positions_per_block = vocab_chunk or max(1, DEFAULT_CHUNK_VALUES // logits.shape[-1])
+    positions_per_block = vocab_chunk or max(1, chunk_values(logits.device) // logits.shape[-1])
     rows_per_block = max(1, positions_per_block // response_width)
     cols_per_block = min(response_width, positions_per_block)
     column_sizes = [cols_per_block] * (response_width // cols_per_block)

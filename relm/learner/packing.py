@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from relm.learner.vocab_chunks import DEFAULT_CHUNK_VALUES, TokenStats, vocab_chunk_stats
+from relm.learner.vocab_chunks import TokenStats, chunk_values, vocab_chunk_stats
 
 
 @dataclass
@@ -109,7 +109,7 @@ def packed_response_token_stats(
         **layout.attention_kwargs(),
     ).logits[..., :vocab_limit]  # [1, K, V]; ids the tokenizer lacks are never sampled
     scale = temperature if temperature > 0 else 1.0
-    chunk = positions_per_chunk or max(1, DEFAULT_CHUNK_VALUES // logits.shape[-1])
+    chunk = positions_per_chunk or max(1, chunk_values(logits.device) // logits.shape[-1])
     use_checkpoint = torch.is_grad_enabled() and logits.requires_grad
     logprob_parts, entropy_parts, squared_parts = [], [], []
     # `split`, not slicing: see `relm.learner.forward.response_logprobs` (one gradient concatenation

@@ -15,9 +15,17 @@ from types import ModuleType
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from relm.memory.cpu_batching import CPU_CHUNK_VALUES
+
 # Token positions whose fp32 vocabulary rows are materialized at once when no chunk is given:
 # 2^26 fp32 values = 256 MiB per intermediate, whatever the vocabulary size.
 DEFAULT_CHUNK_VALUES = 1 << 26
+
+
+def chunk_values(device: torch.device) -> int:
+    """fp32 values a chunk's intermediates hold when the caller gives no chunk: `CPU_CHUNK_VALUES` on CPU
+    (why: its docstring), `DEFAULT_CHUNK_VALUES` elsewhere."""
+    return CPU_CHUNK_VALUES if device.type == "cpu" else DEFAULT_CHUNK_VALUES
 
 
 @dataclass(frozen=True)

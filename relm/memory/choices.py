@@ -374,6 +374,9 @@ def _plan_request(
             checkpointing=critic_source.gradient_checkpointing,
             lora=lora.get("critic"),
         )
+    cpu_rows = spec.actor.update.rows_per_microbatch or default_rows_per_microbatch(
+        spec, actor.vocab_size if device.type == "cpu" else None
+    )
     return PlanRequest(
         trainees=trainees,
         has_reference=builds_reference(spec),
@@ -386,11 +389,19 @@ def _plan_request(
         compiled_layers=spec.actor_loss.use_torch_compile and device.type == "cuda",
         host_baseline_bytes=rss,
         saves_checkpoints=spec.loop.save_freq > 0,
-        cpu_rows_per_microbatch=spec.actor.update.rows_per_microbatch
-        or default_rows_per_microbatch(spec, actor.vocab_size if device.type == "cpu" else None),
+        cpu_rows_per_microbatch=cpu_rows,
+        cpu_microbatches_per_step=_microbatches_per_step(spec, cpu_rows),
         response_length=spec.data.max_response_length,
         teacher_params=_teacher_params(spec),
     )
+
+
+def _microbatches_per_step(spec: RunSpec, rows_per_microbatch: int) -> int:
+    """Forward/backward passes of the actor's update a step: mini-batches x their micro-batches x epochs."""
+    update = spec.actor.update
+    minibatches = -(-spec.data.prompts_per_step // update.prompts_per_minibatch)
+    per_minibatch = -(-update.prompts_per_minibatch * spec.engine.sampling.n // rows_per_microbatch)
+    return minibatches * per_minibatch * update.num_epochs
 
 
 def _teacher_params(spec: RunSpec) -> int:

@@ -16,6 +16,16 @@ DEFAULT_ROWS_PER_MICROBATCH = 16
 """Responses per forward/backward when `actor.ppo_micro_batch_size_per_gpu` is unset (at most a mini-batch)."""
 CPU_LOGITS_BYTES = 1 << 28
 """One fp32 copy of a CPU micro-batch's logits stays within this (256 MiB), down to one row."""
+CPU_CHUNK_VALUES = 1 << 22
+"""fp32 values of a vocabulary chunk on CPU (`relm.learner.vocab_chunks.chunk_values`): 16 MiB per
+intermediate, 27 positions at Qwen2.5's 151,665 entries.
+
+A CPU micro-batch's logits fit in one GPU-sized chunk (2^26 values), so every intermediate of the
+log-softmax, the entropy and their backward was a full [rows, response + 1, vocabulary] copy: six live at
+the update's peak in README's verl block (0.87 GiB beside 0.29 GiB of everything else), and the heap, which
+keeps freed memory on CPU (`relm.memory.host_allocator`), fragmented in 149 MiB holes. With 16 MiB chunks
+only the logits and their gradient are full size (`relm.memory.plan.cpu_logit_bytes`): that command's peak
+fell from 2.3-2.9 GiB to 1.5-1.6 GiB (docs/benchmarks.md)."""
 
 
 def default_rows_per_microbatch(spec: RunSpec, cpu_vocab_size: int | None = None) -> int:

@@ -127,7 +127,8 @@ KEEP_FACTOR = 1.25
 are given back. Measured on README's verl block (one thread): without a bound the heap's free memory grew
 from 1.07 to 2.39 GiB over 32 micro-batches (each [257, 151,665] fp32 block that fits no hole extends the
 heap) and the peak varied from 2.7 to 4.7 GiB between identical runs; giving the holes back after every
-micro-batch kept the peak at 2.55 GiB but tripled system time (7.5 s to 29 s)."""
+micro-batch kept the peak at 2.55 GiB but tripled system time (7.5 s to 29 s). The host-memory plan counts
+this much free memory beside a micro-batch's live vocabulary-sized tensors (`relm.memory.plan.cpu_logit_bytes`)."""
 
 _kept: _KeptHeap | None = None
 

@@ -67,6 +67,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from relm.memory.cpu_batching import CPU_CHUNK_VALUES
+from relm.memory.host_allocator import KEEP_FACTOR
 from relm.memory.model_shape import ModelShape
 
 __all__ = [
@@ -168,6 +170,9 @@ class PlanRequest:
     """CPU runs: responses per forward/backward (`actor.ppo_micro_batch_size_per_gpu` or relm's default)."""
     response_length: int = 0
     """CPU runs: response tokens of the longest row; the training forwards hold logits for all of them."""
+    cpu_microbatches_per_step: int = 1
+    """CPU runs: forward/backward passes of the actor's update a step (every mini-batch's micro-batches,
+    every epoch); past one, the heap keeps freed memory between them (`cpu_logit_bytes`)."""
     teacher_params: int = 0
     """Parameters of the frozen distillation teachers together (`distillation.teacher_models`), held in the
     compute dtype like the reference; 0 without distillation."""
@@ -602,14 +607,41 @@ def _checkpoint_staging(request: PlanRequest) -> int:
     return largest
 
 
-CPU_LOGIT_BUFFERS = 9
-"""[rows, response + 1, vocabulary] fp32 tensors a CPU step holds at its peak, as measured (README's tour,
-docs/benchmarks.md): the logits, their gradient, the log-softmax's and the entropy's fp32 chunks, and
-the blocks of the heap freed ones leave between them (a CPU run keeps freed memory for reuse and gives
-the holes back past a bound, `relm.memory.host_allocator`). Nine sits in the middle of what README's
-tour measured after that bound (2026-12-05, docs/benchmarks.md): the GSM8K and reward-file tours
-(16-token responses, 8 rows a micro-batch) -14% to -18%, the verl block (256 tokens, 1 row) +9% to +29%
-over five runs; eight left the verl block at +21% to +37%, ten put the reward-file tour at -26%."""
+CPU_FULL_LOGIT_COPIES = 2
+"""[rows, response + 1, vocabulary] fp32 tensors live at a CPU update's peak: the logits and their
+gradient (the vocabulary chunks' gradients joined in one concatenation)."""
+CPU_CHUNK_COPIES = 4
+"""Intermediates of one vocabulary chunk (`CPU_CHUNK_VALUES`) live beside them: the chunk's recomputed
+log-softmax and its gradient in the backward, the entropy metric's softmax and products in the forward.
+Measured on README's verl block (glibc's `mallinfo2` sampled every 5 ms, `bench/host_memory_trace.py`,
+2026-12-06): 364.5 MiB allocated at the update's peak above the 294.1 MiB held between micro-batches: two
+[1, 257, 151,665] copies (297.4 MiB), four chunks of 27 positions (62.5 MiB) and 4.6 MiB of activations,
+which the plan counts on their own."""
+
+
+def cpu_logit_bytes(vocab_size: int, rows: int, response_length: int, microbatches: int = 1) -> int:
+    """Host bytes a CPU update's vocabulary-sized tensors take at the peak: the live ones
+    (`CPU_FULL_LOGIT_COPIES` full copies of the micro-batch's logits, `CPU_CHUNK_COPIES` chunk
+    intermediates), and, where a step's update runs `microbatches` > 1 passes, the freed memory the heap
+    keeps between them.
+
+    A CPU run keeps freed memory in the heap rather than fault it in again each micro-batch. One pass
+    reuses its own freed blocks; over many, the blocks land in holes of other sizes and the heap grows,
+    until the resident free memory between micro-batches passes `KEEP_FACTOR` times what the first left
+    (its own working set: the live bytes above) and is given back
+    (`relm.memory.host_allocator.release_heap_fragments`). So at the peak a run of several passes holds
+    the live bytes and up to `KEEP_FACTOR` times them free, (1 + KEEP_FACTOR) times the live bytes in all;
+    README's GSM8K tour (one pass of 8 rows a step) peaked at the live bytes, its verl block (32 passes of
+    one row) 0.1-0.2 GiB under the bound (docs/benchmarks.md)."""
+    positions = rows * (response_length + 1)
+    # a chunk: whole rows of `response_length` positions where one fits, else part of a row (the padded
+    # forward's blocks, `relm.learner.forward`)
+    per_chunk, width = max(1, CPU_CHUNK_VALUES // vocab_size), max(1, response_length)
+    chunk_positions = min(rows, per_chunk // width) * width if per_chunk >= width else per_chunk
+    live = 4 * vocab_size * (CPU_FULL_LOGIT_COPIES * positions + CPU_CHUNK_COPIES * chunk_positions)
+    return int((1 + KEEP_FACTOR) * live) if microbatches > 1 else live
+
+
 CPU_LATE_BYTES = 64 * 2**20
 """Host memory a CPU run takes after the plan is made besides the tokenizer: the dataset's rows and token
 ids, the reward manager, torch's first-use kernels and thread pools (the demo: ~0.07 GiB)."""
@@ -631,7 +663,9 @@ def cpu_host_need(request: PlanRequest) -> int:
     need = max(
         layout.phases[name]
         + rows * 2 * t.shape.activation_bytes_per_token(checkpointing) * request.max_sequence_length
-        + CPU_LOGIT_BUFFERS * 4 * t.shape.vocab_size * rows * (request.response_length + 1)
+        + cpu_logit_bytes(
+            t.shape.vocab_size, rows, request.response_length, request.cpu_microbatches_per_step
+        )
         for name, t in request.trainees.items()
     )
     late = CPU_LATE_BYTES + CPU_TOKENIZER_BYTES_PER_ENTRY * request.policy.shape.vocab_size

@@ -168,6 +168,10 @@ def filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.
     return scaled
 
 
+COLUMNS_CAPACITY = 256
+"""Decode steps `SampledColumns` holds before its buffers double (a few KiB a row)."""
+
+
 @dataclass
 class SampledColumns:
     """The per-step columns of a batched decode ([rows] each): the engines' shared bookkeeping.
@@ -180,13 +184,53 @@ class SampledColumns:
     for 32,011), and an id with no token cannot be decoded or scored. Sampling from the first
     `vocab_limit` logits is the same as setting the others to -inf, without writing to the logits; the
     trainer's `response_logprobs(vocab_limit=...)` normalises over the same ids.
+
+    The columns are written into [rows, capacity] buffers that double when full, not kept as three
+    new tensors a step: on CPU each small tensor that lives until the decode ends sits in the hole a
+    freed vocabulary-sized tensor left in the heap, so the next one no longer fits there and the heap
+    grows (README's verl block, 32 rows x 256 steps over 151,665 tokens: the heap grew by ~1.3 GiB of
+    free memory during one generation, docs/benchmarks.md).
     """
 
     pad_token_id: int
     vocab_limit: int | None = None
-    tokens: list[torch.Tensor] = field(default_factory=list)
-    masks: list[torch.Tensor] = field(default_factory=list)
-    logprobs: list[torch.Tensor] = field(default_factory=list)
+    steps: int = 0
+    _ids: torch.Tensor | None = field(default=None, repr=False)
+    _mask: torch.Tensor | None = field(default=None, repr=False)
+    _logprobs: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def tokens(self) -> list[torch.Tensor]:
+        """The [rows] sampled ids of each step so far (views of one buffer)."""
+        return self._columns(self._ids)
+
+    @property
+    def masks(self) -> list[torch.Tensor]:
+        """The [rows] long masks of each step (1 where the row was live)."""
+        return self._columns(self._mask)
+
+    @property
+    def logprobs(self) -> list[torch.Tensor]:
+        """The [rows] fp32 logprobs of each step (0 where the row had finished)."""
+        return self._columns(self._logprobs)
+
+    def _columns(self, buffer: torch.Tensor | None) -> list[torch.Tensor]:
+        return [] if buffer is None else list(buffer[:, : self.steps].unbind(1))
+
+    def _record(self, token: torch.Tensor, live: torch.Tensor, logprob: torch.Tensor) -> None:
+        if self._ids is None or self._mask is None or self._logprobs is None:
+            rows, capacity = token.shape[0], COLUMNS_CAPACITY
+            self._ids = token.new_empty(rows, capacity)
+            self._mask = token.new_empty(rows, capacity, dtype=torch.long)
+            self._logprobs = token.new_empty(rows, capacity, dtype=torch.float32)
+        elif self.steps == self._ids.shape[1]:
+            self._ids, self._mask, self._logprobs = (
+                torch.cat([b, torch.empty_like(b)], dim=1) for b in (self._ids, self._mask, self._logprobs)
+            )
+        self._ids[:, self.steps] = token
+        self._mask[:, self.steps] = live
+        self._logprobs[:, self.steps] = logprob
+        self.steps += 1
 
     def sample(
         self,
@@ -203,19 +247,20 @@ class SampledColumns:
         token, logprob = sample_next_token(logits, params, generator, race)
         live = ~finished
         token = torch.where(live, token, self.pad_token_id)
-        self.tokens.append(token)
-        self.masks.append(live.long())
-        self.logprobs.append(torch.where(live, logprob, 0.0))
+        self._record(token, live, torch.where(live, logprob, 0.0))
         return token
 
     def pack(self, stopped_by_eos: torch.Tensor, width: int) -> GenerationOutput:
         """The columns as CPU tensors right-padded to `width` = max_new_tokens."""
-        num_rows, num_steps = self.tokens[0].shape[0], len(self.tokens)
+        assert self._ids is not None and self._mask is not None and self._logprobs is not None, (
+            "no step sampled"
+        )
+        num_rows, num_steps = self._ids.shape[0], self.steps
         response_ids = torch.full((num_rows, width), self.pad_token_id, dtype=torch.long)
         response_mask = torch.zeros((num_rows, width), dtype=torch.long)
         response_logprobs = torch.zeros((num_rows, width), dtype=torch.float32)
-        response_ids[:, :num_steps] = torch.stack(self.tokens, dim=1).cpu()
-        response_mask[:, :num_steps] = torch.stack(self.masks, dim=1).cpu()
-        response_logprobs[:, :num_steps] = torch.stack(self.logprobs, dim=1).float().cpu()
+        response_ids[:, :num_steps] = self._ids[:, :num_steps].cpu()
+        response_mask[:, :num_steps] = self._mask[:, :num_steps].cpu()
+        response_logprobs[:, :num_steps] = self._logprobs[:, :num_steps].cpu()
         reasons = [FINISH_STOP if stop else FINISH_LENGTH for stop in stopped_by_eos.tolist()]
         return GenerationOutput(response_ids, response_mask, response_logprobs, reasons)

@@ -29,6 +29,7 @@ from relm.memory.plan import (
     Rung,
     TraineeRequest,
     cpu_host_need,
+    cpu_logit_bytes,
     lora_offer,
     plan_memory,
     with_lora,
@@ -456,14 +457,37 @@ def test_checkpoint_staging_counts_against_the_host():
 def test_cpu_runs_need_every_model_in_host_memory():
     # fp32 actor 16e9 (weights, gradients, moments), reference 4e9; a micro-batch of 4 responses of
     # 1024-token rows: fp32 activations 4 * 2 * 720,000 * 1024, and its logits over the 511 response
-    # tokens + 1, nine fp32 copies at the peak: 9 * 4 * 10,000 * 4 * 512; what the run loads after the
-    # plan, 64 MiB + the tokenizer's 1,600 bytes an entry * 10,000; a checkpoint's staging 4.04e9
-    cpu = request(0, autocast=False, generation_dtype=None, cpu_rows_per_microbatch=4, response_length=511)
-    rows = 5_898_240_000 + 737_280_000 + 64 * 2**20 + 16_000_000
+    # tokens + 1 in 8 passes a step (`cpu_logit_bytes`, worked above: 519,480,000); what the run loads after the plan,
+    # 64 MiB + the tokenizer's 1,600 bytes an entry * 10,000; a checkpoint's staging 4.04e9
+    cpu = request(
+        0, autocast=False, generation_dtype=None, cpu_rows_per_microbatch=4, response_length=511,
+        cpu_microbatches_per_step=8,
+    )  # fmt: skip
+    rows = 5_898_240_000 + 519_480_000 + 64 * 2**20 + 16_000_000
     assert cpu_host_need(cpu) == 20e9 + rows + 4_040_000_000
     lora = with_lora(cpu, {"actor": Lora(8, 10**7)})
     # LoRA: fp32 base 4e9, adapters 8 T + 8 T, no reference; staging 4 T
     assert cpu_host_need(lora) == 4e9 + 16 * 10**7 + rows + 4 * 10**7
+
+
+def test_cpu_logit_bytes_count_two_full_copies_four_chunks_and_the_kept_heap():
+    # live: 4 bytes * vocabulary * (2 copies of rows * (response + 1) positions + 4 chunks of the
+    # positions 2^22 values hold); with more than one pass a step, 1 + KEEP_FACTOR (2.25) times that with
+    # the free memory the heap keeps between passes.
+    # README's verl block: 151,665 entries, 1 row, 256 tokens: a chunk is 4,194,304 // 151,665 = 27
+    # positions (part of the row); 4 * 151,665 * (2 * 257 + 4 * 27) = 377,342,520 live
+    assert cpu_logit_bytes(151_665, rows=1, response_length=256, microbatches=32) == 849_020_670
+    # README's GSM8K tour: 8 rows of 16 tokens, one pass a step: a chunk is one whole row (27 // 16 = 1
+    # row of 16); 4 * 151,665 * (2 * 8 * 17 + 4 * 16) = 203,837,760 live, nothing kept
+    assert cpu_logit_bytes(151_665, rows=8, response_length=16, microbatches=1) == 203_837_760
+    assert cpu_logit_bytes(151_665, rows=8, response_length=16, microbatches=2) == 458_634_960
+    # the plan test's shape below: 10,000 entries, 4 rows of 511: 419 positions a chunk;
+    # 4 * 10,000 * (2 * 4 * 512 + 4 * 419) = 230,880,000 live
+    assert cpu_logit_bytes(10_000, rows=4, response_length=511, microbatches=8) == 519_480_000
+    # a vocabulary past 2^22 entries still takes one position a chunk; no response (a plan without one)
+    assert cpu_logit_bytes(5_000_000, rows=1, response_length=0, microbatches=2) == int(
+        2.25 * 4 * 5_000_000 * (2 + 4)
+    )
 
 
 def test_cpu_micro_batch_keeps_one_copy_of_the_logits_within_256_mib():
@@ -480,6 +504,36 @@ def test_cpu_micro_batch_keeps_one_copy_of_the_logits_within_256_mib():
     assert default_rows_per_microbatch(verl, cpu_vocab_size=151_665) == 1
     assert default_rows_per_microbatch(verl, cpu_vocab_size=16_000) == 16  # 16.4 MB a row
     assert default_rows_per_microbatch(verl, cpu_vocab_size=40_000) == 6  # 41.1 MB a row
+
+
+def test_cpu_passes_a_step_count_every_minibatch_micro_batch_and_epoch():
+    from relm.config.loader import load_config
+    from relm.memory.choices import _microbatches_per_step
+
+    def spec(*overrides: str):
+        return translate(
+            load_config(
+                [
+                    "actor_rollout_ref.rollout.n=4",
+                    "data.train_batch_size=8",
+                    "actor_rollout_ref.actor.ppo_epochs=1",
+                    *overrides,
+                ]
+            )
+        )[0]
+
+    # README's verl block: one mini-batch of 8 prompts x 4 = 32 rows, one row a pass: 32
+    assert _microbatches_per_step(spec("actor_rollout_ref.actor.ppo_mini_batch_size=8"), 1) == 32
+    # README's GSM8K tour: 4 prompts x 2 = 8 rows, all in one pass
+    gsm8k = spec(
+        "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    )
+    assert _microbatches_per_step(gsm8k, 8) == 1
+    # 2 mini-batches of 4 prompts (16 rows, 3 passes of up to 6 rows each), 2 epochs: 2 * 3 * 2
+    two = spec("actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_epochs=2")
+    assert _microbatches_per_step(two, 6) == 12
 
 
 def test_autocast_caches_the_eager_casts_of_weights_not_the_compiled_pieces():

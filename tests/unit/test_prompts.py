@@ -175,6 +175,31 @@ def test_sampled_ids_stay_below_the_limit_and_logprobs_normalise_over_it():
         torch.testing.assert_close(columns.logprobs[-1], expected)
 
 
+def test_sampled_columns_keep_every_step_past_their_first_capacity():
+    # 300 steps: the [rows, 256] buffers double once; every step's token, mask and logprob stay in place
+    from relm.rollout.sampling import COLUMNS_CAPACITY
+
+    torch.manual_seed(0)
+    columns = SampledColumns(pad_token_id=0)
+    finished = torch.zeros(3, dtype=torch.bool)
+    drawn = []
+    for step in range(COLUMNS_CAPACITY + 44):
+        finished = finished | (torch.arange(3) == 2) & (step >= 7)  # row 2 ends after its 7th token
+        drawn.append(
+            columns.sample(torch.randn(3, 6), finished, SamplingParams(), torch.Generator().manual_seed(step))
+        )
+    assert columns.steps == 300 and len(columns.tokens) == 300
+    assert torch.equal(torch.stack(columns.tokens, dim=1), torch.stack(drawn, dim=1))
+    out = columns.pack(torch.zeros(3, dtype=torch.bool), width=310)
+    assert torch.equal(out.response_ids[:, :300], torch.stack(drawn, dim=1))
+    assert (
+        out.response_mask[2].sum() == 7
+        and out.response_mask[:2, :300].all()
+        and not out.response_mask[:, 300:].any()
+    )
+    assert (out.logprobs[2, 7:] == 0).all() and (out.logprobs[:2, :300] < 0).all()
+
+
 @pytest.mark.parametrize("engine_class", [NativeRolloutEngine, HFRolloutEngine])
 @torch.no_grad()
 def test_engine_and_trainer_logprobs_agree_under_a_vocabulary_limit(engine_class):
