@@ -140,6 +140,8 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "data.return_multi_modal_inputs": _MULTIMODAL,
     "data.sampler.*": "relm samples prompts in (seeded) shuffled order; custom samplers are not supported",
     "data.datagen.*": "dynamic data generation is not supported",
+    # verl 0.9.0's release branch: keep the sampled token stream across turns instead of re-templating text
+    "data.continuous_token.*": _MULTI_TURN_IDS,
     # actor_rollout_ref
     "actor_rollout_ref.nccl_timeout": "relm uses PyTorch's default process-group timeout",
     "actor_rollout_ref.model.use_shm": _SHM,
