@@ -297,12 +297,13 @@ def run_scripts(
     work: Path | None = None,
     config_only: bool = False,
     own_family: bool = False,
+    progress: Path | None = None,
 ) -> list[ScriptRun]:
     """Every command line of every script (those whose path contains one of `only`, when given).
 
     `own_family`: each line gets a tiny model of its own architecture and data in its own format
     (`verl_script_fixtures`), vision-language lines are not run; otherwise `zoo:tiny/qwen2` and the
-    built-in task for all."""
+    built-in task for all. `progress`: each line's record is appended there as it is measured."""
     from relm.data.demo_task import write_demo_parquet
 
     work = work or Path(tempfile.mkdtemp(prefix="relm-verl-scripts-"))
@@ -319,6 +320,9 @@ def run_scripts(
                 if stand_ins is None:
                     runs.append(ScriptRun(name, index, fixtures.VISION_LANGUAGE, "", command))
                     print(f"{fixtures.VISION_LANGUAGE} {name}#{index}", flush=True)
+                    if progress is not None:
+                        with progress.open("a") as out:
+                            out.write(json.dumps(dataclasses.asdict(runs[-1])) + "\n")
                     continue
                 argv = rewrite(command, verl_dir, data, run_dir, *stand_ins)
             else:
@@ -329,6 +333,9 @@ def run_scripts(
                 result, detail = run_one(argv, verl_dir, run_dir, timeout_s)
             runs.append(ScriptRun(name, index, result, detail, argv))
             print(f"{result:8} {name}#{index} {detail}", flush=True)
+            if progress is not None:  # a long table keeps what it measured if stopped part-way
+                with progress.open("a") as out:
+                    out.write(json.dumps(dataclasses.asdict(runs[-1])) + "\n")
     return runs
 
 
@@ -405,6 +412,7 @@ def main() -> int:
         args.timeout,
         config_only=args.config_only,
         own_family=not args.demo,
+        progress=args.jsonl.with_suffix(".partial.jsonl") if args.jsonl else None,
     )
     if args.jsonl:
         args.jsonl.write_text("".join(json.dumps(dataclasses.asdict(run)) + "\n" for run in runs))

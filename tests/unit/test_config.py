@@ -391,6 +391,8 @@ def test_verl_seq_balance_command_converts_its_global_micro_batch_sizes():
         ("reward.reward_manager.name=remote", "`reward_model.reward_manager=remote` is not supported"),
         ("algorithm.filter_groups.enable=true actor_rollout_ref.rollout.n=1 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "`algorithm.filter_groups.enable=true` needs groups"),
         ("reward_model.overlong_buffer.enable=true", "`reward_model.overlong_buffer.len=0` must be between"),
+        ("algorithm.filter_groups.enable=true algorithm.filter_groups.metric=null",
+         "`algorithm.filter_groups.enable=true` needs `algorithm.filter_groups.metric`"),
         ("trainer.device=tpu", "`trainer.device=tpu` is not supported; choose one of: auto, cpu, cuda"),
         ("trainer.resume_mode=latest", "`trainer.resume_mode=latest` is not supported"),
         ("trainer.logger=[console,foo]", "`trainer.logger=foo` is not supported; choose one of: console"),
@@ -574,3 +576,8 @@ def test_docs_configuration_md_is_up_to_date():
     assert docs_gen.update_document(text) == text, "run `python -m relm.config.docs_gen`"
     assert "| `data.max_prompt_length` | `int` | `512` |" in text
     assert "| `ray_init.*` | relm runs without Ray" in text
+
+
+def test_a_null_filter_metric_is_accepted_while_filtering_is_off():
+    """verl 0.9's generated configs write `filter_groups.metric: null` beside `enable: false`."""
+    validate_config(load_config(SIZES + ["algorithm.filter_groups.metric=null"]))
