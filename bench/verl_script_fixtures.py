@@ -96,7 +96,7 @@ _SHAPE: dict[str, Any] = dict(
     num_attention_heads=2,
     num_key_value_heads=1,
     head_dim=64,
-    max_position_embeddings=256,
+    max_position_embeddings=1024,
     # MoE families (each config class reads the names it knows)
     num_experts=4,
     num_local_experts=4,
@@ -164,6 +164,9 @@ def write_family_model(family: Family, folder: Path) -> Path:
     tokenizer.save_pretrained(folder)
     if family.zoo is not None:
         config = ZOO[family.zoo].build_config(tokenizer)
+        config.max_position_embeddings = _SHAPE[
+            "max_position_embeddings"
+        ]  # a DAPO prompt exceeds the zoo's 256
     elif family.model_type in CONFIG_MAPPING_NAMES:
         config = AutoConfig.for_model(family.model_type, **{**_SHAPE, **dict(family.fields), **ids})
     else:
@@ -214,9 +217,13 @@ def _rows(kind: str, split: str) -> list[dict[str, Any]]:
     if kind == "gsm8k":
         gsm8k = _examples("gsm8k_preprocess")
         source = REALWORLD / "data" / "gsm8k" / f"{split}.jsonl"
-        return [gsm8k.convert_row(row, i, split) for i, row in enumerate(gsm8k.read_rows(source)[:ROWS])]
+        shortest = sorted(gsm8k.read_rows(source), key=lambda row: len(row["question"]))[:ROWS]
+        return [gsm8k.convert_row(row, i, split) for i, row in enumerate(shortest)]
     math500 = _examples("math500_preprocess")
-    problems = math500.read_rows(REALWORLD / "data" / "math500" / "test.jsonl")
+    # The shortest problems: every row fits the harness's prompt length, in a real tokenizer or in characters.
+    problems = sorted(
+        math500.read_rows(REALWORLD / "data" / "math500" / "test.jsonl"), key=lambda row: len(row["problem"])
+    )
     problems = problems[:ROWS] if split == "train" else problems[ROWS : ROWS + 8]
     rows = []
     for index, problem in enumerate(problems):

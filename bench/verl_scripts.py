@@ -44,8 +44,10 @@ STUBBED_COMMANDS = (
 TINY_MODEL = "zoo:tiny/qwen2"
 DEMO_DATA_SOURCE = "relm/letters"
 """The built-in task's data_source (`relm.data.demo_task.DEMO_DATA_SOURCE`)."""
-PROMPT_LEN, RESPONSE_LEN, BATCH, MINI_BATCH, MICRO_BATCH, MAX_TOKENS = 192, 16, 4, 2, 2, 256
-"""192 prompt tokens: a GSM8K or MATH question under a real chat template fits (the tiny models hold 256)."""
+PROMPT_LEN, RESPONSE_LEN, BATCH, MINI_BATCH, MICRO_BATCH, MAX_TOKENS = 32, 16, 4, 2, 2, 256
+OWN_PROMPT_LEN, OWN_MAX_TOKENS = 512, 1024
+"""With a script's own data (`own_family`): a DAPO-Math prompt under a real chat template, or in characters,
+fits in 512 tokens (the family models hold 1024 positions)."""
 
 _STUB = """#!/bin/bash
 for arg in "$@"; do
@@ -126,6 +128,8 @@ def rewrite(
     model_for: Callable[[str], str] = lambda path: TINY_MODEL,
     files_for: Callable[[str, int], str] | None = None,
     data_source: str = DEMO_DATA_SOURCE,
+    prompt_len: int = PROMPT_LEN,
+    max_tokens: int = MAX_TOKENS,
 ) -> list[str]:
     """The overrides with paths and sizes replaced, plus what one step on CPU needs.
 
@@ -154,7 +158,7 @@ def rewrite(
         if arg.startswith("-") or "=" not in arg:
             out.append(arg)
             continue
-        replaced = _replace(arg, model_for, replace_files)
+        replaced = _replace(arg, model_for, replace_files, max_tokens)
         if not routed and re.fullmatch(r"\+?distillation\.teacher_models\.[^.]+\.key", _raw_key(arg)):
             replaced, routed = f"{_raw_key(arg)}={data_source}", True
         if replaced is not None:
@@ -173,7 +177,7 @@ def rewrite(
         "data.train_files": replace_files(_value(args, "data.train_files"), 0),
         "data.val_files": replace_files(_value(args, "data.val_files"), 1),
         "data.train_batch_size": str(BATCH),
-        "data.max_prompt_length": str(PROMPT_LEN),
+        "data.max_prompt_length": str(prompt_len),
         "data.max_response_length": str(RESPONSE_LEN),
         "actor_rollout_ref.model.path": model_for(_value(args, "actor_rollout_ref.model.path")),
         "actor_rollout_ref.actor.ppo_mini_batch_size": str(MINI_BATCH),
@@ -196,7 +200,9 @@ def _value(args: list[str], key: str) -> str:
     return values[-1] if values else ""
 
 
-def _replace(arg: str, model_for: Callable[[str], str], files_for: Callable[[str, int], str]) -> str | None:
+def _replace(
+    arg: str, model_for: Callable[[str], str], files_for: Callable[[str, int], str], max_tokens: int
+) -> str | None:
     raw_key, _, value = arg.partition("=")
     key = raw_key.lstrip("+")
     leaf = key.rsplit(".", 1)[-1]
@@ -213,7 +219,7 @@ def _replace(arg: str, model_for: Callable[[str], str], files_for: Callable[[str
     if key in ("data.train_batch_size", "data.val_batch_size", "data.gen_batch_size"):
         return f"{raw_key}={BATCH}"
     if key == "data.max_prompt_length":
-        return f"{raw_key}={PROMPT_LEN}"
+        return None  # the forced value below
     if key in (
         "data.max_response_length",
         "reward_model.reward_kwargs.max_resp_len",
@@ -229,7 +235,7 @@ def _replace(arg: str, model_for: Callable[[str], str], files_for: Callable[[str
     if leaf == "fsdp_size":
         return f"{raw_key}=-1"  # one process: shard over all of it
     if "max_token_len" in leaf:
-        return f"{raw_key}={MAX_TOKENS}"
+        return f"{raw_key}={max_tokens}"
     if key == "actor_rollout_ref.rollout.n":
         return f"{raw_key}={min(int(value), 2)}" if value.isdigit() else arg
     if key in (
@@ -324,7 +330,15 @@ def run_scripts(
                         with progress.open("a") as out:
                             out.write(json.dumps(dataclasses.asdict(runs[-1])) + "\n")
                     continue
-                argv = rewrite(command, verl_dir, data, run_dir, *stand_ins)
+                argv = rewrite(
+                    command,
+                    verl_dir,
+                    data,
+                    run_dir,
+                    *stand_ins,
+                    prompt_len=OWN_PROMPT_LEN,
+                    max_tokens=OWN_MAX_TOKENS,
+                )
             else:
                 argv = rewrite(command, verl_dir, data, run_dir)
             # The config alone first (in-process, a fraction of a second): most stops happen there.
