@@ -62,7 +62,15 @@ class Family:
 
 # First match wins: the specific names before the general ones.
 FAMILIES = (
-    Family("qwen3-next", r"qwen3-next", "qwen3_next", "Qwen3NextForCausalLM", "qwen2.5"),
+    Family(
+        "qwen3-next",
+        r"qwen3-next",
+        "qwen3_next",
+        "Qwen3NextForCausalLM",
+        "qwen2.5",
+        # two layers of the default 3:1 pattern would both be linear attention; keep one of each kind
+        fields=(("layer_types", ("linear_attention", "full_attention")),),
+    ),
     Family("qwen3.5-moe", r"qwen3\.5-.*a\d+b", "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "qwen2.5"),
     Family("qwen3.5", r"qwen3\.5", "qwen3_5_text", "Qwen3_5ForCausalLM", "qwen2.5"),
     Family(
@@ -168,7 +176,7 @@ def write_family_model(family: Family, folder: Path) -> Path:
             "max_position_embeddings"
         ]  # a DAPO prompt exceeds the zoo's 256
     elif family.model_type in CONFIG_MAPPING_NAMES:
-        config = AutoConfig.for_model(family.model_type, **{**_SHAPE, **dict(family.fields), **ids})
+        config = AutoConfig.for_model(family.model_type, **{**_SHAPE, **_lists(family.fields), **ids})
     else:
         # No class in transformers: the checkpoint would ship code; relm meets the config as it is.
         (folder / "config.json").write_text(
@@ -181,6 +189,11 @@ def write_family_model(family: Family, folder: Path) -> Path:
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(folder)
     return folder
+
+
+def _lists(fields: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    """The fields as config kwargs (a tuple value, kept hashable in the frozen Family, as a list)."""
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in fields}
 
 
 # --- data --------------------------------------------------------------------------------------------
