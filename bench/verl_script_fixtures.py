@@ -89,7 +89,16 @@ FAMILIES = (
         None,
         fields=(("q_lora_rank", 32),),
     ),
-    Family("deepseek-v3", r"deepseek-v3|dsv3|moonlight", "deepseek_v3", "DeepseekV3ForCausalLM", None),
+    Family(
+        "deepseek-v3",
+        r"deepseek-v3|dsv3|moonlight",
+        "deepseek_v3",
+        "DeepseekV3ForCausalLM",
+        None,
+        fields=(
+            ("head_dim", 32),
+        ),  # the rotary part's width (qk_rope_head_dim), as DeepSeek-V3's config sets it
+    ),
     Family("gpt-oss", r"gpt-oss", "gpt_oss", "GptOssForCausalLM", None),
     Family("glm4-moe", r"glm-4\.5", "glm4_moe", "Glm4MoeForCausalLM", None),
     Family("seed-oss", r"seed-oss", "seed_oss", "SeedOssForCausalLM", None),
