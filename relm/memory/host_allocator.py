@@ -41,13 +41,10 @@ NEVER_TRIM = 2**31 - 1
 
 def keep_freed_host_memory() -> bool:
     """Tell glibc's malloc to serve big blocks from the heap and keep freed ones; False where it is not glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+    libc = _glibc()
+    if libc is None:
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mallopt = libc.mallopt
     done = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) == 1
     logger.debug("host allocator: big blocks from the heap, freed memory kept (%s)", done)
     if done:
@@ -58,8 +55,8 @@ def keep_freed_host_memory() -> bool:
 def return_freed_host_memory() -> bool:
     """Tell glibc's malloc to map every block of `RETURNED_BLOCK_BYTES` or more on its own and unmap it when
     freed (a fixed threshold: glibc's dynamic one stops growing at 32 MiB); False where it is not glibc."""
-    mallopt = _mallopt()
-    done = mallopt is not None and mallopt(M_MMAP_THRESHOLD, RETURNED_BLOCK_BYTES) == 1
+    libc = _glibc()
+    done = libc is not None and libc.mallopt(M_MMAP_THRESHOLD, RETURNED_BLOCK_BYTES) == 1
     logger.debug("host allocator: blocks of 1 MiB and up given back when freed (%s)", done)
     return done
 
@@ -70,13 +67,15 @@ def set_host_allocator(world_size: int) -> bool:
     return keep_freed_host_memory() if world_size == 1 else return_freed_host_memory()
 
 
-def _mallopt() -> Callable[[int, int], int] | None:
+def _glibc() -> ctypes.CDLL | None:
+    """The C library with `mallopt(int, int)` typed; None where there is none (not glibc)."""
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
     except (OSError, AttributeError, TypeError):
         return None
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt
+    return libc
 
 
 def _watch_heap(libc: ctypes.CDLL) -> None:

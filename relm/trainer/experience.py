@@ -14,7 +14,7 @@ from relm.distributed.balance import same_group_count
 from relm.distributed.context import DistContext
 from relm.distributed.gathering import gathered_for_passes, passes_are_collective
 from relm.learner.batch import Rollout, TeacherTopK
-from relm.learner.forward import response_logprobs, response_token_stats, response_topk, response_values
+from relm.learner.forward import response_token_stats, response_topk, response_values
 from relm.learner.minibatch import forward_token_counts, microbatch_indices
 from relm.rollout.base import GenerationOutput
 from relm.rollout.padding import left_pad
@@ -78,30 +78,11 @@ def batched_logprobs(
     rows) every rank makes as many passes, and when the model is sharded an out-of-memory pass is not
     retried on one rank alone. `vocab_limit`: as in `response_logprobs`."""
 
-    def logprobs_of(mb: Rollout) -> torch.Tensor:
-        logprobs, _ = response_logprobs(
-            model,
-            mb.input_ids,
-            mb.attention_mask,
-            mb.position_ids,
-            mb.response_width,
-            temperature=temperature,
-            remove_padding=remove_padding,
-            vocab_limit=vocab_limit,
-        )
-        return logprobs
-
-    return _in_forward_passes(
-        model,
-        batch,
-        logprobs_of,
-        "logprob forward",
-        rows_per_forward=rows_per_forward,
-        device=device,
-        max_tokens=max_tokens_per_forward,
-        remove_padding=remove_padding,
-        dist=dist,
-    )
+    return _batched_response_stats(
+        model, batch, sum_pi_squared=False, rows_per_forward=rows_per_forward, temperature=temperature,
+        device=device, remove_padding=remove_padding, max_tokens_per_forward=max_tokens_per_forward, dist=dist,
+        vocab_limit=vocab_limit,
+    )  # fmt: skip
 
 
 @torch.no_grad()
@@ -121,6 +102,28 @@ def batched_logprobs_and_sum_pi_squared(
     over the vocabulary of the squared probabilities ([..., 1]), which the optimal token baselines read. One
     tensor so that the passes and the data-parallel gathering stay those of `batched_logprobs`."""
 
+    return _batched_response_stats(
+        model, batch, sum_pi_squared=True, rows_per_forward=rows_per_forward, temperature=temperature,
+        device=device, remove_padding=remove_padding, max_tokens_per_forward=max_tokens_per_forward, dist=dist,
+        vocab_limit=vocab_limit,
+    )  # fmt: skip
+
+
+def _batched_response_stats(
+    model: nn.Module,
+    batch: Rollout,
+    *,
+    sum_pi_squared: bool,
+    rows_per_forward: int,
+    temperature: float,
+    device: torch.device,
+    remove_padding: bool,
+    max_tokens_per_forward: int | None,
+    dist: DistContext | None,
+    vocab_limit: int | None,
+) -> torch.Tensor:
+    """The passes of `batched_logprobs` ([N, R]) and `batched_logprobs_and_sum_pi_squared` ([N, R, 2])."""
+
     def stats_of(mb: Rollout) -> torch.Tensor:
         stats = response_token_stats(
             model,
@@ -131,9 +134,10 @@ def batched_logprobs_and_sum_pi_squared(
             temperature=temperature,
             remove_padding=remove_padding,
             vocab_limit=vocab_limit,
-            compute_sum_pi_squared=True,
+            compute_sum_pi_squared=sum_pi_squared,
         )
-        assert stats.sum_pi_squared is not None  # asked for
+        if stats.sum_pi_squared is None:  # not asked for
+            return stats.logprobs
         return torch.stack([stats.logprobs, stats.sum_pi_squared], dim=-1)
 
     return _in_forward_passes(

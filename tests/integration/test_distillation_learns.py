@@ -11,11 +11,9 @@ step and after its last.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 pytestmark = pytest.mark.integration
 
@@ -42,15 +40,6 @@ verl's scripts' default, k1 as a per-token reward (policy gradient), also learns
 (steps 0, 10, 20, 30): seed 1 0, 0.5, 1, 1; seed 2 0, 0.69, 0.84, 1; seed 3 0, 0.69, 0.5, 0.64; and the k3
 estimator backpropagated (verl's YAML default) barely moves in 30 steps (seeds 2, 3: 0 and 0.19): one sampled
 token's estimate carries far less signal than the teacher's top 16. docs/distillation.md has these figures."""
-
-
-@pytest.fixture
-def one_cpu_thread() -> Iterator[None]:
-    """One intra-op thread, as the seeds were measured with (see test_learning.py's fixture of this name)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 def _val_scores(metrics: list[dict]) -> dict[int, float]:

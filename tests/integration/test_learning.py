@@ -10,11 +10,9 @@ letter (score towards 1). A rise of 0.3 needs the second phase, i.e. a policy th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from relm.config.loader import load_config
 from relm.config.translate import translate
@@ -56,23 +54,6 @@ REQUIRED_RISE (0.3) holds with margin on either kind of machine; across seeds th
 
 On an Intel Xeon VM (AVX-512), 2026-12-05 22:17-22:45 UTC, one thread, beside a CI run: grpo seed 1 0.982, gae
 seed 5 0.918, rloo seeds 2, 3 0.795, 0.978, and as AVX2 computes it rloo seeds 1, 3 0.953, 0.950."""
-
-
-@pytest.fixture
-def one_cpu_thread() -> Iterator[None]:
-    """Run on one intra-op thread, then restore the count.
-
-    Why: the float summation order of CPU kernels depends on the thread count, and sampling turns the
-    smallest difference into another trajectory (2 threads part from 1 within ~13 steps), so only the
-    thread count the seeds were measured with reproduces the measured margins. It is also faster for a
-    model this small: 30 grpo steps took 8.5-8.9 s on one thread, and 12 s to over 90 s on two on the
-    same 2-core machine, depending on how busy other processes kept the cores (threads wait on each
-    other).
-    """
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 def scores_per_step(run_dir: Path) -> list[float]:

@@ -13,11 +13,9 @@ policy that calls the tool and writes any letter (SEEDS_MEASURED).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from relm.rollout.multi_turn.lookup import write_lookup_task
 from relm.trainer.main_ppo import main
@@ -51,16 +49,6 @@ conversations a prompt (the example until 2026-12-06) the copy came on an AMD EP
 steps) and not on this Intel one (seeds 1, 2, 3: 0.19, 0.11, 0.30 at 70 steps; 0.19, 0.20, 0.13 at 150), nor
 with a rollout temperature of 1.3 (seeds 1, 2, 3: 0.41, 0.13, 0.0 at 150 steps) or that and 32 conversations
 (0.47, 0.45 at 100 steps)."""
-
-
-@pytest.fixture
-def one_cpu_thread() -> Iterator[None]:
-    """One intra-op thread, as the seed was measured with (the float summation order, hence the
-    sampled trajectory, depends on the thread count)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 def test_the_policy_learns_to_call_the_tool_and_copy_its_answer(tmp_path: Path, one_cpu_thread: None) -> None:

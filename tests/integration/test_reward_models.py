@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,15 +63,6 @@ def tiny_classifier(folder: Path, seed: int = 0) -> Path:
     for name in TOKENIZER_FILES:
         shutil.copy(source / name, folder / name)
     return folder
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: the PPO trajectory the rise was measured on (see test_learning.py's fixture)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 def _steps(run_dir: Path) -> list[dict]:
@@ -191,7 +182,7 @@ def fit_letter_reward_model(folder: Path, *, steps: int = 300, seed: int = 0) ->
 
 
 def test_fitted_reward_model_drives_ppo_on_the_demo(
-    train: Callable, tmp_path: Path, one_thread: None
+    train: Callable, tmp_path: Path, one_cpu_thread: None
 ) -> None:
     rm = tiny_classifier(tmp_path / "rm")
     fit_letter_reward_model(rm, steps=RM_FIT_STEPS)

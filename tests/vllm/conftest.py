@@ -52,15 +52,6 @@ def actor_and_engine() -> Iterator[tuple[nn.Module, object]]:
     engine.close()
 
 
-@pytest.fixture
-def one_cpu_thread() -> Iterator[None]:
-    """One intra-op thread, as the learning tests measure their seeds with (tests/integration/test_learning.py)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
 def read_scores(run_dir: Path) -> list[float]:
     from tests.integration.test_learning import scores_per_step
 
