@@ -581,3 +581,43 @@ def test_docs_configuration_md_is_up_to_date():
 def test_a_null_filter_metric_is_accepted_while_filtering_is_off():
     """verl 0.9's generated configs write `filter_groups.metric: null` beside `enable: false`."""
     validate_config(load_config(SIZES + ["algorithm.filter_groups.metric=null"]))
+
+
+OPTIM = "actor_rollout_ref.actor.optim"
+
+
+@pytest.mark.parametrize(
+    ("floor", "ratio"),
+    [(f"{OPTIM}.min_lr=2e-7", 0.2), (f"{OPTIM}.min_lr=1e-6", 1.0), (f"{OPTIM}.min_lr=0.0", 0.0),
+     (f"+{OPTIM}.lr_min=5e-7", 0.5), ("critic.optim.min_lr=1e-7", None)],
+)  # fmt: skip
+def test_an_absolute_lr_floor_becomes_the_ratio_to_lr(floor: str, ratio: float | None):
+    """Megatron's `optim.min_lr` (VeOmni's `lr_min`) is what the schedule decays to: `lr * min_lr_ratio`."""
+    cfg = load_config(SIZES + [f"{OPTIM}.lr=1e-6", "critic.optim.lr=1e-6", floor])
+    if ratio is None:
+        assert cfg.critic.optim.min_lr_ratio == pytest.approx(0.1)
+    else:
+        assert cfg.actor_rollout_ref.actor.optim.min_lr_ratio == pytest.approx(ratio)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([f"{OPTIM}.min_lr=2e-6"], f"`{OPTIM}.min_lr=2e-06` must lie between 0 and `{OPTIM}.lr=1e-06`"),
+        ([f"{OPTIM}.min_lr=1e-7", f"{OPTIM}.min_lr_ratio=0.5"], "give two floors"),
+    ],
+)
+def test_an_absolute_lr_floor_above_lr_or_beside_another_floor_stops(overrides: list[str], message: str):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
+        load_config(SIZES + [f"{OPTIM}.lr=1e-6", *overrides])
+
+
+def test_verl_09s_reward_model_section_sets_the_model_and_its_lengths():
+    """`reward.reward_model.model_path` is where verl 0.9 reads the reward model (its legacy key moves there)."""
+    cfg = load_config(
+        SIZES + ["reward.reward_model.enable=True", "reward.reward_model.model_path=org/rm",
+                 "reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.prompt_length=300"]
+    )  # fmt: skip
+    rm = cfg.reward_model
+    assert (rm.enable, rm.model.path, rm.rollout.prompt_length) == (True, "org/rm", 300)
+    assert rm.rollout.name == "native"  # verl's serving engine for the model; relm's judge engine is its own key
