@@ -95,9 +95,11 @@ FAMILIES = (
         "deepseek_v3",
         "DeepseekV3ForCausalLM",
         None,
-        fields=(
-            ("head_dim", 32),
-        ),  # the rotary part's width (qk_rope_head_dim), as DeepSeek-V3's config sets it
+        # head_dim is the rotary part's width (qk_rope_head_dim), as DeepSeek-V3's config sets it. MLA
+        # expands its latent into one key and value per query head, so the family's configs have as many
+        # key-value heads as heads (128/128, Moonlight's 16/16); with fewer, transformers' eager attention
+        # repeats the already full heads again and the shapes disagree (2 vs 4).
+        fields=(("head_dim", 32), ("num_key_value_heads", 2)),
     ),
     Family("gpt-oss", r"gpt-oss", "gpt_oss", "GptOssForCausalLM", None),
     Family("glm4-moe", r"glm-4\.5", "glm4_moe", "Glm4MoeForCausalLM", None),
@@ -158,12 +160,15 @@ def _tokenizer(family: Family) -> Any:
     return build_char_tokenizer()
 
 
-def write_family_model(family: Family, folder: Path) -> Path:
-    """The family's tiny model (or, for a class transformers lacks, its config and tokenizer) in `folder`."""
+def write_family_model(family: Family, folder: Path, reward: bool = False) -> Path:
+    """The family's tiny model (or, for a class transformers lacks, its config and tokenizer) in `folder`.
+
+    `reward`: a reward model of the family instead, as Skywork-Reward-Llama-3.1 is one of Llama's: the
+    same body under a one-label sequence-classification head (`...ForSequenceClassification`)."""
     import json
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     from relm.models.zoo_entries import ZOO
@@ -195,7 +200,12 @@ def write_family_model(family: Family, folder: Path) -> Path:
         )
         return folder
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
+    if reward:
+        config.num_labels = 1
+        config.architectures = [family.architecture.replace("ForCausalLM", "ForSequenceClassification")]
+        model = AutoModelForSequenceClassification.from_config(config)
+    else:
+        model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(folder)
     return folder
 

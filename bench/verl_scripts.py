@@ -10,8 +10,11 @@ it, so the shell expands the script's own variables. The recorded overrides are 
 files become relm's built-in task, model paths (the distillation teachers' too) `zoo:tiny/qwen2`, batch sizes
 and lengths tiny, one step, no validation or checkpoints, one process. A multi-teacher distillation routes each
 row by its data_source; the built-in task has one, so the first teacher's `key` becomes it (the others keep theirs
-and score no row). Everything else (estimator, losses, loggers, engine names, the
-keys relm does not have) stays as the script wrote it. Each is run as `python -m relm.trainer.main_ppo`
+and score no row). On a machine without CUDA a `trainer.device=cuda` pin (the script's, or that of verl's
+default file a `--config-path` composes) becomes `auto`; an Ascend `npu` pin stays. A `main_dapo` line that
+names only `--config-name` gets main_dapo's own `config/` folder, where Hydra would look, and a value
+the script leaves as a `<placeholder>` for its user a path. Everything else
+(estimator, losses, loggers, engine names, the keys relm does not have) stays as the script wrote it. Each is run as `python -m relm.trainer.main_ppo`
 with the verl folder as the working folder (so relative `--config-path`s resolve), and recorded as
 
 - `ran`: exit 0 with one step in metrics.jsonl;
@@ -42,6 +45,7 @@ STUBBED_COMMANDS = (
     "sleep", "torchrun", "npu-smi", "ifconfig", "hostname",
 )  # fmt: skip
 TINY_MODEL = "zoo:tiny/qwen2"
+PLACEHOLDER = "/path/filled/in/by/the/user"
 DEMO_DATA_SOURCE = "relm/letters"
 """The built-in task's data_source (`relm.data.demo_task.DEMO_DATA_SOURCE`)."""
 PROMPT_LEN, RESPONSE_LEN, BATCH, MINI_BATCH, MICRO_BATCH, MAX_TOKENS = 32, 16, 4, 2, 2, 256
@@ -128,6 +132,7 @@ def rewrite(
     model_for: Callable[[str], str] = lambda path: TINY_MODEL,
     files_for: Callable[[str, int], str] | None = None,
     data_source: str = DEMO_DATA_SOURCE,
+    reward_model_for: Callable[[str], str] | None = None,
     prompt_len: int = PROMPT_LEN,
     max_tokens: int = MAX_TOKENS,
 ) -> list[str]:
@@ -135,7 +140,8 @@ def rewrite(
 
     `model_for` maps a script's model path to the one run instead, `files_for` a data-files value (and 0
     for train, 1 for val) to its stand-in; by default every model is `zoo:tiny/qwen2` and all data the
-    built-in task (`data`). `data_source` is the one the data's rows name (for multi-teacher routing)."""
+    built-in task (`data`). `data_source` is the one the data's rows name (for multi-teacher routing);
+    `reward_model_for` maps a reward model's path (by default as `model_for` does)."""
     module, *args = module_and_args
     replace_files = files_for or (lambda value, split: str(data[split]))
     out: list[str] = []
@@ -158,7 +164,7 @@ def rewrite(
         if arg.startswith("-") or "=" not in arg:
             out.append(arg)
             continue
-        replaced = _replace(arg, model_for, replace_files, max_tokens)
+        replaced = _replace(arg, model_for, reward_model_for or model_for, replace_files, max_tokens)
         if not routed and re.fullmatch(r"\+?distillation\.teacher_models\.[^.]+\.key", _raw_key(arg)):
             replaced, routed = f"{_raw_key(arg)}={data_source}", True
         if replaced is not None:
@@ -182,6 +188,16 @@ def rewrite(
         "actor_rollout_ref.model.path": model_for(_value(args, "actor_rollout_ref.model.path")),
         "actor_rollout_ref.actor.ppo_mini_batch_size": str(MINI_BATCH),
     }
+    if _value(args, "trainer.device") in ("", "cuda") and not _cuda():
+        # A GPU pin (the script's, or verl's default file's `device: cuda` under `--config-path`) on a machine
+        # without one: measure relm, not the host. An Ascend pin (`npu`) stays.
+        forced["trainer.device"] = "auto"
+    names_config = any(arg.startswith(("--config-name", "-cn")) for arg in args)
+    names_path = any(arg.startswith(("--config-path", "-cp")) for arg in args)
+    if module != ENTRY_MODULES[0] and names_config and not names_path:
+        # Hydra looks a bare `--config-name` up in the entry module's own `config_path` (main_dapo's
+        # `config/`); relm's main_ppo, standing in for it, would look in verl's trainer config.
+        out = ["--config-path", _config_path("config", module, verl_dir), *out]
     # Appended after the script's own values, so they win (a later override replaces an earlier one).
     return out + [f"{key}={value}" for key, value in forced.items()]
 
@@ -201,17 +217,26 @@ def _value(args: list[str], key: str) -> str:
 
 
 def _replace(
-    arg: str, model_for: Callable[[str], str], files_for: Callable[[str, int], str], max_tokens: int
+    arg: str,
+    model_for: Callable[[str], str],
+    reward_model_for: Callable[[str], str],
+    files_for: Callable[[str, int], str],
+    max_tokens: int,
 ) -> str | None:
     raw_key, _, value = arg.partition("=")
     key = raw_key.lstrip("+")
     leaf = key.rsplit(".", 1)[-1]
+    if re.fullmatch(r"<[^<>]*>", value):
+        # A placeholder the script leaves for its user (`<path_to_dist_ckpt>`); Hydra cannot parse it.
+        return f"{raw_key}={PLACEHOLDER}"
     if key == "data.train_files":
         return f"{raw_key}={files_for(value, 0)}"
     if key == "data.val_files":
         return f"{raw_key}={files_for(value, 1)}"
-    if key in ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path"):
+    if key in ("actor_rollout_ref.model.path", "critic.model.path"):
         return f"{raw_key}={model_for(value)}"
+    if key in ("reward_model.model.path", "reward.reward_model.model_path"):
+        return f"{raw_key}={reward_model_for(value)}"
     if key.startswith("distillation.teacher_models.") and leaf == "model_path":
         return f"{raw_key}={model_for(value)}"
     if key in ("critic.model.tokenizer_path", "actor_rollout_ref.model.tokenizer_path", "data.tokenizer"):
@@ -248,6 +273,12 @@ def _replace(
     ):
         return None
     return arg
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def run_one(argv: list[str], verl_dir: Path, run_dir: Path, timeout_s: int) -> tuple[str, str]:
@@ -363,9 +394,9 @@ def _files(value: str) -> list[str]:
 
 def _own_family(
     command: list[str], work: Path
-) -> tuple[Callable[[str], str], Callable[[str, int], str], str] | None:
-    """(model_for, files_for, data_source) of the line's own family and data, or None for a
-    vision-language line."""
+) -> tuple[Callable[[str], str], Callable[[str, int], str], str, Callable[[str], str]] | None:
+    """(model_for, files_for, data_source, reward_model_for) of the line's own family and data, or None
+    for a vision-language line."""
     args = command[1:]
     model_paths = [
         arg.partition("=")[2]
@@ -382,6 +413,12 @@ def _own_family(
             return TINY_MODEL
         return str(fixtures.write_family_model(family, work / "models" / family.name))
 
+    def reward_model_for(path: str) -> str:
+        family = fixtures.family_of(path) or fixtures.family_of("qwen2")
+        assert family is not None
+        folder = work / "models" / f"{family.name}-reward"
+        return str(fixtures.write_family_model(family, folder, reward=True))
+
     def files_for(value: str, split: int) -> str:
         paths = [
             str(fixtures.write_data(fixtures.data_kind(path), work / "data")[split]) for path in _files(value)
@@ -391,7 +428,7 @@ def _own_family(
         return paths[0] if len(paths) == 1 else "[" + ",".join(paths) + "]"
 
     kinds = [fixtures.data_kind(path) for path in _files(_value(args, "data.train_files"))] or ["demo"]
-    return model_for, files_for, fixtures.DATA_SOURCES[kinds[0]]
+    return model_for, files_for, fixtures.DATA_SOURCES[kinds[0]], reward_model_for
 
 
 def markdown(runs: list[ScriptRun]) -> str:
