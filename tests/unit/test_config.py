@@ -620,4 +620,5 @@ def test_verl_09s_reward_model_section_sets_the_model_and_its_lengths():
     )  # fmt: skip
     rm = cfg.reward_model
     assert (rm.enable, rm.model.path, rm.rollout.prompt_length) == (True, "org/rm", 300)
-    assert rm.rollout.name == "native"  # verl's serving engine for the model; relm's judge engine is its own key
+    # `rollout.name` there is the server verl runs the model on; relm's judge engine is its own key
+    assert rm.rollout.name == "native"
