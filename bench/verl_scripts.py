@@ -10,8 +10,11 @@ it, so the shell expands the script's own variables. The recorded overrides are 
 files become relm's built-in task, model paths (the distillation teachers' too) `zoo:tiny/qwen2`, batch sizes
 and lengths tiny, one step, no validation or checkpoints, one process. A multi-teacher distillation routes each
 row by its data_source; the built-in task has one, so the first teacher's `key` becomes it (the others keep theirs
-and score no row). Everything else (estimator, losses, loggers, engine names, the
-keys relm does not have) stays as the script wrote it. Each is run as `python -m relm.trainer.main_ppo`
+and score no row). On a machine without CUDA a `trainer.device=cuda` pin (the script's, or that of verl's
+default file a `--config-path` composes) becomes `auto`; an Ascend `npu` pin stays. A `main_dapo` line that
+names only `--config-name` gets main_dapo's own `config/` folder, where Hydra would look, and a value
+the script leaves as a `<placeholder>` for its user a path. Everything else
+(estimator, losses, loggers, engine names, the keys relm does not have) stays as the script wrote it. Each is run as `python -m relm.trainer.main_ppo`
 with the verl folder as the working folder (so relative `--config-path`s resolve), and recorded as
 
 - `ran`: exit 0 with one step in metrics.jsonl;
@@ -30,7 +33,11 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import verl_script_fixtures as fixtures  # noqa: E402  (a sibling file: bench/ is no package)
 
 ENTRY_MODULES = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo")
 STUBBED_COMMANDS = (
@@ -38,9 +45,13 @@ STUBBED_COMMANDS = (
     "sleep", "torchrun", "npu-smi", "ifconfig", "hostname",
 )  # fmt: skip
 TINY_MODEL = "zoo:tiny/qwen2"
+PLACEHOLDER = "/path/filled/in/by/the/user"
 DEMO_DATA_SOURCE = "relm/letters"
 """The built-in task's data_source (`relm.data.demo_task.DEMO_DATA_SOURCE`)."""
 PROMPT_LEN, RESPONSE_LEN, BATCH, MINI_BATCH, MICRO_BATCH, MAX_TOKENS = 32, 16, 4, 2, 2, 256
+OWN_PROMPT_LEN, OWN_MAX_TOKENS = 512, 1024
+"""With a script's own data (`own_family`): a DAPO-Math prompt under a real chat template, or in characters,
+fits in 512 tokens (the family models hold 1024 positions)."""
 
 _STUB = """#!/bin/bash
 for arg in "$@"; do
@@ -113,9 +124,26 @@ def _raw_key(arg: str) -> str:
     return arg.partition("=")[0]
 
 
-def rewrite(module_and_args: list[str], verl_dir: Path, data: tuple[Path, Path], run_dir: Path) -> list[str]:
-    """The overrides with paths and sizes replaced, plus what one step on CPU needs."""
+def rewrite(
+    module_and_args: list[str],
+    verl_dir: Path,
+    data: tuple[Path, Path],
+    run_dir: Path,
+    model_for: Callable[[str], str] = lambda path: TINY_MODEL,
+    files_for: Callable[[str, int], str] | None = None,
+    data_source: str = DEMO_DATA_SOURCE,
+    reward_model_for: Callable[[str], str] | None = None,
+    prompt_len: int = PROMPT_LEN,
+    max_tokens: int = MAX_TOKENS,
+) -> list[str]:
+    """The overrides with paths and sizes replaced, plus what one step on CPU needs.
+
+    `model_for` maps a script's model path to the one run instead, `files_for` a data-files value (and 0
+    for train, 1 for val) to its stand-in; by default every model is `zoo:tiny/qwen2` and all data the
+    built-in task (`data`). `data_source` is the one the data's rows name (for multi-teacher routing);
+    `reward_model_for` maps a reward model's path (by default as `model_for` does)."""
     module, *args = module_and_args
+    replace_files = files_for or (lambda value, split: str(data[split]))
     out: list[str] = []
     skip_next = False
     routed = (
@@ -136,9 +164,9 @@ def rewrite(module_and_args: list[str], verl_dir: Path, data: tuple[Path, Path],
         if arg.startswith("-") or "=" not in arg:
             out.append(arg)
             continue
-        replaced = _replace(arg, data)
+        replaced = _replace(arg, model_for, reward_model_for or model_for, replace_files, max_tokens)
         if not routed and re.fullmatch(r"\+?distillation\.teacher_models\.[^.]+\.key", _raw_key(arg)):
-            replaced, routed = f"{_raw_key(arg)}={DEMO_DATA_SOURCE}", True
+            replaced, routed = f"{_raw_key(arg)}={data_source}", True
         if replaced is not None:
             out.append(replaced)
         # None: dropped (a size relm derives, or a path relm has no use for)
@@ -152,14 +180,24 @@ def rewrite(module_and_args: list[str], verl_dir: Path, data: tuple[Path, Path],
         "trainer.nnodes": "1",
         "trainer.resume_mode": "disable",
         "trainer.default_local_dir": str(run_dir),
-        "data.train_files": str(data[0]),
-        "data.val_files": str(data[1]),
+        "data.train_files": replace_files(_value(args, "data.train_files"), 0),
+        "data.val_files": replace_files(_value(args, "data.val_files"), 1),
         "data.train_batch_size": str(BATCH),
-        "data.max_prompt_length": str(PROMPT_LEN),
+        "data.max_prompt_length": str(prompt_len),
         "data.max_response_length": str(RESPONSE_LEN),
-        "actor_rollout_ref.model.path": TINY_MODEL,
+        "actor_rollout_ref.model.path": model_for(_value(args, "actor_rollout_ref.model.path")),
         "actor_rollout_ref.actor.ppo_mini_batch_size": str(MINI_BATCH),
     }
+    if _value(args, "trainer.device") in ("", "cuda") and not _cuda():
+        # A GPU pin (the script's, or verl's default file's `device: cuda` under `--config-path`) on a machine
+        # without one: measure relm, not the host. An Ascend pin (`npu`) stays.
+        forced["trainer.device"] = "auto"
+    names_config = any(arg.startswith(("--config-name", "-cn")) for arg in args)
+    names_path = any(arg.startswith(("--config-path", "-cp")) for arg in args)
+    if module != ENTRY_MODULES[0] and names_config and not names_path:
+        # Hydra looks a bare `--config-name` up in the entry module's own `config_path` (main_dapo's
+        # `config/`); relm's main_ppo, standing in for it, would look in verl's trainer config.
+        out = ["--config-path", _config_path("config", module, verl_dir), *out]
     # Appended after the script's own values, so they win (a later override replaces an earlier one).
     return out + [f"{key}={value}" for key, value in forced.items()]
 
@@ -172,24 +210,41 @@ def _config_path(value: str, module: str, verl_dir: Path) -> str:
     return str(module_dir / value) if (module_dir / value).is_dir() else value
 
 
-def _replace(arg: str, data: tuple[Path, Path]) -> str | None:
+def _value(args: list[str], key: str) -> str:
+    """The last value the script gave `key` ("" when none)."""
+    values = [arg.partition("=")[2] for arg in args if "=" in arg and _key(arg) == key]
+    return values[-1] if values else ""
+
+
+def _replace(
+    arg: str,
+    model_for: Callable[[str], str],
+    reward_model_for: Callable[[str], str],
+    files_for: Callable[[str, int], str],
+    max_tokens: int,
+) -> str | None:
     raw_key, _, value = arg.partition("=")
     key = raw_key.lstrip("+")
     leaf = key.rsplit(".", 1)[-1]
+    if re.fullmatch(r"<[^<>]*>", value):
+        # A placeholder the script leaves for its user (`<path_to_dist_ckpt>`); Hydra cannot parse it.
+        return f"{raw_key}={PLACEHOLDER}"
     if key == "data.train_files":
-        return f"{raw_key}={data[0]}"
+        return f"{raw_key}={files_for(value, 0)}"
     if key == "data.val_files":
-        return f"{raw_key}={data[1]}"
-    if key in ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path"):
-        return f"{raw_key}={TINY_MODEL}"
+        return f"{raw_key}={files_for(value, 1)}"
+    if key in ("actor_rollout_ref.model.path", "critic.model.path"):
+        return f"{raw_key}={model_for(value)}"
+    if key in ("reward_model.model.path", "reward.reward_model.model_path"):
+        return f"{raw_key}={reward_model_for(value)}"
     if key.startswith("distillation.teacher_models.") and leaf == "model_path":
-        return f"{raw_key}={TINY_MODEL}"
+        return f"{raw_key}={model_for(value)}"
     if key in ("critic.model.tokenizer_path", "actor_rollout_ref.model.tokenizer_path", "data.tokenizer"):
         return None
     if key in ("data.train_batch_size", "data.val_batch_size", "data.gen_batch_size"):
         return f"{raw_key}={BATCH}"
     if key == "data.max_prompt_length":
-        return f"{raw_key}={PROMPT_LEN}"
+        return None  # the forced value below
     if key in (
         "data.max_response_length",
         "reward_model.reward_kwargs.max_resp_len",
@@ -205,7 +260,7 @@ def _replace(arg: str, data: tuple[Path, Path]) -> str | None:
     if leaf == "fsdp_size":
         return f"{raw_key}=-1"  # one process: shard over all of it
     if "max_token_len" in leaf:
-        return f"{raw_key}={MAX_TOKENS}"
+        return f"{raw_key}={max_tokens}"
     if key == "actor_rollout_ref.rollout.n":
         return f"{raw_key}={min(int(value), 2)}" if value.isdigit() else arg
     if key in (
@@ -218,6 +273,12 @@ def _replace(arg: str, data: tuple[Path, Path]) -> str | None:
     ):
         return None
     return arg
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def run_one(argv: list[str], verl_dir: Path, run_dir: Path, timeout_s: int) -> tuple[str, str]:
@@ -272,8 +333,14 @@ def run_scripts(
     timeout_s: int = 600,
     work: Path | None = None,
     config_only: bool = False,
+    own_family: bool = False,
+    progress: Path | None = None,
 ) -> list[ScriptRun]:
-    """Every command line of every script (those whose path contains one of `only`, when given)."""
+    """Every command line of every script (those whose path contains one of `only`, when given).
+
+    `own_family`: each line gets a tiny model of its own architecture and data in its own format
+    (`verl_script_fixtures`), vision-language lines are not run; otherwise `zoo:tiny/qwen2` and the
+    built-in task for all. `progress`: each line's record is appended there as it is measured."""
     from relm.data.demo_task import write_demo_parquet
 
     work = work or Path(tempfile.mkdtemp(prefix="relm-verl-scripts-"))
@@ -285,14 +352,83 @@ def run_scripts(
             continue
         for index, command in enumerate(capture_command_lines(script, verl_dir, work / "capture")):
             run_dir = work / "runs" / f"{len(runs)}"
-            argv = rewrite(command, verl_dir, data, run_dir)
+            if own_family:
+                stand_ins = _own_family(command, work)
+                if stand_ins is None:
+                    runs.append(ScriptRun(name, index, fixtures.VISION_LANGUAGE, "", command))
+                    print(f"{fixtures.VISION_LANGUAGE} {name}#{index}", flush=True)
+                    if progress is not None:
+                        with progress.open("a") as out:
+                            out.write(json.dumps(dataclasses.asdict(runs[-1])) + "\n")
+                    continue
+                argv = rewrite(
+                    command,
+                    verl_dir,
+                    data,
+                    run_dir,
+                    *stand_ins,
+                    prompt_len=OWN_PROMPT_LEN,
+                    max_tokens=OWN_MAX_TOKENS,
+                )
+            else:
+                argv = rewrite(command, verl_dir, data, run_dir)
             # The config alone first (in-process, a fraction of a second): most stops happen there.
             result, detail = check_config(argv, verl_dir)
             if result == "ran" and not config_only:
                 result, detail = run_one(argv, verl_dir, run_dir, timeout_s)
             runs.append(ScriptRun(name, index, result, detail, argv))
             print(f"{result:8} {name}#{index} {detail}", flush=True)
+            if progress is not None:  # a long table keeps what it measured if stopped part-way
+                with progress.open("a") as out:
+                    out.write(json.dumps(dataclasses.asdict(runs[-1])) + "\n")
     return runs
+
+
+def _files(value: str) -> list[str]:
+    """The paths of a data-files value: one path, or a list as Hydra writes it (`['a', 'b']`)."""
+    value = value.strip()
+    if value.startswith("["):
+        return [part.strip().strip("'\"") for part in value[1:-1].split(",") if part.strip()]
+    return [value] if value else []
+
+
+def _own_family(
+    command: list[str], work: Path
+) -> tuple[Callable[[str], str], Callable[[str, int], str], str, Callable[[str], str]] | None:
+    """(model_for, files_for, data_source, reward_model_for) of the line's own family and data, or None
+    for a vision-language line."""
+    args = command[1:]
+    model_paths = [
+        arg.partition("=")[2]
+        for arg in args
+        if "=" in arg and (_key(arg).endswith("model.path") or _key(arg).endswith(".model_path"))
+    ]
+    data_files = _files(_value(args, "data.train_files")) + _files(_value(args, "data.val_files"))
+    if fixtures.is_vision_language(model_paths, data_files):
+        return None
+
+    def model_for(path: str) -> str:
+        family = fixtures.family_of(path)
+        if family is None:
+            return TINY_MODEL
+        return str(fixtures.write_family_model(family, work / "models" / family.name))
+
+    def reward_model_for(path: str) -> str:
+        family = fixtures.family_of(path) or fixtures.family_of("qwen2")
+        assert family is not None
+        folder = work / "models" / f"{family.name}-reward"
+        return str(fixtures.write_family_model(family, folder, reward=True))
+
+    def files_for(value: str, split: int) -> str:
+        paths = [
+            str(fixtures.write_data(fixtures.data_kind(path), work / "data")[split]) for path in _files(value)
+        ]
+        if not paths:
+            return str(fixtures.write_data("demo", work / "data")[split])
+        return paths[0] if len(paths) == 1 else "[" + ",".join(paths) + "]"
+
+    kinds = [fixtures.data_kind(path) for path in _files(_value(args, "data.train_files"))] or ["demo"]
+    return model_for, files_for, fixtures.DATA_SOURCES[kinds[0]], reward_model_for
 
 
 def markdown(runs: list[ScriptRun]) -> str:
@@ -315,13 +451,26 @@ def main() -> int:
     parser.add_argument(
         "--config-only", action="store_true", help="load and validate each config, do not train"
     )
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="zoo:tiny/qwen2 and the built-in task for every line (the old table)",
+    )
     args = parser.parse_args()
-    runs = run_scripts(args.verl_dir.resolve(), args.only, args.timeout, config_only=args.config_only)
+    runs = run_scripts(
+        args.verl_dir.resolve(),
+        args.only,
+        args.timeout,
+        config_only=args.config_only,
+        own_family=not args.demo,
+        progress=args.jsonl.with_suffix(".partial.jsonl") if args.jsonl else None,
+    )
     if args.jsonl:
         args.jsonl.write_text("".join(json.dumps(dataclasses.asdict(run)) + "\n" for run in runs))
     if args.markdown:
         print(markdown(runs))
-    counts = {result: sum(run.result == result for run in runs) for result in ("ran", "stopped", "failed")}
+    results = ("ran", "stopped", "failed", fixtures.VISION_LANGUAGE)
+    counts = {result: sum(run.result == result for run in runs) for result in results}
     print(f"{len(runs)} command lines: {counts}")
     return 0
 

@@ -558,8 +558,8 @@ class FilterGroupsConfig:
 
     enable: bool = False
     """Drop prompts whose responses all got the same metric value and generate more until the batch is full."""
-    metric: str = "acc"
-    """What must vary in a group: `acc`/another reward-function key, or `score` (`seq_reward`, `seq_final_reward`)."""
+    metric: str | None = "acc"
+    """What must vary in a group: `acc`/another reward-function key, or `score` (`seq_reward`, `seq_final_reward`); null (verl's generated configs) is accepted while `enable` is off."""
     max_num_gen_batches: int = 0
     """Cap on generation rounds per step (<= 0: no cap); at the cap relm fills up with dropped groups and warns."""
 

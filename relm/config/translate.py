@@ -339,7 +339,7 @@ def algorithm_spec(cfg: RelmConfig) -> AlgorithmSpec:
         kl_penalty=algo.kl_penalty,
         kl_ctrl=KLControlSpec(kl.type, kl.kl_coef, kl.horizon, kl.target_kl),
         filter_groups=algo.filter_groups.enable,
-        filter_metric=algo.filter_groups.metric,
+        filter_metric=algo.filter_groups.metric or "acc",  # null only while disabled (validate_config)
         max_num_gen_batches=algo.filter_groups.max_num_gen_batches,
         rollout_correction=parse_rollout_correction(algo.rollout_correction),
         gdpo_reward_keys=tuple(algo.gdpo_reward_keys or ()),

@@ -588,6 +588,11 @@ def _check_features(cfg: RelmConfig) -> None:
             f"`algorithm.filter_groups.enable=true` needs groups: `actor_rollout_ref.rollout.n={rollout.n}` "
             "must be at least 2"
         )
+    if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric is None:
+        raise UserError(
+            "`algorithm.filter_groups.enable=true` needs `algorithm.filter_groups.metric` (acc, score or a key "
+            "the reward function returns); it is null"
+        )
 
 
 def _choice(key: str, value: Any, allowed: Iterable[str]) -> None:

@@ -17,6 +17,10 @@ are accepted at their off value and are an error when turned on.
 
 from __future__ import annotations
 
+_FLOOR = (
+    "an absolute floor becomes `optim.min_lr_ratio` (floor / lr), which needs `optim.lr` > 0; "
+    "set `optim.min_lr_ratio` instead"
+)
 _LORA = "Megatron's LoRA section; relm reads the FSDP keys (model.lora_rank, lora_alpha, target_modules)"
 _RAY = "relm runs without Ray (processes start with torchrun)"
 _FSDP = "relm chooses FSDP2 wrapping and resharding itself; `fsdp_size` and `offload_policy` are read"
@@ -140,6 +144,8 @@ ACCEPTED_UNUSED: dict[str, str] = {
     "data.return_multi_modal_inputs": _MULTIMODAL,
     "data.sampler.*": "relm samples prompts in (seeded) shuffled order; custom samplers are not supported",
     "data.datagen.*": "dynamic data generation is not supported",
+    # verl 0.9.0's release branch: keep the sampled token stream across turns instead of re-templating text
+    "data.continuous_token.*": _MULTI_TURN_IDS,
     # actor_rollout_ref
     "actor_rollout_ref.nccl_timeout": "relm uses PyTorch's default process-group timeout",
     "actor_rollout_ref.model.use_shm": _SHM,
@@ -413,14 +419,14 @@ UNSUPPORTED_WHEN_ENABLED: dict[str, str] = {
     "skip.rollout.enable": "rollout dumps and replays are not supported yet",
     "skip.async_rollout.enable": "rollout dumps and replays are not supported yet",
     "skip.rollout_tq.enable": "rollout dumps and replays are not supported yet",
-    "actor_rollout_ref.actor.optim.min_lr": "an absolute floor is not supported; set `optim.min_lr_ratio` instead",
-    "critic.optim.min_lr": "an absolute floor is not supported; set `optim.min_lr_ratio` instead",
+    "actor_rollout_ref.actor.optim.min_lr": _FLOOR,
+    "critic.optim.min_lr": _FLOOR,
     "actor_rollout_ref.actor.optim.optimizer": "relm trains with AdamW only",
     "critic.optim.optimizer": "relm trains with AdamW only",
     "actor_rollout_ref.actor.optim.optimizer_impl": "relm trains with torch's AdamW (`torch.optim`) only",
     "critic.optim.optimizer_impl": "relm trains with torch's AdamW (`torch.optim`) only",
     **{
-        f"{section}.optim.{key}": "an absolute floor is not supported; set `optim.min_lr_ratio` instead"
+        f"{section}.optim.{key}": _FLOOR
         for section in ("actor_rollout_ref.actor", "critic")
         for key in ("lr_min",)
     },

@@ -5,7 +5,9 @@ verl renamed some keys and kept the old ones beside them: 0.6 added `optim.lr_sc
 0.9 moved the reward settings into a `reward:` section (`reward.reward_manager.name`,
 `reward.custom_reward_function.*`, `reward.reward_kwargs`) and writes the legacy keys as `null`. DAPO
 scripts pass the overlong shaping as `reward_model.reward_kwargs.overlong_buffer_cfg.*`. relm's schema
-keeps one name for each setting; this module moves a value given under the other name onto it.
+keeps one name for each setting; this module moves a value given under the other name onto it. The
+Megatron and VeOmni optimizer sections give the learning-rate floor in absolute terms (`optim.min_lr`,
+`optim.lr_min`); it becomes relm's `optim.min_lr_ratio` (floor / lr).
 
 Which one wins follows verl's own migration (verl/experimental/reward_loop: `migrate_legacy_reward_impl`,
 and `FSDPOptimizerConfig` for `warmup_style`): an old key the user set to a value wins, otherwise the
@@ -40,6 +42,14 @@ RENAMED: tuple[tuple[str, str], ...] = (
     ("reward.reward_manager.name", "reward_model.reward_manager"),
     ("reward_manager.name", "reward_model.reward_manager"),  # verl 0.7's top-level section
     ("reward.reward_model.enable", "reward_model.enable"),
+    # verl 0.9's reward model section (`migrate_legacy_reward_impl` moves the legacy keys here). Its
+    # `rollout.name` names the server verl runs the model on (vllm, sglang); relm's judge engine is its own
+    # choice (`reward_model.rollout.name`), so that one stays with the section's other serving knobs.
+    ("reward.reward_model.model_path", "reward_model.model.path"),
+    *(
+        (f"reward.reward_model.rollout.{key}", f"reward_model.rollout.{key}")
+        for key in ("prompt_length", "response_length", "temperature", "top_p", "top_k", "do_sample")
+    ),
     ("reward.num_workers", "reward_model.num_workers"),
     ("reward.timeout", "reward_model.timeout"),
     *(
@@ -73,6 +83,8 @@ def fold(merged: DictConfig, layers: list[DictConfig]) -> dict[str, Any]:
     for _, old in RENAMED:
         if _select(merged, old) is None and _default(old) is not None:
             _drop(merged, old)  # verl 0.9 writes `null` for "unset" where relm has a default
+    for section in OPTIM_SECTIONS:
+        _fold_absolute_floor(merged, layers, section)
     checks = {}
     for key in MAX_RESP_LEN_KEYS:
         value = _select(merged, key)
@@ -80,6 +92,37 @@ def fold(merged: DictConfig, layers: list[DictConfig]) -> dict[str, Any]:
             checks[key] = value
             _drop(merged, key)
     return checks
+
+
+OPTIM_SECTIONS = ("actor_rollout_ref.actor.optim", "critic.optim")
+ABSOLUTE_FLOORS = ("min_lr", "lr_min")
+"""Megatron's (`min_lr`) and VeOmni's (`lr_min`) absolute learning-rate floor: what the schedule decays to."""
+
+
+def _fold_absolute_floor(merged: DictConfig, layers: list[DictConfig], section: str) -> None:
+    """An absolute floor becomes relm's `min_lr_ratio` (floor / `lr`): Megatron's cosine decays from `lr`
+    to `min_lr` as verl's FSDP one decays to `lr * min_lr_ratio`, and a constant schedule ignores both.
+    A floor of 0 (the engines' default) is no floor; with `lr` not positive the key stays refused."""
+    ratio_key = f"{section}.min_lr_ratio"
+    for name in ABSOLUTE_FLOORS:
+        key = f"{section}.{name}"
+        floor, lr = _select(merged, key), _select(merged, f"{section}.lr")
+        if floor in (_ABSENT, None, 0) or not isinstance(floor, int | float) or isinstance(floor, bool):
+            continue
+        if not isinstance(lr, int | float) or isinstance(lr, bool) or lr <= 0:
+            continue
+        if floor < 0 or floor > lr:
+            raise UserError(
+                f"`{key}={floor}` must lie between 0 and `{section}.lr={lr}` (the schedule decays to it)"
+            )
+        ratio = floor / lr
+        given = _select(merged, ratio_key)
+        if _last_set(layers, ratio_key) >= 0 and given not in (None, 0) and given != ratio:
+            raise UserError(
+                f"`{key}={floor}` and `{ratio_key}={given}` give two floors (`{name}` is `lr * min_lr_ratio`); keep one"
+            )
+        OmegaConf.update(merged, ratio_key, ratio, force_add=True)
+        _drop(merged, key)
 
 
 def _last_set(layers: list[DictConfig], key: str) -> int:

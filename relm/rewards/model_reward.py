@@ -11,6 +11,7 @@ here the score is already computed), so a mix of rule and model is one line of t
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -36,6 +37,8 @@ from relm.rollout.base import RolloutEngine, SamplingParams
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.engine import NativeRolloutEngine
 
+logger = logging.getLogger("relm")
+
 
 class ModelScorer(Protocol):
     """A discriminative reward model or an LLM judge."""
@@ -43,9 +46,16 @@ class ModelScorer(Protocol):
     def score(self, batch: ScoringInputs) -> ModelScores: ...
 
 
-def build_reward_model(rm: RewardModelSpec, *, device: torch.device) -> ModelScorer:
+def build_reward_model(
+    rm: RewardModelSpec, *, device: torch.device, policy_tokenizer: PreTrainedTokenizerBase | None = None
+) -> ModelScorer:
     """The scorer `reward_model.*` describes: an LLM judge when a judge template is set, else a classifier
     or exported critic. Frozen, in eval mode; bf16 on a GPU, fp32 on a CPU.
+
+    A classifier reads the policy's token ids only where both share one vocabulary: with another
+    (Skywork-Reward-Llama-3.1 beside a Mistral policy) those ids mean other tokens or lie past its
+    embedding, so the conversation is re-rendered in its own chat template, as `input_tokenizer` asks
+    and as verl 0.9's reward loop always does.
 
     Raises:
         UserError: the model, its tokenizer or the judge template cannot be used.
@@ -66,7 +76,8 @@ def build_reward_model(rm: RewardModelSpec, *, device: torch.device) -> ModelSco
             dtype=dtype,
             micro_batch_size=micro_batch_size,
             max_length=rm.max_length,
-            rerender=rm.input_tokenizer is not None,
+            rerender=rm.input_tokenizer is not None
+            or not _same_vocabulary(policy_tokenizer, tokenizer, rm.path),
             trust_remote_code=rm.trust_remote_code,
         )
     template = load_template(judge.prompt_template, judge.prompt_template_path)
@@ -167,3 +178,17 @@ def score_with_reward_model(
         extra={**extra, "rule_score": rule_scores},
         texts=texts,
     )
+
+
+def _same_vocabulary(
+    policy: PreTrainedTokenizerBase | None, reward: PreTrainedTokenizerBase, path: str
+) -> bool:
+    """Whether the reward model can read the policy's token ids as they are (True when the policy's is unknown)."""
+    if policy is None or policy.get_vocab() == reward.get_vocab():
+        return True
+    logger.info(
+        "reward_model.model.path=%s has its own vocabulary: each conversation is re-rendered in its chat "
+        "template (as with reward_model.model.input_tokenizer set)",
+        path,
+    )
+    return False

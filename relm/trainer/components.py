@@ -420,7 +420,7 @@ def build_components(
             vllm=lora,
             check=LogprobCheck(engine.probe, engine.settings.dtype) if lora is not None else None,  # type: ignore[attr-defined]  # the vLLM engine's, reached through WatchedEngine
         ),
-        reward_model=build_reward_model(spec.reward.model, device=device)
+        reward_model=build_reward_model(spec.reward.model, device=device, policy_tokenizer=tokenizer)
         if spec.reward.model.enable
         else None,
         teachers=teachers,

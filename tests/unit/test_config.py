@@ -391,6 +391,8 @@ def test_verl_seq_balance_command_converts_its_global_micro_batch_sizes():
         ("reward.reward_manager.name=remote", "`reward_model.reward_manager=remote` is not supported"),
         ("algorithm.filter_groups.enable=true actor_rollout_ref.rollout.n=1 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "`algorithm.filter_groups.enable=true` needs groups"),
         ("reward_model.overlong_buffer.enable=true", "`reward_model.overlong_buffer.len=0` must be between"),
+        ("algorithm.filter_groups.enable=true algorithm.filter_groups.metric=null",
+         "`algorithm.filter_groups.enable=true` needs `algorithm.filter_groups.metric`"),
         ("trainer.device=tpu", "`trainer.device=tpu` is not supported; choose one of: auto, cpu, cuda"),
         ("trainer.resume_mode=latest", "`trainer.resume_mode=latest` is not supported"),
         ("trainer.logger=[console,foo]", "`trainer.logger=foo` is not supported; choose one of: console"),
@@ -574,3 +576,49 @@ def test_docs_configuration_md_is_up_to_date():
     assert docs_gen.update_document(text) == text, "run `python -m relm.config.docs_gen`"
     assert "| `data.max_prompt_length` | `int` | `512` |" in text
     assert "| `ray_init.*` | relm runs without Ray" in text
+
+
+def test_a_null_filter_metric_is_accepted_while_filtering_is_off():
+    """verl 0.9's generated configs write `filter_groups.metric: null` beside `enable: false`."""
+    validate_config(load_config(SIZES + ["algorithm.filter_groups.metric=null"]))
+
+
+OPTIM = "actor_rollout_ref.actor.optim"
+
+
+@pytest.mark.parametrize(
+    ("floor", "ratio"),
+    [(f"{OPTIM}.min_lr=2e-7", 0.2), (f"{OPTIM}.min_lr=1e-6", 1.0), (f"{OPTIM}.min_lr=0.0", 0.0),
+     (f"+{OPTIM}.lr_min=5e-7", 0.5), ("critic.optim.min_lr=1e-7", None)],
+)  # fmt: skip
+def test_an_absolute_lr_floor_becomes_the_ratio_to_lr(floor: str, ratio: float | None):
+    """Megatron's `optim.min_lr` (VeOmni's `lr_min`) is what the schedule decays to: `lr * min_lr_ratio`."""
+    cfg = load_config(SIZES + [f"{OPTIM}.lr=1e-6", "critic.optim.lr=1e-6", floor])
+    if ratio is None:
+        assert cfg.critic.optim.min_lr_ratio == pytest.approx(0.1)
+    else:
+        assert cfg.actor_rollout_ref.actor.optim.min_lr_ratio == pytest.approx(ratio)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([f"{OPTIM}.min_lr=2e-6"], f"`{OPTIM}.min_lr=2e-06` must lie between 0 and `{OPTIM}.lr=1e-06`"),
+        ([f"{OPTIM}.min_lr=1e-7", f"{OPTIM}.min_lr_ratio=0.5"], "give two floors"),
+    ],
+)
+def test_an_absolute_lr_floor_above_lr_or_beside_another_floor_stops(overrides: list[str], message: str):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
+        load_config(SIZES + [f"{OPTIM}.lr=1e-6", *overrides])
+
+
+def test_verl_09s_reward_model_section_sets_the_model_and_its_lengths():
+    """`reward.reward_model.model_path` is where verl 0.9 reads the reward model (its legacy key moves there)."""
+    cfg = load_config(
+        SIZES + ["reward.reward_model.enable=True", "reward.reward_model.model_path=org/rm",
+                 "reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.prompt_length=300"]
+    )  # fmt: skip
+    rm = cfg.reward_model
+    assert (rm.enable, rm.model.path, rm.rollout.prompt_length) == (True, "org/rm", 300)
+    # `rollout.name` there is the server verl runs the model on; relm's judge engine is its own key
+    assert rm.rollout.name == "native"

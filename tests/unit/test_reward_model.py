@@ -3,6 +3,7 @@ conversation, the judge's template and parser, how model and rule scores are joi
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import shutil
@@ -13,6 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from relm.config.loader import load_config
+from relm.config.translate import translate
 from relm.config.validate import validate_config
 from relm.errors import UserError
 from relm.models.loading import resolve_model_dir
@@ -20,7 +22,7 @@ from relm.models.tokenizer import encode_prompt, load_tokenizer
 from relm.models.value_model import load_value_model
 from relm.rewards import RewardManager, default_compute_score
 from relm.rewards.judge import load_template, parse_score
-from relm.rewards.model_reward import score_with_reward_model
+from relm.rewards.model_reward import build_reward_model, score_with_reward_model
 from relm.rewards.reward_model import (
     DiscriminativeRewardModel,
     ScoringInputs,
@@ -244,3 +246,16 @@ def test_custom_function_gets_the_model_score(classifier_folder: Path, tokenizer
 def test_config_errors(overrides: str, message: str) -> None:
     with pytest.raises(UserError, match=message):
         validate_config(load_config(overrides.split()))
+
+
+def test_a_reward_model_with_another_vocabulary_reads_the_rerendered_conversation(
+    classifier_folder: Path, tokenizer
+) -> None:
+    """The policy's ids mean other tokens to it (or lie past its embedding): verl 0.9 re-renders always."""
+    cfg = load_config(["reward_model.enable=true", f"reward_model.model.path={classifier_folder}"])
+    spec = translate(cfg)[0].reward.model
+    other = copy.deepcopy(tokenizer)
+    other.add_tokens(["<policy-only>"])
+    cpu = torch.device("cpu")
+    assert build_reward_model(spec, device=cpu, policy_tokenizer=tokenizer).rerender is False  # type: ignore[attr-defined]
+    assert build_reward_model(spec, device=cpu, policy_tokenizer=other).rerender is True  # type: ignore[attr-defined]
