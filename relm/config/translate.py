@@ -45,6 +45,7 @@ from relm.config.specs import (
     TrainedModelSpec,
     UpdateSpec,
 )
+from relm.config.validate import group_of_one_warnings
 
 CRITIC_SEED_OFFSET = 1
 """The critic's shuffles and rounding draw from `seed + 1`, so they differ from the actor's."""
@@ -80,7 +81,9 @@ def translate(cfg: RelmConfig) -> tuple[RunSpec, list[str]]:
         loop=loop_spec(cfg),
         distillation=distillation,
     )
-    return spec, key_table.unused_value_warnings(cfg, spec) + distillation_warnings
+    return spec, key_table.unused_value_warnings(cfg, spec) + group_of_one_warnings(
+        cfg
+    ) + distillation_warnings
 
 
 def data_spec(cfg: RelmConfig) -> DataSpec:

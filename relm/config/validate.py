@@ -53,7 +53,10 @@ GROUP_ESTIMATORS = (
     "grpo_passk",
     "gdpo",
 )
-"""Estimators whose baseline comes from the other responses to the same prompt: they need n >= 2."""
+"""Estimators whose baseline comes from the other responses to the same prompt. With `rollout.n=1` each
+group holds one response and gets verl's group-of-one baseline (its raw score, or 0 for `rloo_vectorized`):
+such a run trains as in verl, with one line at start (`group_of_one_warnings`); `grpo_passk` alone stops,
+as verl's raises."""
 LOSS_AGG_MODES = (
     "token-mean",
     "token-sum",
@@ -424,6 +427,23 @@ def _check_ranges(cfg: RelmConfig) -> None:
         )
 
 
+def group_of_one_warnings(cfg: RelmConfig) -> list[str]:
+    """The line a group estimator with one response a prompt gets: verl trains such a run (its scripts
+    under examples/rollout_correction leave `n` at its default 1), each response measured against a
+    baseline of 0, so relm trains it too and says what the advantage then is."""
+    estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
+    distill = cfg.distillation
+    if estimator not in GROUP_ESTIMATORS or estimator == "grpo_passk" or n >= 2:
+        return []
+    if distill.enabled and not distill.distillation_loss.use_task_rewards:
+        return []  # the advantages train nothing
+    baseline = "0 (verl's vectorised RLOO)" if estimator == "rloo_vectorized" else "its raw score, as in verl"
+    return [
+        f"`actor_rollout_ref.rollout.n={n}`: `{estimator}` compares responses to the same prompt, and each "
+        f"prompt has one, so each response's advantage is {baseline}; set n >= 2 for a group baseline"
+    ]
+
+
 def _check_batches(cfg: RelmConfig) -> None:
     arr, ranks = cfg.actor_rollout_ref, num_data_parallel_ranks(cfg)
     n, train = arr.rollout.n, cfg.data.train_batch_size
@@ -435,10 +455,10 @@ def _check_batches(cfg: RelmConfig) -> None:
     distill = cfg.distillation
     advantages_train = not (distill.enabled and not distill.distillation_loss.use_task_rewards)
     # Distilling without the task's loss, the estimator's advantages train nothing (verl's OPD scripts: grpo, n=1).
-    if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS and n < 2 and advantages_train:
+    if cfg.algorithm.adv_estimator == "grpo_passk" and n < 2 and advantages_train:
         raise UserError(
-            f"`actor_rollout_ref.rollout.n={n}`: `{cfg.algorithm.adv_estimator}` compares responses to the "
-            f"same prompt, so it needs n >= 2"
+            f"`actor_rollout_ref.rollout.n={n}`: `grpo_passk` rewards the best of a prompt's responses, so it "
+            f"needs n >= 2 (verl's stops too)"
         )
     sections: list[tuple[str, ActorConfig | CriticConfig]] = [("actor_rollout_ref.actor", arr.actor)]
     if cfg.algorithm.adv_estimator == "gae":  # only GAE trains a critic

@@ -397,7 +397,7 @@ def test_verl_seq_balance_command_converts_its_global_micro_batch_sizes():
         ("trainer.resume_mode=latest", "`trainer.resume_mode=latest` is not supported"),
         ("trainer.logger=[console,foo]", "`trainer.logger=foo` is not supported; choose one of: console"),
         ("trainer.n_gpus_per_node=3", "`data.train_batch_size=16` x `rollout.n=4` = 64 responses do not"),
-        (f"algorithm.adv_estimator=grpo {RO}.n=1", f"`{RO}.n=1`: `grpo` compares responses to the same"),
+        (f"algorithm.adv_estimator=grpo_passk {RO}.n=1", f"`{RO}.n=1`: `grpo_passk` rewards the best of"),
         (f"{ACT}.ppo_mini_batch_size=32", f"`{ACT}.ppo_mini_batch_size=32` exceeds `data.train_batch_size"),
         ("data.train_batch_size=12", f"`{ACT}.ppo_mini_batch_size=8` must divide `data.train_batch_size=12`"),
         (f"{ACT}.ppo_micro_batch_size_per_gpu=5",
@@ -622,3 +622,16 @@ def test_verl_09s_reward_model_section_sets_the_model_and_its_lengths():
     assert (rm.enable, rm.model.path, rm.rollout.prompt_length) == (True, "org/rm", 300)
     # `rollout.name` there is the server verl runs the model on; relm's judge engine is its own key
     assert rm.rollout.name == "native"
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "rloo_vectorized", "opo", "gdpo"])
+def test_a_group_estimator_with_one_response_a_prompt_trains_as_in_verl_and_says_so(estimator):
+    """verl's rollout_correction scripts run grpo and rloo at its default n=1: a group of one gets baseline 0."""
+    from relm.config.translate import translate
+
+    cfg = load_config([f"algorithm.adv_estimator={estimator}", f"{RO}.n=1"])
+    (line,) = [w for w in translate(cfg)[1] if "compares responses" in w]
+    assert line.startswith(f"`{RO}.n=1`: `{estimator}` compares responses to the same prompt")
+    assert ("0 (verl's vectorised RLOO)" in line) == (estimator == "rloo_vectorized")
+    assert not [w for w in translate(load_config([f"algorithm.adv_estimator={estimator}"]))[1] if "compares" in w]
+
