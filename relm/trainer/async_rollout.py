@@ -80,12 +80,15 @@ class AsyncRollout:
         layout = WeightLayout.of(c.weight_sync.tensors())
         context = mp.get_context("spawn")
         buffer = context.Queue(maxsize=max_behind + 1)
+        taken = context.Event()
         args = RolloutProcessArgs(
             spec=spec, model_dir=c.model_dir, store_host="127.0.0.1", store_port=store.port, layout=layout,
             first_step=first_step, last_step=last_step, loader_state=c.loader.state_dict(),
             num_threads=torch.get_num_threads(),
         )  # fmt: skip
-        process = context.Process(target=rollout_process_main, args=(args, buffer), name="relm-rollout")
+        process = context.Process(
+            target=rollout_process_main, args=(args, buffer, taken), name="relm-rollout"
+        )
         process.start()
         rollout: AsyncRollout | None = None
         try:
@@ -102,6 +105,8 @@ class AsyncRollout:
             yield rollout
         finally:
             finished = rollout is not None and rollout.last_taken == last_step
+            if finished:
+                taken.set()
             _end(process, rollout.sender if rollout is not None and finished else None)
 
     def take(self, step: int) -> tuple[FinishedBatch, dict[str, float]]:

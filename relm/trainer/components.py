@@ -427,12 +427,10 @@ def build_components(
     )
 
 
-def build_rollout_side(
-    spec: RunSpec, model_dir: str, device: torch.device
-) -> tuple[ExperienceSources, nn.Module]:
+def build_rollout_side(spec: RunSpec, model_dir: str, device: torch.device) -> ExperienceSources:
     """What an asynchronous run's rollout process holds (`relm.trainer.rollout_process`): its own tokenizer,
-    prompt loader, reward and engine, and the engine's model, whose weights the trainer sends before the first
-    generation. The same builders as `build_components`, so the two processes read prompts and score alike."""
+    prompt loader, reward and engine, whose model's weights the trainer sends before the first generation.
+    The same builders as `build_components`, so the two processes read prompts and score alike."""
     torch.manual_seed(spec.loop.seed)
     precision = choose_memory(spec, model_dir, device=device, sharded=False).precision
     tokenizer = _load_run_tokenizer(spec, model_dir)
@@ -445,11 +443,10 @@ def build_rollout_side(
         spec.engine, model, model_dir, tokenizer, dist=DistContext(), device=device, precision=precision
     )
     reward_model = build_reward_model(spec.reward.model, device=device) if spec.reward.model.enable else None
-    sources = ExperienceSources(
+    return ExperienceSources(
         spec=spec, loader=loader, engine=engine, multi_turn=None, tokenizer=tokenizer, reward=reward,
         reward_model=reward_model,
     )  # fmt: skip
-    return sources, model
 
 
 def _trained_sources(spec: RunSpec, model_dir: str) -> dict[str, str]:

@@ -125,8 +125,11 @@ class LatestWeights:
         self._thread.join()
 
 
-def rollout_process_main(args: RolloutProcessArgs, buffer: Any) -> None:
-    """The spawned process's body: report any failure into `buffer`, so the trainer ends with its message."""
+def rollout_process_main(args: RolloutProcessArgs, buffer: Any, taken: Any) -> None:
+    """The spawned process's body: report any failure into `buffer`, so the trainer ends with its message.
+
+    `taken` is an event the trainer sets once it has taken the last batch: a batch's tensors are handed over
+    through file descriptors this process serves, so it must outlive the trainer's reading of them."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the trainer decides
     setup_logging()
     torch.set_num_threads(args.num_threads)
@@ -134,6 +137,7 @@ def rollout_process_main(args: RolloutProcessArgs, buffer: Any) -> None:
     threading.Thread(target=_exit_when_orphaned, args=(parent,), name="parent-watch", daemon=True).start()
     try:
         _generate_steps(args, buffer)
+        taken.wait()
     except UserError as exc:
         buffer.put(RolloutFailure(str(exc), user_error=True))
     except Exception as exc:  # noqa: BLE001 - any failure ends the run through the trainer, with its message
@@ -146,7 +150,7 @@ def rollout_process_main(args: RolloutProcessArgs, buffer: Any) -> None:
 def _generate_steps(args: RolloutProcessArgs, buffer: Any) -> None:
     spec = args.spec
     max_behind = spec.asynchronous.max_versions_behind
-    sources, model = build_rollout_side(spec, args.model_dir, pick_device(spec.loop.device))
+    sources = build_rollout_side(spec, args.model_dir, pick_device(spec.loop.device))
     sources.loader.load_state_dict(args.loader_state)
     group = join_group(connect_store(args.store_host, args.store_port), ROLLOUT_RANK)
     # The trainer sends its starting weights as version first_step - 1, then one version after each step
@@ -180,7 +184,6 @@ def _generate_steps(args: RolloutProcessArgs, buffer: Any) -> None:
         waited = time.perf_counter() - start  # a full buffer: counted in the next batch's wait
     weights.join()
     sources.reward.close()
-    del model
 
 
 def _exit_when_orphaned(parent: int) -> None:

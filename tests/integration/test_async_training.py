@@ -3,6 +3,8 @@ gloo group between them for the weights and a bounded buffer for the finished ba
 
 - Bound 0 (`async_training.staleness_threshold=0`): every step is generated from the same prompts, seeds and
   weights as in a synchronous run, so every metric but wall times and memory equals the synchronous run's.
+- Stale batches carry the logprobs the engine sampled them with, and the rollout correction measures the gap
+  to the trained weights from them.
 - Bounds 1 and 2: the demo still learns (the rise of tests/integration/test_learning.py), no trained batch is
   staler than the bound, and the rollout process does run ahead (some batch is exactly at the bound).
 - SIGKILL of the trainer mid-run: the rollout process ends by itself, and the resumed run (whose buffer is
@@ -107,6 +109,37 @@ def test_the_demo_learns_within_the_staleness_bound(bound: int, tmp_path: Path, 
     scores = scores_per_step(tmp_path)
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
     assert last >= first + REQUIRED_RISE, (first, last, staleness)
+
+
+def test_the_rollout_correction_reads_the_logprobs_the_stale_weights_sampled_with(
+    tmp_path: Path, one_thread_everywhere: None
+):
+    # Measured (seed 1): k3_kl 0.0 at step 1 (the same weights on both sides), 0.020, 0.017, 0.009 at the
+    # one-version-stale steps 2-4; at bound 0 it is 0.0 at every step.
+    code = main(
+        [
+            "trainer.total_training_steps=4",
+            f"trainer.default_local_dir={tmp_path}",
+            *QUIET,
+            *CHEAPER_DEMO,
+            "algorithm.adv_estimator=grpo",
+            "seed=1",
+            "async_training.enable=true",
+            "async_training.staleness_threshold=1",
+            "algorithm.rollout_correction.rollout_is=token",
+        ]
+    )
+
+    assert code == 0
+    records = _metrics(tmp_path)
+    assert records[0]["fully_async/staleness/max"] == 0.0  # nothing is older than the starting weights
+    assert any(r["fully_async/staleness/max"] == 1.0 for r in records), records
+    for record in records:
+        if record["fully_async/staleness/max"] == 0.0:
+            assert record["rollout_corr/k3_kl"] < 1e-6, record
+        else:
+            assert record["rollout_corr/k3_kl"] > 1e-3, record
+            assert record["rollout_corr/rollout_is_mean"] != 1.0, record
 
 
 REPO = Path(__file__).resolve().parents[2]
