@@ -154,7 +154,7 @@ def _generate_steps(args: RolloutProcessArgs, buffer: Any) -> None:
     sources.loader.load_state_dict(args.loader_state)
     group = join_group(connect_store(args.store_host, args.store_port), ROLLOUT_RANK)
     # The trainer sends its starting weights as version first_step - 1, then one version after each step
-    # but the last: the weights of step S generate no batch.
+    # but the last: the last step's weights generate no batch.
     weights = LatestWeights(group, args.layout, last_version=args.last_step - 1)
     version, waited = -1, 0.0
     for step in range(args.first_step, args.last_step + 1):
