@@ -7,8 +7,9 @@ gloo group between them for the weights and a bounded buffer for the finished ba
   to the trained weights from them.
 - Bounds 1 and 2: the demo still learns (the rise of tests/integration/test_learning.py), no trained batch is
   staler than the bound, and the rollout process does run ahead (some batch is exactly at the bound).
-- SIGKILL of the trainer mid-run: the rollout process ends by itself, and the resumed run (whose buffer is
-  regenerated from the checkpoint) ends with the synchronous run's metrics, no trained step lost.
+- SIGKILL of the trainer mid-run, then SIGTERM: the rollout process ends by itself (SIGKILL) or with the run
+  (SIGTERM), and the resumed run (whose buffer is regenerated from the checkpoint) ends with the synchronous
+  run's metrics, no trained step lost.
 """
 
 from __future__ import annotations
@@ -164,7 +165,27 @@ def _pid_running(pid: int) -> bool:
         return False
 
 
-def test_a_killed_trainer_leaves_no_rollout_process_and_resumes_without_loss(
+def _interrupt(command: list[str], env: dict[str, str], log: Path, after: str, sig: int) -> tuple[int, str]:
+    """Run `command` until its output shows `after`, send `sig`; its exit code, output and rollout process."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    deadline = time.monotonic() + 180
+    while after not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    code = proc.wait(timeout=60)
+    output = log.read_text()
+    found = re.search(r"rollout process (\d+) generates", output)
+    assert found, output
+    rollout_pid = int(found.group(1))
+    deadline = time.monotonic() + 20
+    while _pid_running(rollout_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _pid_running(rollout_pid), f"the rollout process outlived its trainer ({sig!r})\n{output}"
+    return code, output
+
+
+def test_a_stopped_or_killed_trainer_leaves_no_rollout_process_and_resumes_without_loss(
     tmp_path: Path, one_thread_everywhere: None
 ):
     sync_dir, run_dir = tmp_path / "sync", tmp_path / "async"
@@ -174,25 +195,16 @@ def test_a_killed_trainer_leaves_no_rollout_process_and_resumes_without_loss(
         f"trainer.default_local_dir={run_dir}", "async_training.enable=true", "async_training.staleness_threshold=0",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "RELM_LOG_LEVEL": "INFO"}
-    log = tmp_path / "first.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    deadline = time.monotonic() + 180
-    while "step 5:" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=60) == -signal.SIGKILL, log.read_text()
-    found = re.search(r"rollout process (\d+) generates", log.read_text())
-    assert found, log.read_text()
-    rollout_pid = int(found.group(1))
-    deadline = time.monotonic() + 20
-    while _pid_running(rollout_pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _pid_running(rollout_pid), "the rollout process outlived its killed trainer"
+
+    code, output = _interrupt(command, env, tmp_path / "killed.log", "step 5:", signal.SIGKILL)
+    assert code == -signal.SIGKILL, output
+
+    # SIGTERM: the step in progress ends and is saved, the rollout process is ended with the run.
+    code, output = _interrupt(command, env, tmp_path / "stopped.log", "step 7:", signal.SIGTERM)
+    assert code == 0 and "stopped by SIGTERM" in output, output
+    assert re.search(r"resumed from \S*global_step_[2468]\b", output), output
+    assert "regenerated from this checkpoint" in output, output
 
     resumed = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    output = resumed.stdout + resumed.stderr
-    assert re.search(r"resumed from \S*global_step_[2468]\b", output), output
-    assert "regenerated from this checkpoint" in output, output
     _same_as_sync(_metrics(sync_dir), _metrics(run_dir))
