@@ -309,6 +309,11 @@ SPEC_KEYS: dict[str, str] = {
     "distillation.distillation_loss.distillation_loss_coef": "distillation.coef",
     "distillation.distillation_loss.topk": "distillation.topk",
     "distillation.distillation_loss.log_prob_min_clamp": "distillation.log_prob_min_clamp",
+    # asynchronous training (docs/async.md)
+    "async_training.enable": "asynchronous.enabled",
+    "async_training.staleness_threshold": "asynchronous.staleness_threshold",
+    "async_training.trigger_parameter_sync_step": "asynchronous.trigger_parameter_sync_step",
+    "async_training.require_batches": "asynchronous.require_batches",
 }
 """Schema key -> the `RunSpec` field it sets."""
 
@@ -319,6 +324,7 @@ REFUSED_SCHEMA_KEYS: dict[str, str] = {
     "critic.strategy": _STRATEGY,
     "distillation.distillation_loss.policy_loss_mode": "verl's distillation takes only `vanilla`",
     "distillation.teacher_key": "relm routes responses to teachers by their row's `data_source` only",
+    "async_training.partial_rollout": "partial rollouts are not built yet (docs/async.md)",
 }
 """Schema keys relm reads only to refuse values it cannot honour (`relm.config.validate`)."""
 

@@ -738,6 +738,26 @@ class TrainerConfig:
 
 
 @dataclass
+class AsyncTrainingConfig:
+    """Rollout and training in separate processes that overlap (`async_training.*`, the keys of verl's
+    fully_async_policy recipe; docs/async.md)."""
+
+    enable: bool = False
+    """relm's switch (verl switches by entry point, `fully_async_main`): a rollout process generates the next
+    steps' batches while this process trains, and receives the weights after every step."""
+    staleness_threshold: float = 0.1
+    """How far the rollout side may run ahead, as a share of one weight sync's samples: 0 is synchronous, 1 lets
+    a batch be one weight version old; relm generates whole steps, so it is rounded down to whole steps."""
+    trigger_parameter_sync_step: int | None = None
+    """Updates of `require_batches` mini-batches between weight syncs; unset, one step's worth (relm syncs
+    after every step, so a value must equal `data.train_batch_size / (require_batches * ppo_mini_batch_size)`)."""
+    require_batches: int = 1
+    """Mini-batches (`actor.ppo_mini_batch_size` prompts each) the trainer takes at once."""
+    partial_rollout: bool = False
+    """Interrupt generation for a weight update and continue it under the new weights: not built yet, refused."""
+
+
+@dataclass
 class RelmConfig:
     """The whole run."""
 
@@ -757,5 +777,7 @@ class RelmConfig:
     """Loop, logs, checkpoints."""
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
     """On-policy distillation from a frozen teacher."""
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """Asynchronous training: rollout and update overlap, with bounded staleness."""
     seed: int = 42
     """Seed of every random generator relm owns."""

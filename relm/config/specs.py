@@ -14,6 +14,7 @@ micro-batch, the step count) are computed from these specs by `relm.trainer.comp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -468,6 +469,26 @@ class LoopSpec:
 
 
 @dataclass(frozen=True)
+class AsyncSpec:
+    """Asynchronous training (`async_training.*`): a rollout process ahead of the trainer by a bounded number
+    of weight versions (`relm.trainer.async_rollout`)."""
+
+    enabled: bool
+    staleness_threshold: float
+    """verl's share of a sync's samples the rollout side may generate ahead; whole steps count (`versions_behind`)."""
+    trigger_parameter_sync_step: int | None
+    """Checked against one step's mini-batches at start (`relm.config.async_training`); relm syncs every step."""
+    require_batches: int
+
+    @property
+    def max_versions_behind(self) -> int:
+        """The most weight versions a trained batch may be older than the weights it is trained on: whole
+        steps of `staleness_threshold` (verl lets the rollout side produce (1 + threshold) syncs' samples per
+        version; in whole batches that is floor(1 + threshold))."""
+        return math.floor(self.staleness_threshold)
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """Every component's spec for one run."""
 
@@ -483,3 +504,4 @@ class RunSpec:
     memory: MemorySpec
     loop: LoopSpec
     distillation: DistillationSpec
+    asynchronous: AsyncSpec

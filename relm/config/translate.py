@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from relm.config import key_table
+from relm.config.async_training import async_spec
 from relm.config.distillation import parse_distillation
 from relm.config.remote_code import ACTOR_KEY, CRITIC_KEY, model_trust
 from relm.config.rollout_correction import parse_rollout_correction
@@ -80,6 +81,7 @@ def translate(cfg: RelmConfig) -> tuple[RunSpec, list[str]]:
         ),
         loop=loop_spec(cfg),
         distillation=distillation,
+        asynchronous=async_spec(cfg),
     )
     return spec, key_table.unused_value_warnings(cfg, spec) + group_of_one_warnings(
         cfg

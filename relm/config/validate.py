@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from relm.config.async_training import check_async_training
 from relm.config.fsdp_size import FSDP_SIZE_KEYS, check_fsdp_size
 from relm.config.rollout_correction import parse_rollout_correction
 from relm.config.schema import ActorConfig, CriticConfig, RelmConfig, RewardModelConfig, RolloutConfig
@@ -173,6 +174,7 @@ def validate_config(cfg: RelmConfig, *, max_position_embeddings: int | None = No
     _check_policy_loss_settings(cfg)
     _check_gdpo(cfg)
     _check_lora(cfg)
+    check_async_training(cfg)
     data = cfg.data
     if data.val_files and not data.train_files and not cfg.trainer.val_only:
         raise UserError(

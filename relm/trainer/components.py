@@ -174,6 +174,9 @@ class RunComponents:
     multi_turn: ConversationRollout | None = None
     """Drives `engine` through conversations with tools when `rollout.multi_turn.enable` (else None);
     data-parallel, each rank runs whole conversations for its share of the prompts."""
+    model_dir: str | None = None
+    """The actor's resolved local folder (`actor_rollout_ref.model.path`): an asynchronous run's rollout process
+    builds its engine's model from it."""
     tracked_config: Mapping[str, Any] = field(default_factory=dict)
     """The config as the user wrote it, as a plain dict: what an experiment tracker records beside the
     metrics (W&B's run config). Never read to run anything; the specs say what the run does."""
@@ -427,8 +430,31 @@ def build_components(
         multi_turn=_multi_turn(spec, tools, engine, tokenizer, engine_model)
         if spec.engine.multi_turn.enable
         else None,
+        model_dir=model_dir,
         tracked_config=tracked_config or {},
     )
+
+
+def build_rollout_side(spec: RunSpec, model_dir: str, device: torch.device) -> ExperienceSources:
+    """What an asynchronous run's rollout process holds (`relm.trainer.rollout_process`): its own tokenizer,
+    prompt loader, reward and engine, whose model's weights the trainer sends before the first generation.
+    The same builders as `build_components`, so the two processes read prompts and score alike."""
+    torch.manual_seed(spec.loop.seed)
+    precision = choose_memory(spec, model_dir, device=device, sharded=False).precision
+    tokenizer = _load_run_tokenizer(spec, model_dir)
+    loader = _prompt_loader(spec, tokenizer)
+    reward = _reward_manager(spec.reward, tokenizer, loader, None)
+    model = load_trained_model(
+        spec.actor, model_dir, device, generation_dtype(spec.engine, device, precision)
+    )
+    engine = build_run_engine(
+        spec.engine, model, model_dir, tokenizer, dist=DistContext(), device=device, precision=precision
+    )
+    reward_model = build_reward_model(spec.reward.model, device=device) if spec.reward.model.enable else None
+    return ExperienceSources(
+        spec=spec, loader=loader, engine=engine, multi_turn=None, tokenizer=tokenizer, reward=reward,
+        reward_model=reward_model,
+    )  # fmt: skip
 
 
 def _trained_sources(spec: RunSpec, model_dir: str) -> dict[str, str]:

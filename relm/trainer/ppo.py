@@ -39,6 +39,7 @@ from relm.learner.batch import (
 )
 from relm.learner.critic import update_critic
 from relm.rollout.watchdog import engine_stage
+from relm.trainer.async_rollout import AsyncRollout
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import RunComponents
 from relm.trainer.data_parallel import gather_rows, local_rows, on_rank_rows, rank_rows, reduce_update_metrics
@@ -87,6 +88,24 @@ def ppo_step(c: RunComponents, prompts: PromptBatch, step: int) -> dict[str, flo
         scored = collect_experience(c.experience_sources, prompts, step, metrics)
         if c.spec.engine.free_cache_engine:
             c.engine.release_memory()
+    return learn(c, scored, step, metrics, step_start)
+
+
+def async_step(c: RunComponents, rollout: AsyncRollout, step: int) -> dict[str, float]:
+    """One step of an asynchronous run: the rollout process's batch for `step` (generated ahead, within the
+    staleness bound), learned from as `ppo_step` learns; then the new weights go to the rollout process."""
+    step_start = time.perf_counter()
+    batch, metrics = rollout.take(step)
+    metrics = learn(c, batch.scored, step, metrics, step_start)
+    rollout.send_weights(step)
+    return metrics
+
+
+def learn(
+    c: RunComponents, scored: Scored, step: int, metrics: dict[str, float], step_start: float
+) -> dict[str, float]:
+    """Everything after the rollout phase: annotate, estimate advantages, update; `metrics` (the rollout
+    phase's) completed with the step's."""
     if c.dist.is_main and c.spec.loop.rollout_data_dir:
         dump_rollout(c.spec.loop.rollout_data_dir, c.tokenizer, scored, step)  # every rank holds every row
 
@@ -370,6 +389,16 @@ def perf_metrics(c: RunComponents, batch: Rollout, metrics: dict[str, float]) ->
     return perf
 
 
+@contextlib.contextmanager
+def _rollout_process(c: RunComponents, run: Run) -> Iterator[AsyncRollout | None]:
+    """With `async_training.enable`, the rollout process that generates the run's remaining steps; else None."""
+    if not c.spec.asynchronous.enabled:
+        yield None
+        return
+    with AsyncRollout.start(c, first_step=run.start + 1, last_step=run.total) as rollout:
+        yield rollout
+
+
 def train(c: RunComponents) -> None:
     """Run `total_training_steps` steps, logging every step and saving every `save_freq` (`Run` does all but
     the steps).
@@ -379,6 +408,8 @@ def train(c: RunComponents) -> None:
     `trainer.max_skipped_steps` steps in a row with skipped updates raise `TrainingDiverged`.
 
     Data-parallel, every rank runs this loop on the same prompts (see `relm.trainer.data_parallel`).
+    Asynchronous (`async_training.enable`), a rollout process generates the steps' batches ahead
+    (`relm.trainer.async_rollout`).
     """
     run = Run.open(c)
     if run is None:  # resumed a finished run
@@ -386,11 +417,14 @@ def train(c: RunComponents) -> None:
     if c.spec.loop.val_only:
         run.validate_only()
         return
-    with run.running() as stop:
+    with run.running() as stop, _rollout_process(c, run) as rollout:
         for step in range(run.start + 1, run.total + 1):
             if c.dist.any_true(stop.requested):
                 break
             run.begin_step(step)
-            metrics = ppo_step(c, c.loader.next_batch(), step)
+            if rollout is None:
+                metrics = ppo_step(c, c.loader.next_batch(), step)
+            else:
+                metrics = async_step(c, rollout, step)
             run.end_step(step, metrics)
     run.report_end()
