@@ -30,8 +30,9 @@ all its ranks move there, as the single-GPU plan decides its rungs.
 
 A critic is built from shards too (16 bytes a parameter over S). A model that falls back to loading whole
 on every rank (LoRA, weights transformers renames while loading: `relm.distributed.sharded_load`) is not
-counted at its whole size here. Gathered blocks, activations and logits come on top (the update's own
-arithmetic, `relm.memory.plan`).
+counted at its whole size here. Gathered blocks, activations and logits come on top: `update_extra`
+counts their floor on a GPU (one checkpointed sequence; the micro-batches and the KV cache take what is
+left).
 """
 
 from __future__ import annotations
