@@ -5,7 +5,8 @@ shapes of the Qwen2.5 dense family (each config.json's numbers; the models are b
 count their parameters). The run priced is GRPO with a reference and a KL loss, fp32 master weights, bf16
 compute and generation copy, 256 + 256 tokens a row, as the measured single-GPU runs of docs/benchmarks.md.
 A card of C GB is C x 10^9 bytes (torch reports 5-7% more for the H200, H100 and RTX 4090). Prints a
-Markdown table. A cell whose answer a measured run shows is marked **measured**; one where only a smaller
+Markdown table, and under it a note for each cell that needs FSDP2's CPU offload (what the machine's
+memory, `--host-gb`, then holds). A cell whose answer a measured run shows is marked **measured**; one where only a smaller
 model was measured, *(m)*.
 """
 
@@ -14,7 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from relm.memory.capacity import Candidate, largest
+from relm.memory.capacity import Candidate, largest, offload_host_bytes
+from relm.memory.plan import HOST_SHARE
 
 GB = 10**9
 
@@ -74,7 +76,17 @@ def table(cards: list[int], card_gb: list[int], host_gb: int, sequence_length: i
             model, how = best
             cell = f"{model.name} ({how.layout}; {how.rank_bytes / 2**30:.0f} GiB a card)"
             if alone is not None and alone[0].shape.num_params > model.shape.num_params:
-                cell += f"; one card alone: {alone[0].name}"
+                host = offload_host_bytes(alone[0], n, sequence_length) / GB
+                cell += (
+                    f"; one card alone: {alone[0].name} (its CPU offload would pin {host:.0f} GB, over "
+                    f"{HOST_SHARE:.0%} of {host_gb} GB)"
+                )
+            if how.offloaded_bytes:
+                notes.append(
+                    f"CPU offload, {n} x {size} GB: the shards of {model.name} take "
+                    f"{how.offloaded_bytes / GB:.0f} GB of the machine's {host_gb} GB (pinned, at most "
+                    f"{HOST_SHARE:.0%} of it)"
+                )
             measured = MEASURED.get((n, size))
             if measured is not None:
                 same = measured[0] == model.name

@@ -136,8 +136,10 @@ class OptimConfig:
 class FSDPConfig:
     """FSDP2 settings of a sharded model (`*.fsdp_config.*`); they act only in a torchrun run."""
 
-    offload_policy: bool = False
-    """FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step live on the CPU."""
+    offload_policy: bool | None = None
+    """FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step live on the CPU. Unset (verl
+    writes false): relm turns it on for a sharded GPU run whose shards fit the card only that way and whose
+    machine holds them (docs/distributed.md); true or false is kept."""
     fsdp_size: int | None = None
     """Ranks one copy of the model is sharded over: 1 replicates it (every rank holds it whole), -1
     shards it over all ranks (verl's default), a divisor of the world size gives copies of that many

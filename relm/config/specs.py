@@ -128,7 +128,8 @@ class OptimSpec:
 class ShardingSpec:
     """FSDP2 settings of one model in a torchrun run."""
 
-    offload_policy: bool
+    offload_policy: bool | None
+    """FSDP2's CPU offload (None: relm decides, `relm.trainer.data_parallel.choose_offload`)."""
     shard_size: int | None
     """`fsdp_size` (None: the memory plan decides)."""
 

@@ -25,7 +25,8 @@ _LORA = "Megatron's LoRA section; relm reads the FSDP keys (model.lora_rank, lor
 _RAY = "relm runs without Ray (processes start with torchrun)"
 _FSDP = "relm chooses FSDP2 wrapping and resharding itself; `fsdp_size` and `offload_policy` are read"
 _OFFLOAD = (
-    "on one GPU the memory plan decides what waits in CPU memory; when sharded, `fsdp_config.offload_policy`"
+    "on one GPU the memory plan decides what waits in CPU memory; when sharded, `fsdp_config.offload_policy` "
+    "(unset: relm decides)"
 )
 _MODEL_DTYPE = (
     "relm's trained weights follow `actor_rollout_ref.model.dtype` (auto: fp32 master weights, or bf16 when the "

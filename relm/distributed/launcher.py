@@ -64,7 +64,7 @@ def world_size_of(spec: RunSpec) -> int:
 
 def offloads(spec: RunSpec) -> bool:
     """FSDP2's CPU offload asked for the actor (and reference) or the critic."""
-    return spec.actor.sharding.offload_policy or spec.critic.sharding.offload_policy
+    return bool(spec.actor.sharding.offload_policy or spec.critic.sharding.offload_policy)
 
 
 def needs_torchrun(spec: RunSpec, device: torch.device) -> bool:

@@ -44,6 +44,9 @@ class Layout:
     world_size: int
     reason: str
     """Why: the key the user set, or what the memory plan found."""
+    offload: bool = False
+    """FSDP2's CPU offload: the shards, gradients and optimizer step live in CPU memory (the user's
+    `fsdp_config.offload_policy`, or relm's choice where it is unset: `relm.memory.sharded_plan`)."""
 
     @property
     def num_copies(self) -> int:
@@ -56,9 +59,10 @@ class Layout:
     def kind(self) -> str:
         if self.replicated:
             return "replicated"
+        offload = ", shards in CPU memory" if self.offload else ""
         if self.num_copies == 1:
-            return f"sharded over {self.shard_size} ranks"
-        return f"sharded over {self.shard_size} ranks, {self.num_copies} copies"
+            return f"sharded over {self.shard_size} ranks{offload}"
+        return f"sharded over {self.shard_size} ranks, {self.num_copies} copies{offload}"
 
 
 def decide_layout(

@@ -3,18 +3,20 @@
 One card: the single-GPU plan (`relm.memory.plan.plan_memory`: precision rungs, parking, AdamW moments in
 CPU memory, checkpointing) holds one sequence. Several cards, as a data-parallel run lays its models out
 (`relm.distributed.layout`): replicated where that plan holds every model whole in fp32 on the GPU
-(`whole_model_plan`), else sharded over all W ranks (FSDP2, built from shards, fp32 weights and moments,
-nothing in CPU memory: `relm.memory.sharded_plan`), where one rank's share must fit its card's usable share:
+(`whole_model_plan`), else sharded over all W ranks (FSDP2, built from shards, fp32 weights and moments:
+`relm.memory.sharded_plan`), where one rank's share must fit its card's usable share:
 
     per rank = 16 P / W + 2 P / W + 2 (P - T + T / N) + 4 V H        (shards, bf16 reference, generation
                + 4 (P - 2 V H) / L + 4 V H                             copy split over N, one fp32 parameter
                + a (one checkpointed sequence) + 2 GiB log-softmax     in flight; two gathered bf16 blocks
                                                                        and the gathered root; activations)
 
-N, the generation copy's tensor-parallel size (`rollout.tensor_model_parallel_size`), is the largest of
-1, 2, 4, 8 that divides W and the model's attention and key/value heads. Nothing is offloaded to CPU
-memory in the sharded layout (FSDP2's `offload_policy` is not counted); the generation's KV cache takes
-what is left (the engines decode fewer rows at a time when it is short), so it is not counted either.
+or, where it does not, with FSDP2's CPU offload as the run decides it (`decide_offload`): the first two
+terms leave the card, and the machine's memory must hold them for all W ranks, 18 P in all, within
+`HOST_SHARE` of it. N, the generation copy's tensor-parallel size (`rollout.tensor_model_parallel_size`),
+is the largest of 1, 2, 4, 8 that divides W and the model's attention and key/value heads. The
+generation's KV cache takes what is left (the engines decode fewer rows at a time when it is short), so it
+is not counted.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import torch
 from relm.memory.choices import whole_model_plan
 from relm.memory.model_shape import ModelShape
 from relm.memory.plan import (
-    LOGIT_SCRATCH_BYTES,
     POLICY,
     USABLE_SHARE,
     MemoryPlan,
@@ -35,7 +36,7 @@ from relm.memory.plan import (
     TraineeRequest,
     plan_memory,
 )
-from relm.memory.sharded_plan import plan_sharded_rank
+from relm.memory.sharded_plan import ShardedRankPlan, decide_offload, plan_sharded_rank
 
 BF16 = torch.bfloat16
 TP_SIZES = (8, 4, 2, 1)
@@ -60,6 +61,8 @@ class Fit:
     rank_bytes: int
     """One rank's bytes at the update's peak with one checkpointed sequence: the plan's fixed bytes (without
     the micro-batch's activations, which take what is left), or the sharded arithmetic's."""
+    offloaded_bytes: int = 0
+    """What FSDP2's CPU offload keeps in the machine's memory for all its ranks (0: nothing offloaded)."""
 
 
 def tensor_parallel_size(candidate: Candidate, num_ranks: int) -> int:
@@ -74,6 +77,13 @@ def tensor_parallel_size(candidate: Candidate, num_ranks: int) -> int:
 def sharded_rank_bytes(shape: ModelShape, num_ranks: int, tp_size: int, sequence_length: int) -> int:
     """One rank's bytes at the actor update's peak with the models sharded over `num_ranks` (module
     docstring): GRPO-style, actor and reference, generation copy in bf16 split over `tp_size`."""
+    return sharded_rank(shape, num_ranks, tp_size, sequence_length).card
+
+
+def sharded_rank(
+    shape: ModelShape, num_ranks: int, tp_size: int, sequence_length: int, *, offload: bool = False
+) -> ShardedRankPlan:
+    """The sharded plan of one rank (`sharded_rank_bytes`), the actor and reference offloaded or not."""
     request = PlanRequest(
         trainees={"actor": TraineeRequest(shape)},
         has_reference=True,
@@ -81,18 +91,15 @@ def sharded_rank_bytes(shape: ModelShape, num_ranks: int, tp_size: int, sequence
         gpu_bytes=0,
         host_bytes=0,
     )
-    rank = plan_sharded_rank(
+    return plan_sharded_rank(
         request,
         num_ranks,
         reference_dtype=BF16,
         engine_dtype=BF16,
         one_process_engine_dtype=BF16,
         tp_size=tp_size,
+        offload=frozenset({"actor"} if offload else ()),
     )
-    root = 2 * shape.vocab_size * shape.hidden_size  # embeddings and output head (counted untied)
-    gathered = 2 * 2 * max(shape.num_params - root, 0) // shape.num_layers + 2 * root
-    activations = shape.activation_bytes_per_token(checkpointing=True) * sequence_length
-    return rank.steady + gathered + activations + LOGIT_SCRATCH_BYTES
 
 
 def fit(
@@ -121,11 +128,32 @@ def fit(
     if whole is not None:
         return Fit("replicated: fp32, all on each GPU", whole.update_fixed_bytes)
     tp_size = tensor_parallel_size(candidate, num_cards)
-    need = sharded_rank_bytes(candidate.shape, num_cards, tp_size, sequence_length)
-    if need > card_bytes * USABLE_SHARE:
-        return None
     split = f", generation split over {tp_size}" if tp_size > 1 else ""
-    return Fit(f"sharded over {num_cards}{split}", need)
+    on_card = sharded_rank(candidate.shape, num_cards, tp_size, sequence_length)
+    offloaded = sharded_rank(candidate.shape, num_cards, tp_size, sequence_length, offload=True)
+    offload, _ = decide_offload(
+        on_card,
+        offloaded,
+        card_bytes=card_bytes,
+        host_bytes=host_bytes,
+        local_ranks=num_cards,
+        user=None,
+        key="",
+    )
+    if offload:
+        host = num_cards * offloaded.offloaded
+        return Fit(f"sharded over {num_cards}{split}, CPU offload", offloaded.card, host)
+    if on_card.card > card_bytes * USABLE_SHARE:
+        return None
+    return Fit(f"sharded over {num_cards}{split}", on_card.card)
+
+
+def offload_host_bytes(candidate: Candidate, num_cards: int, sequence_length: int) -> int:
+    """What FSDP2's CPU offload would keep in the machine's memory for `num_cards` ranks sharding
+    `candidate`: 18 P, the actor's fp32 weights, gradients and moments and the bf16 reference."""
+    tp_size = tensor_parallel_size(candidate, num_cards)
+    rank = sharded_rank(candidate.shape, num_cards, tp_size, sequence_length, offload=True)
+    return num_cards * rank.offloaded
 
 
 def _choices(plan: MemoryPlan) -> str:

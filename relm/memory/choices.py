@@ -6,7 +6,8 @@ decisions into the dtype the models load in, the optimizers' moment dtype, gradi
 micro-batch token budgets and the phases' `Residency`. The plan comes first because its last rung
 (bf16 weights) decides how the models are loaded. It plans a single CUDA process only: on CPU nothing
 is planned (checkpointing stays off unless asked for, it only costs time there), and sharded runs
-size themselves through FSDP2 (`fsdp_config.offload_policy`).
+size themselves through FSDP2 (`fsdp_config.offload_policy`, which `relm.memory.sharded_plan.decide_offload`
+decides where it is unset).
 
 A data-parallel run asks the same question first (`data_parallel_plan`): when one GPU's plan keeps
 every model whole on the GPU in fp32 (nothing parked, AdamW moments on the GPU), each rank can hold
@@ -556,10 +557,16 @@ def build_residency(
 
 
 def sharded_rank_plan(
-    spec: RunSpec, model_dir: str, device: torch.device, precision: Precision, shard_size: int
+    spec: RunSpec,
+    model_dir: str,
+    device: torch.device,
+    precision: Precision,
+    shard_size: int,
+    offload: frozenset[str] = frozenset(),
 ) -> ShardedRankPlan:
     """What one rank of a data-parallel run holds with its models built from shards
-    (`relm.memory.sharded_plan`), and, on CPU under `trainer.max_host_memory_gb`, a check that it fits.
+    (`relm.memory.sharded_plan`; `offload`: the trained models FSDP2 offloads to CPU memory), and, on CPU
+    under `trainer.max_host_memory_gb`, a check that it fits.
 
     Raises:
         RunDoesNotFit: on CPU, the rank's models alone exceed the budget less what the process holds.
@@ -574,6 +581,7 @@ def sharded_rank_plan(
         engine_dtype=None if vllm else engine,
         one_process_engine_dtype=None if vllm or engine == precision.master else engine,
         tp_size=spec.engine.tensor_parallel_size,
+        offload=offload,
     )
     budget = host_budget_bytes(spec.memory)
     room = None if budget is None or device.type != "cpu" else budget - request.host_baseline_bytes

@@ -323,13 +323,22 @@ def build_components(
     layouts: dict[str, Layout] = {}
     if dist.is_distributed:
         layouts, plan = choose_layouts(
-            spec, model_dir, dist, has_reference=builds_reference(spec), has_critic="critic" in sources
+            spec,
+            model_dir,
+            dist,
+            precision,
+            has_reference=builds_reference(spec),
+            has_critic="critic" in sources,
         )
         memory = data_parallel_memory(spec, plan, precision, layouts)
         dist.host_budget_bytes = host_budget_bytes(spec.memory)
         if stored is not None:
             shard_size = layouts["actor"].shard_size
-            logger.info("%s", sharded_rank_plan(spec, model_dir, device, precision, shard_size).describe())
+            offloaded = frozenset(
+                name for name in ("actor", "critic") if name in layouts and layouts[name].offload
+            )
+            rank_plan = sharded_rank_plan(spec, model_dir, device, precision, shard_size, offloaded)
+            logger.info("%s", rank_plan.describe())
     ref = (
         reference_model(spec, actor, precision, dist, layouts.get("reference"), stored)
         if builds_reference(spec) and not has_lora(actor)  # a LoRA actor's reference is its base
@@ -529,9 +538,12 @@ def reference_model(
     ref = copy_in_dtype(actor, precision.compute).eval()  # cast tensor by tensor: no second fp32 copy
     if layout is None:
         return ref
-    offload = spec.actor.sharding.offload_policy  # the reference is offloaded with the actor
-    ref = shard_model(
-        ref, dist, replace(precision, master=precision.compute), offload=offload, shard_size=layout.shard_size
+    ref = shard_model(  # offloaded with the actor (`relm.trainer.data_parallel.choose_offload`)
+        ref,
+        dist,
+        replace(precision, master=precision.compute),
+        offload=layout.offload,
+        shard_size=layout.shard_size,
     )
     if stored is not None:
         materialize_shards(ref, stored, dist.device)
@@ -663,9 +675,7 @@ def build_trainee(
     name, choice, precision = spec.name, memory.models[spec.name], memory.precision
     batching = sizes.batching[name]
     if layout is not None:
-        module = shard_model(
-            module, dist, precision, offload=spec.sharding.offload_policy, shard_size=layout.shard_size
-        )
+        module = shard_model(module, dist, precision, offload=layout.offload, shard_size=layout.shard_size)
         if stored is not None:
             materialize_shards(module, stored, device)
     # CompactAdamW where a moment or weight is bf16 (one process); torch's AdamW otherwise.

@@ -8,7 +8,8 @@ GAE's batch-wide whitening and the KL controller see exactly what one process wo
 single-process run each function here is the identity.
 
 `choose_layouts` decides, once at start-up, whether each model is replicated or sharded over the
-ranks (`relm.distributed.layout`).
+ranks (`relm.distributed.layout`), and whether FSDP2 offloads a sharded model to CPU memory where the
+user left `fsdp_config.offload_policy` unset (`relm.memory.sharded_plan.decide_offload`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -27,8 +29,18 @@ from relm.distributed.layout import Layout, decide_layout, describe_layouts
 from relm.learner.batch import Advantaged, Rollout
 from relm.learner.minibatch import ADDITIVE_METRICS
 from relm.learner.trainee import Trainee
-from relm.memory.choices import MemoryChoices, data_parallel_choices, data_parallel_plan
+from relm.memory.choices import (
+    MemoryChoices,
+    data_parallel_choices,
+    data_parallel_plan,
+    device_memory,
+    gpu_budget_bytes,
+    host_budget_bytes,
+    sharded_rank_plan,
+)
+from relm.memory.host import process_rss_bytes
 from relm.memory.plan import MemoryPlan
+from relm.memory.sharded_plan import decide_offload
 from relm.models.precision import Precision
 
 logger = logging.getLogger("relm")
@@ -38,6 +50,7 @@ def choose_layouts(
     spec: RunSpec,
     model_dir: str,
     dist: DistContext,
+    precision: Precision,
     *,
     has_reference: bool,
     has_critic: bool,
@@ -75,8 +88,62 @@ def choose_layouts(
     }
     if dist.device.type == "cuda" and plan is None and any(lay.replicated for lay in layouts.values()):
         logger.warning("%s: the replicated models follow the config's memory settings, not a plan", reason)
+    layouts = choose_offload(spec, model_dir, dist, precision, layouts)
     logger.info("%s", describe_layouts(layouts))
     return layouts, plan
+
+
+OFFLOAD_KEYS = {
+    "actor": "actor_rollout_ref.actor.fsdp_config.offload_policy",
+    "critic": "critic.model.fsdp_config.offload_policy",
+}
+
+
+def choose_offload(
+    spec: RunSpec, model_dir: str, dist: DistContext, precision: Precision, layouts: dict[str, Layout]
+) -> dict[str, Layout]:
+    """`layouts` with FSDP2's CPU offload where the user asked for it, or left it unset and the sharded
+    models fit this GPU only with it (`decide_offload`, said in one line); the reference follows the actor.
+
+    On a GPU with the actor sharded; elsewhere only the user's value counts (on CPU it is an error). The
+    host's room is the least any rank sees, so that every rank decides alike.
+    """
+    user = {"actor": spec.actor.sharding.offload_policy, "critic": spec.critic.sharding.offload_policy}
+    trained = [name for name in ("actor", "critic") if name in layouts]
+    offload: set[str] = {name for name in trained if user[name] and not layouts[name].replicated}
+    memory = device_memory(dist.device)
+    actor = layouts["actor"]
+    if memory is not None and not actor.replicated:
+        card_bytes, host_bytes = memory
+        if (gpu_budget := gpu_budget_bytes(spec.memory)) is not None:
+            card_bytes = min(card_bytes, gpu_budget)
+        local_ranks = spec.loop.n_gpus_per_node
+        if (host_budget := host_budget_bytes(spec.memory)) is not None:
+            host_bytes = min(host_bytes, local_ranks * max(host_budget - process_rss_bytes(), 0))
+        host_bytes = int(-dist.max_floats([-float(host_bytes)])[0])
+        free = {name for name in trained if user[name] is None and not layouts[name].replicated}
+        on_card, offloaded = (
+            sharded_rank_plan(
+                spec, model_dir, dist.device, precision, actor.shard_size, offload=frozenset(models)
+            )
+            for models in (offload, offload | free)
+        )
+        chosen, line = decide_offload(
+            on_card,
+            offloaded,
+            card_bytes=card_bytes,
+            host_bytes=host_bytes,
+            local_ranks=local_ranks,
+            user=None if free else bool(offload),
+            key=OFFLOAD_KEYS["actor" if "actor" in free or not free else "critic"],
+        )
+        if line is not None:
+            (logger.info if chosen else logger.warning)("%s", line)
+        if chosen:
+            offload |= free
+    if "actor" in offload:
+        offload.add("reference")
+    return {name: replace(layout, offload=name in offload) for name, layout in layouts.items()}
 
 
 def data_parallel_memory(

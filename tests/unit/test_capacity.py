@@ -63,3 +63,22 @@ def test_the_table_in_docs_distributed_md_is_what_relm_bench_capacity_prints(cap
     docs = (Path(__file__).resolve().parents[2] / "docs" / "distributed.md").read_text()
     assert printed in docs
     assert "| 80 GB |" in printed and "Qwen2.5-14B (sharded over 8, generation split over 8" in printed
+
+
+def test_where_the_shards_fit_only_in_cpu_memory_the_cell_offloads_them_if_the_machine_holds_them():
+    model = Candidate("m", shape(2_000_000_000, 1_800_000_000), 16, 8)  # generation split over 2 on 2 cards
+    P, T, V, H, L = 2_000_000_000, 1_800_000_000, 32000, 1024, 4  # noqa: N806 - the docstring's names
+    root = 2 * V * H
+    on_card = (
+        2 * (P - T + T // 2)  # what the offload leaves on the card: the split generation copy,
+        + 4 * V * H  # one fp32 parameter in flight,
+        + 4 * (P - root) // L + 2 * root  # the gathered blocks and root,
+        + model.shape.activation_bytes_per_token(checkpointing=True) * 512
+        + LOGIT_SCRATCH_BYTES  # one checkpointed sequence and the log-softmax scratch
+    )  # fmt: skip
+    card = 16 * 10**9  # 13.6 GB usable: the shards on it (18 P / 2 = 18 GB more) do not fit
+    assert sharded_rank_bytes(model.shape, 2, 2, 512) == on_card + 18 * P // 2 > 0.85 * card
+    got = fit(model, 2, card, 64 * 10**9, 512)  # two ranks pin 18 P = 36 GB of 0.7 x 64 = 44.8 GB
+    assert got is not None and (got.rank_bytes, got.offloaded_bytes) == (on_card, 18 * P)
+    assert got.layout == "sharded over 2, generation split over 2, CPU offload"
+    assert fit(model, 2, card, 50 * 10**9, 512) is None  # 0.7 x 50 = 35 GB < 36 GB

@@ -215,7 +215,7 @@ def test_ignored_verl_keys_warn_once_each_and_change_nothing(caplog: pytest.LogC
     assert cfg == load_config([REAL])
     assert [record.getMessage() for record in caplog.records] == [
         f"`{ACT}.fsdp_config.param_offload`: verl key not used by relm (on one GPU the memory plan decides what "
-        "waits in CPU memory; when sharded, `fsdp_config.offload_policy`)",
+        "waits in CPU memory; when sharded, `fsdp_config.offload_policy` (unset: relm decides))",
         f"`{RO}.multi_turn.use_inference_chat_template`: verl key not used by relm (relm never re-tokenizes a "
         "conversation: the ids trained on are the ids sampled plus the tool ids)",
         f"`{RO}.agent.num_workers`: verl key not used by relm (relm's multi-turn rollouts run in-process under "
