@@ -144,6 +144,7 @@ TYPE_KNOBS: dict[str, dict[str, Any]] = {
     },
     # Reformer: axial position embeddings factor the 256 positions (16 x 16) and split hidden 64; one
     # local and one LSH layer, chunks of 16, a fixed hash seed (a random one hashes each forward anew).
+    # It builds, and relm refuses it (`registry.non_causal_reason`): it trains only on fixed lengths.
     "reformer": {
         "num_hidden_layers": 2,
         "attn_layers": ["local", "lsh"],
