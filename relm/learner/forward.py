@@ -103,7 +103,7 @@ def response_token_stats(
         raise ValueError(
             f"response_width {response_width} must be in [1, {width - 1}] for sequences of {width}"
         )
-    # Probed on the first call whatever the batch, so every data-parallel rank makes the same forwards.
+    # The probe ran when the model was loaded (`relm.models.padding_probe`): this only reads its answer.
     if remove_padding and reads_padding_mask(model) and _accepts_logits_to_keep(model):
         return packed_response_token_stats(
             model, input_ids, attention_mask, response_width, temperature=temperature,
@@ -300,7 +300,7 @@ def response_values(
     prompt and tokens < t; that is the last column the model has seen then, P + t - 1 (verl's
     `values[:, -R - 1 : -1]`). It lines up with the logprob of token t for GAE.
     """
-    reads_mask = reads_padding_mask(getattr(value_model, "backbone", value_model))
+    reads_mask = reads_padding_mask(value_model)
     if remove_padding and reads_mask:
         return packed_response_values(value_model, input_ids, attention_mask, response_width)
     shifts, kwargs = _model_inputs(reads_mask, input_ids, attention_mask, position_ids)

@@ -9,37 +9,49 @@ packing several rows into one sequence is no use to it either (it reads the rows
 
 There is no attribute that says so (RWKV's config and forward look like Mamba's, which does read the
 mask), so it is measured: a capability of the model, not a list of type names.
+
+It is measured where the model is loaded (`relm.models.loading.load_causal_lm`; a model built on the meta
+device once its shards are read) and the answer is kept on the model, so copies (the reference, the
+engine's copy) carry it. The trainer's and the engines' forwards only read it: a training or generation
+step never runs a forward of the probe's, so the forwards a step makes are the step's own.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-import weakref
 
 import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
 
-_READS_MASK: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
-"""Model -> whether it reads the mask, so each model is probed once (its architecture decides)."""
+_ANSWER = "_relm_reads_padding_mask"
+"""The model attribute that keeps the probe's answer: a plain attribute, so `copy.deepcopy` (the
+reference, the engine's copy in another dtype), LoRA adapters and FSDP2 sharding (both in place) keep it."""
 
 NUM_PROBE_PADS = 3
 """Left pad tokens the probe puts before its 8 real ones."""
 
 
 @torch.no_grad()
-def left_padding_gap(model: nn.Module) -> float | None:
+def left_padding_gap(
+    model: nn.Module, device: torch.device | None = None, compute_dtype: torch.dtype | None = None
+) -> float | None:
     """How far `NUM_PROBE_PADS` left pads under the attention mask move `model`'s outputs (positions counted
     from the first real token, as relm counts them), when that is more than rounding, else None.
 
-    The output compared is the logits of a causal LM, else the last hidden state (a critic's backbone).
+    The output compared is the logits of a causal LM, or the last hidden state of a base model or of a
+    critic's backbone (`ValueModel`). `device` (default: the embeddings')
+    and `compute_dtype` (default: the embeddings' dtype; it sets the rounding allowed) are for a sharded
+    model, whose parameters may sit on the CPU and in another dtype than it computes in.
     Runs in eval mode (no dropout) and restores the model's mode.
     """
-    embeddings = model.get_input_embeddings()  # type: ignore[operator]  # nn.Module hides the HF model's API
+    holder = getattr(model, "backbone", model)
+    embeddings = holder.get_input_embeddings()  # type: ignore[operator]  # nn.Module hides the HF model's API
     vocab = int(embeddings.weight.shape[0])
-    device = embeddings.weight.device
+    device = device if device is not None else embeddings.weight.device
+    compute_dtype = compute_dtype if compute_dtype is not None else embeddings.weight.dtype
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(min(5, vocab - 1), vocab, (1, 8), generator=generator).to(device)
     pads = torch.zeros(1, NUM_PROBE_PADS, dtype=ids.dtype, device=device)
@@ -50,32 +62,32 @@ def left_padding_gap(model: nn.Module) -> float | None:
     was_training = model.training
     model.eval()
     try:
-        alone = _first_output(model(input_ids=ids, **alone_kwargs))[0].float()
-        shifted = _first_output(model(input_ids=padded, attention_mask=mask, **padded_kwargs))
+        alone = _outputs(model, input_ids=ids, attention_mask=torch.ones_like(ids), **alone_kwargs)[0].float()
+        shifted = _outputs(model, input_ids=padded, attention_mask=mask, **padded_kwargs)
     finally:
         model.train(was_training)
     gap = float((alone - shifted[0, NUM_PROBE_PADS:].float()).abs().max())
     # fp32 rounds at ~1e-6 of the logits; bf16/fp16 at ~1e-2 (a false alarm only costs speed: running a
     # model that reads the mask with its rows left-aligned gives the same numbers).
-    relative = 1e-3 if embeddings.weight.dtype == torch.float32 else 5e-2
+    relative = 1e-3 if compute_dtype == torch.float32 else 5e-2
     return gap if gap > relative * max(1.0, float(alone.abs().max())) else None
 
 
-def reads_padding_mask(model: nn.Module) -> bool:
-    """Whether left pads under the attention mask leave `model`'s outputs unchanged (probed on first ask).
+def probe_padding_mask(
+    model: nn.Module, device: torch.device | None = None, compute_dtype: torch.dtype | None = None
+) -> bool:
+    """Measure whether `model` reads the attention mask (`left_padding_gap`) and keep the answer on it.
 
-    A model the probe cannot run (no input embeddings, a forward that wants more than ids) counts as
-    reading the mask: relm treats it as before. The first answer for a model that does not read it is
-    said in one warning line.
+    Called where a model is loaded, before any step: two forwards of 8 and 11 tokens. A model the probe
+    cannot run (no input embeddings, a forward that wants more than ids) counts as reading the mask: relm
+    treats it as before. A model that does not read it is said in one warning line. `device` and
+    `compute_dtype` as in `left_padding_gap`.
     """
-    known = _READS_MASK.get(model)
-    if known is not None:
-        return known
     try:
-        gap = left_padding_gap(model)
+        gap = left_padding_gap(model, device, compute_dtype)
     except Exception:  # noqa: BLE001 - a forward the probe cannot drive: keep the padded path as it was
         gap = None
-    _READS_MASK[model] = gap is None
+    record_padding_answer(model, gap is None)
     if gap is not None:
         logger.warning(
             "%s does not read the attention mask (%d left pad tokens move its outputs by %.3g): relm runs "
@@ -84,6 +96,46 @@ def reads_padding_mask(model: nn.Module) -> bool:
             type(model).__name__, NUM_PROBE_PADS, gap,
         )  # fmt: skip
     return gap is None
+
+
+def reads_padding_mask(model: nn.Module) -> bool:
+    """Whether `model` reads the attention mask, as `probe_padding_mask` found when it was loaded.
+
+    Only reads the kept answer, never runs a forward. A model never probed (one built directly rather
+    than through `load_causal_lm`, as unit tests build theirs) counts as reading it, as every attention
+    model does.
+    """
+    known = padding_answer(model)
+    return True if known is None else known
+
+
+def padding_answer(model: nn.Module) -> bool | None:
+    """The answer kept on `model` (wrappers that forward attribute reads, such as PEFT's, included), or
+    None where it was never probed."""
+    known = getattr(model, _ANSWER, None)
+    return known if isinstance(known, bool) else None
+
+
+def record_padding_answer(model: nn.Module, reads_mask: bool) -> None:
+    """Keep `reads_mask` on `model`: for a module built around a probed one (the critic around its causal
+    LM's backbone), whose answer is the same architecture's."""
+    setattr(model, _ANSWER, reads_mask)
+
+
+def _outputs(model: nn.Module, **inputs: torch.Tensor) -> torch.Tensor:
+    """`model`'s logits or last hidden state for `inputs`; for a critic, its backbone's hidden states, caught
+    on their way to the value head (a fresh head is zero and would hide them), through the critic's own
+    forward (a sharded critic gathers its backbone's weights there)."""
+    backbone = getattr(model, "backbone", None)
+    if not isinstance(backbone, nn.Module):
+        return _first_output(model(**inputs))
+    seen: list[torch.Tensor] = []
+    handle = backbone.register_forward_hook(lambda _module, _args, output: seen.append(_first_output(output)))
+    try:
+        model(**inputs)
+    finally:
+        handle.remove()
+    return seen[-1]
 
 
 def _first_output(output: object) -> torch.Tensor:

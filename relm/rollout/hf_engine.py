@@ -57,6 +57,11 @@ class HFRolloutEngine:
         self.generator.manual_seed(seed)
         self.heartbeat: Callable[[], None] = _no_progress_listener
         """Called once per decoding step; the trainer's stall watchdog points it at its clock."""
+        # Asked here, before any generation, so a call's forwards are its own: whether a batch's cached
+        # step gives each row its own logits (a recurrent model's state code may mix them: RWKV's; a
+        # probe of two rows, only for recurrent caches), and whether the model reads the attention mask
+        # (measured when it was loaded, `relm.models.padding_probe`).
+        self.steps_match = batched_steps_match(model)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
@@ -76,9 +81,8 @@ class HFRolloutEngine:
             self.model.train(was_training)
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
-        # Both probes run on the first call whatever the prompts, so every data-parallel rank makes the
-        # same forwards. A model whose cached step mixes a batch's rows (RWKV) decodes one row at a time.
-        if not batched_steps_match(self.model):
+        # A model whose cached step mixes a batch's rows (RWKV) decodes one row at a time.
+        if not self.steps_match:
             one = dataclasses.replace(params, n=1)
             return concat_outputs([self._generate_padded([p], one) for p in prompts for _ in range(params.n)])
         # A model that does not read the attention mask would read left pads into its state: prompts of

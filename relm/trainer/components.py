@@ -66,6 +66,7 @@ from relm.memory.cpu_batching import default_rows_per_microbatch
 from relm.memory.offload import OffloadedOptimizerStates, Residency
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype, resolve_model_dir
+from relm.models.padding_probe import probe_padding_mask, reads_padding_mask, record_padding_answer
 from relm.models.precision import Precision, copy_in_dtype
 from relm.models.safetensors_rows import SafetensorsFolder
 from relm.models.tokenizer import end_of_turn_ids, load_tokenizer
@@ -359,6 +360,8 @@ def build_components(
         materialize_parameters(engine_model, device, generation_dtype(spec.engine, device, precision))
         engine_model.to(device)  # its buffers were copied from the actor's before sharding moved them
         fill_from_shards(engine_model, trainees["actor"].module.named_parameters(), device)
+        # Copied from the actor while it was empty, before `build_trainee` probed it: the same answer.
+        record_padding_answer(engine_model, reads_padding_mask(trainees["actor"].module))
     trainees["actor"].vocab_limit = len(tokenizer)  # the policy's logprobs cover only ids it can sample
     actor, critic = trainees["actor"].module, trainees.get("critic")
     residency = build_residency(
@@ -501,6 +504,7 @@ def reference_model(
     )
     if stored is not None:
         materialize_shards(ref, stored, dist.device)
+        probe_padding_mask(ref, dist.device, precision.compute)  # as the actor's, in `build_trainee`
     return ref
 
 
@@ -634,6 +638,9 @@ def build_trainee(
         )
         if stored is not None:
             materialize_shards(module, stored, device)
+            # Built empty, `load_causal_lm` could not probe it: every rank asks here, together (one
+            # sharded forward each), before any step.
+            probe_padding_mask(module, device, precision.compute)
     # CompactAdamW where a moment or weight is bf16 (one process); torch's AdamW otherwise.
     compact = not dist.is_distributed and precision.master in (torch.float32, torch.bfloat16)
     compact_moments = compact and (

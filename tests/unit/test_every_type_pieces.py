@@ -18,7 +18,7 @@ from relm.compat.verdicts import (
 )
 from relm.learner.forward import response_logprobs
 from relm.memory.model_shape import ModelShape
-from relm.models.padding_probe import left_padding_gap
+from relm.models.padding_probe import left_padding_gap, probe_padding_mask
 from relm.models.registry import inspect_model_architecture
 from relm.models.tiny_types import TYPE_KNOBS, causal_lm_types, tiny_config
 from relm.rollout.base import SamplingParams
@@ -30,8 +30,11 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
 
 
 def _model(model_type: str) -> torch.nn.Module:
+    """The tiny model of `model_type`, asked whether it reads the attention mask as `load_causal_lm` asks."""
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
+    probe_padding_mask(model)
+    return model
 
 
 def _trainer_gap(model: torch.nn.Module, out) -> float:
