@@ -56,6 +56,8 @@ def test_types_come_from_transformers_mapping_and_shrink():
     config = tiny_config("qwen3_next")
     assert config.num_hidden_layers <= 3 and config.hidden_size == 64  # layers 0, 1 and the first full one
     assert set(config.layer_types) == {"linear_attention", "full_attention"}  # one layer of each kind
+    kimi = tiny_config("kimi_linear")  # its KDA layers' own head knobs shrink too (32 x 128 published)
+    assert (kimi.linear_num_heads, kimi.linear_head_dim) == (4, 16)
 
 
 def test_per_layer_attributes_are_described_not_raised():
