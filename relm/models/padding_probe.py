@@ -42,9 +42,9 @@ def left_padding_gap(
     from the first real token, as relm counts them), when that is more than rounding, else None.
 
     The output compared is the logits of a causal LM, or the last hidden state of a base model or of a
-    critic's backbone (`ValueModel`). `device` (default: the embeddings')
-    and `compute_dtype` (default: the embeddings' dtype; it sets the rounding allowed) are for a sharded
-    model, whose parameters may sit on the CPU and in another dtype than it computes in.
+    critic's backbone (`ValueModel`). `device` (default: the embeddings') and `compute_dtype` (default:
+    the embeddings' dtype; it sets the rounding allowed) are for a sharded model, whose parameters may sit
+    on the CPU and in another dtype than it computes in.
     Runs in eval mode (no dropout) and restores the model's mode.
     """
     holder = getattr(model, "backbone", model)
