@@ -385,8 +385,8 @@ def load_causal_lm(
     if empty:
         return model.eval()  # type: ignore[possibly-undefined]  # the last choice returns or raises
     model = model.eval().to(device)
-    # Asked here, once, so that no step's forwards include the probe's (an empty model: once its shards
-    # are read, `relm.trainer.components`).
+    # Asked here, once, so that no step's forwards include the probe's (an empty model: on the engine's
+    # whole copy once it is filled, `relm.trainer.components`).
     probe_padding_mask(model)
     return model
 

@@ -10,10 +10,11 @@ packing several rows into one sequence is no use to it either (it reads the rows
 There is no attribute that says so (RWKV's config and forward look like Mamba's, which does read the
 mask), so it is measured: a capability of the model, not a list of type names.
 
-It is measured where the model is loaded (`relm.models.loading.load_causal_lm`; a model built on the meta
-device once its shards are read) and the answer is kept on the model, so copies (the reference, the
-engine's copy) carry it. The trainer's and the engines' forwards only read it: a training or generation
-step never runs a forward of the probe's, so the forwards a step makes are the step's own.
+It is measured where the model is loaded (`relm.models.loading.load_causal_lm`; for models built on the meta
+device, on the engine's whole copy once it is filled, `relm.trainer.components`) and the answer is kept on the
+model, so copies (the reference, the engine's copy) carry it. The trainer's and the engines' forwards only
+read it: a training or generation step never runs a forward of the probe's, so the forwards a step makes are
+the step's own.
 """
 
 from __future__ import annotations
@@ -35,23 +36,18 @@ NUM_PROBE_PADS = 3
 
 
 @torch.no_grad()
-def left_padding_gap(
-    model: nn.Module, device: torch.device | None = None, compute_dtype: torch.dtype | None = None
-) -> float | None:
+def left_padding_gap(model: nn.Module) -> float | None:
     """How far `NUM_PROBE_PADS` left pads under the attention mask move `model`'s outputs (positions counted
     from the first real token, as relm counts them), when that is more than rounding, else None.
 
     The output compared is the logits of a causal LM, or the last hidden state of a base model or of a
-    critic's backbone (`ValueModel`). `device` (default: the embeddings') and `compute_dtype` (default:
-    the embeddings' dtype; it sets the rounding allowed) are for a sharded model, whose parameters may sit
-    on the CPU and in another dtype than it computes in.
+    critic's backbone (`ValueModel`).
     Runs in eval mode (no dropout) and restores the model's mode.
     """
     holder = getattr(model, "backbone", model)
     embeddings = holder.get_input_embeddings()  # type: ignore[operator]  # nn.Module hides the HF model's API
     vocab = int(embeddings.weight.shape[0])
-    device = device if device is not None else embeddings.weight.device
-    compute_dtype = compute_dtype if compute_dtype is not None else embeddings.weight.dtype
+    device = embeddings.weight.device
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(min(5, vocab - 1), vocab, (1, 8), generator=generator).to(device)
     pads = torch.zeros(1, NUM_PROBE_PADS, dtype=ids.dtype, device=device)
@@ -69,22 +65,19 @@ def left_padding_gap(
     gap = float((alone - shifted[0, NUM_PROBE_PADS:].float()).abs().max())
     # fp32 rounds at ~1e-6 of the logits; bf16/fp16 at ~1e-2 (a false alarm only costs speed: running a
     # model that reads the mask with its rows left-aligned gives the same numbers).
-    relative = 1e-3 if compute_dtype == torch.float32 else 5e-2
+    relative = 1e-3 if embeddings.weight.dtype == torch.float32 else 5e-2
     return gap if gap > relative * max(1.0, float(alone.abs().max())) else None
 
 
-def probe_padding_mask(
-    model: nn.Module, device: torch.device | None = None, compute_dtype: torch.dtype | None = None
-) -> bool:
+def probe_padding_mask(model: nn.Module) -> bool:
     """Measure whether `model` reads the attention mask (`left_padding_gap`) and keep the answer on it.
 
     Called where a model is loaded, before any step: two forwards of 8 and 11 tokens. A model the probe
     cannot run (no input embeddings, a forward that wants more than ids) counts as reading the mask: relm
-    treats it as before. A model that does not read it is said in one warning line. `device` and
-    `compute_dtype` as in `left_padding_gap`.
+    treats it as before. A model that does not read it is said in one warning line.
     """
     try:
-        gap = left_padding_gap(model, device, compute_dtype)
+        gap = left_padding_gap(model)
     except Exception:  # noqa: BLE001 - a forward the probe cannot drive: keep the padded path as it was
         gap = None
     record_padding_answer(model, gap is None)
