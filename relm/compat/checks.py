@@ -30,7 +30,6 @@ from relm.compat.verdicts import (
     check_engine_agreement,
     check_generation,
     check_update_metrics,
-    ignores_left_padding_mask,
     sample_weights,
 )
 from relm.data.prompt_batch import PromptBatch
@@ -38,6 +37,7 @@ from relm.errors import UserError
 from relm.memory.choices import cap_gpu_bytes
 from relm.memory.host import HostWatchdog, watching
 from relm.models.loading import load_causal_lm, pick_dtype, read_config, resolve_model_dir
+from relm.models.padding_probe import left_padding_gap
 from relm.models.registry import classify, inspect_model_architecture, registered_model_class
 from relm.models.tokenizer import encode_prompt, load_tokenizer
 from relm.rollout.base import FINISH_STOP, SamplingParams, logprob_tolerance
@@ -280,7 +280,7 @@ def _load(
     capped = report.architecture is not None and report.architecture.attn_logit_softcapping
     if attn == "eager" and capped:
         report.decisions.append("eager attention: sdpa would skip the attention soft-capping")
-    elif attn == "eager" and not any("Attention" in type(m).__name__ for m in model.modules()):
+    elif attn == "eager" and _attention_free(model):
         report.decisions.append("eager attention: an attention-free model (transformers offers it no sdpa)")
     elif attn == "eager":
         report.conditions.append("eager attention: transformers refused sdpa for this architecture")
@@ -290,6 +290,15 @@ def _load(
     if len(tokenizer) > num_rows:
         raise CheckFailed(f"tokenizer has {len(tokenizer)} tokens but the embedding only {num_rows} rows")
     out["it"] = _Loaded(tokenizer, model, dtype)
+
+
+def _attention_free(model: nn.Module) -> bool:
+    """No softmax attention for sdpa to run: no module named attention (Mamba, xLSTM), or a config with no
+    attention head count (RWKV, whose time-mixing module is named `RwkvSelfAttention`)."""
+    if not any("Attention" in type(m).__name__ for m in model.modules()):
+        return True
+    text = model.config.get_text_config()  # type: ignore[union-attr,operator]  # nn.Module hides the HF model's API
+    return getattr(text, "num_attention_heads", None) is None
 
 
 def _rollout(
@@ -360,11 +369,11 @@ def _check_rollout(
     max_tolerance, mean_tolerance = logprob_tolerance(loaded.dtype)
     if not (worst <= max_tolerance and mean <= mean_tolerance):
         why = "the engine and the training forward do not compute the same model"
-        padding_gap = ignores_left_padding_mask(model, vocab_rows, device)
+        padding_gap = left_padding_gap(model)
         if padding_gap is not None:
             why = (
                 f"the model does not read the attention mask (3 left pad tokens move its logits by "
-                f"{padding_gap:.3g}), and relm left-pads prompts to their batch's width"
+                f"{padding_gap:.3g}), and even with its pads moved after the real tokens the two disagree"
             )
         raise CheckFailed(
             f"rollout and trainer logprobs differ by {worst:.3g} max, {mean:.3g} mean (allowed "

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
@@ -72,28 +71,6 @@ def attends_to_later_tokens(model: nn.Module, vocab: int, device: torch.device) 
         f"is not causal: its logits at earlier positions change with the last token (by {gap:.3g}; "
         "bidirectional attention, an encoder); relm trains causal LMs"
     )
-
-
-def ignores_left_padding_mask(model: nn.Module, vocab: int, device: torch.device) -> float | None:
-    """How far left padding moves `model`'s logits under the attention mask (positions counted from the
-    first real token, as relm counts them), when that is more than rounding, else None.
-
-    Asked only when the engine and the trainer disagree, to say why: a model that does not read the mask
-    (RWKV's forward takes it and leaves it unused) feeds pad tokens into its state, and the engine's and
-    the trainer's batches pad the same prompt to different widths.
-    """
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(min(5, vocab - 1), vocab, (1, 8), generator=generator, device="cpu").to(device)
-    pads = torch.zeros(1, 3, dtype=ids.dtype, device=device)
-    padded, mask = torch.cat([pads, ids], dim=1), torch.cat([pads, torch.ones_like(ids)], dim=1)
-    takes_positions = "position_ids" in inspect.signature(model.forward).parameters
-    alone_kwargs = {"position_ids": torch.arange(8, device=device)[None]} if takes_positions else {}
-    padded_kwargs = {"position_ids": (mask.cumsum(dim=1) - 1).clamp(min=0)} if takes_positions else {}
-    with torch.no_grad():
-        alone = model(input_ids=ids, **alone_kwargs).logits[0].float()
-        shifted = model(input_ids=padded, attention_mask=mask, **padded_kwargs).logits[0, 3:].float()
-    gap = float((alone - shifted).abs().max())
-    return gap if gap > 1e-3 * max(1.0, float(alone.abs().max())) else None
 
 
 REQUIRED_UPDATE_METRICS = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")

@@ -15,6 +15,8 @@ from torch import nn
 
 from relm.learner.packing import packed_response_token_stats, packed_response_values
 from relm.learner.vocab_chunks import DEFAULT_CHUNK_VALUES, TokenStats, chunk_values, vocab_chunk_stats
+from relm.models.padding_probe import reads_padding_mask
+from relm.rollout.padding import leading_pads, realign_tail, shift_left
 
 
 def response_logprobs(
@@ -61,6 +63,10 @@ def response_token_stats(
     With `remove_padding` the rows are packed into one sequence first (`relm.learner.packing`),
     which skips every padded position; the results are equal up to float rounding.
 
+    A model that does not read the attention mask (`relm.models.padding_probe`; RWKV) is never packed
+    and runs each row with its real tokens first and its left pads moved after them, the outputs put
+    back in their columns (`relm.rollout.padding`): it then never reads a pad before a real token.
+
     Memory: the model returns logits only for the last R + 1 columns (`logits_to_keep`, which every
     HF causal LM in transformers 5 accepts; it keeps model-specific logit soft-capping or scaling,
     which running `lm_head` on hidden states ourselves would silently skip). Those [N, R + 1, V]
@@ -97,7 +103,8 @@ def response_token_stats(
         raise ValueError(
             f"response_width {response_width} must be in [1, {width - 1}] for sequences of {width}"
         )
-    if remove_padding and _accepts_logits_to_keep(model):
+    # The probe ran when the model was loaded (`relm.models.padding_probe`): this only reads its answer.
+    if remove_padding and reads_padding_mask(model) and _accepts_logits_to_keep(model):
         return packed_response_token_stats(
             model, input_ids, attention_mask, response_width, temperature=temperature,
             compute_entropy=compute_entropy, entropy_grad=entropy_grad, positions_per_chunk=vocab_chunk,
@@ -175,11 +182,17 @@ def _response_logits(
     position_ids: torch.Tensor,
     response_width: int,
 ) -> torch.Tensor:
-    """[N, R + 1, V] logits of the last R + 1 columns, in the model's dtype."""
-    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    """[N, R + 1, V] logits of the last R + 1 columns, in the model's dtype. A model that does not read the
+    attention mask gets its rows shifted left past their pads (`_model_inputs`) and its logits moved back."""
+    shifts, kwargs = _model_inputs(reads_padding_mask(model), input_ids, attention_mask, position_ids)
+    extra = int(shifts.max()) if shifts is not None else 0  # columns the shifted rows' responses moved
     if _accepts_logits_to_keep(model):
-        return model(**kwargs, use_cache=False, logits_to_keep=response_width + 1).logits
-    return model(**kwargs, use_cache=False).logits[:, -response_width - 1 :]
+        logits = model(**kwargs, use_cache=False, logits_to_keep=response_width + 1 + extra).logits
+    else:
+        logits = model(**kwargs, use_cache=False).logits[:, -response_width - 1 - extra :]
+    if shifts is not None:
+        logits = realign_tail(logits, shifts, response_width + 1)
+    return logits
 
 
 def _padded_token_stats(
@@ -248,6 +261,20 @@ def _padded_token_stats(
     )
 
 
+def _model_inputs(
+    reads_mask: bool, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """(per-row shifts or None, the forward's ids/mask/positions): rows shifted left past their left pads
+    when the model does not read the mask and some row has them (`relm.rollout.padding.shift_left`)."""
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    if reads_mask:
+        return None, kwargs
+    shifts = leading_pads(attention_mask)  # [N]
+    if not bool(shifts.any()):
+        return None, kwargs
+    return shifts, {name: shift_left(tensor, shifts) for name, tensor in kwargs.items()}
+
+
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
     try:
         return "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -266,15 +293,18 @@ def response_values(
 ) -> torch.Tensor:
     """[N, R] fp32 values of the state before each response token (columns P-1 .. T-2).
 
-    `remove_padding` packs the rows first, as in `response_logprobs` (zeros at padded positions).
+    `remove_padding` packs the rows first, as in `response_logprobs` (zeros at padded positions); a
+    backbone that does not read the attention mask runs its rows shifted as there.
 
     Value t estimates the return from the moment token t is about to be chosen, i.e. after the
     prompt and tokens < t; that is the last column the model has seen then, P + t - 1 (verl's
     `values[:, -R - 1 : -1]`). It lines up with the logprob of token t for GAE.
     """
-    if remove_padding:
+    reads_mask = reads_padding_mask(value_model)
+    if remove_padding and reads_mask:
         return packed_response_values(value_model, input_ids, attention_mask, response_width)
-    values = value_model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
-    )  # [N, T]
+    shifts, kwargs = _model_inputs(reads_mask, input_ids, attention_mask, position_ids)
+    values = value_model(**kwargs)  # [N, T]
+    if shifts is not None:
+        values = realign_tail(values, shifts, response_width + 1)
     return values[:, -response_width - 1 : -1]

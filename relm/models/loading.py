@@ -26,6 +26,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 
 from relm.config.paths import looks_like_local_path
 from relm.errors import UserError
+from relm.models.padding_probe import probe_padding_mask
 from relm.models.registry import loads_text_model, non_causal_reason, registered_model_class
 from relm.models.zoo import materialize_zoo
 
@@ -348,6 +349,8 @@ def load_causal_lm(
     download. `empty` builds the model's structure only: its parameters on the meta device (no
     memory), its buffers (rotary frequencies) computed on the CPU as the class makes them, for a
     data-parallel run that fills each rank's shards from the files (`relm.distributed.sharded_load`).
+    A model with weights is asked, by two tiny forwards, whether it reads the attention mask
+    (`relm.models.padding_probe`), and keeps the answer for the trainer's and the engines' forwards.
 
     Raises:
         UserError: see `resolve_model_dir`, plus: not a decoder-only text model; unknown override key.
@@ -381,7 +384,11 @@ def load_causal_lm(
     # eval() as from_pretrained leaves it (from_config does not): the update loops call train().
     if empty:
         return model.eval()  # type: ignore[possibly-undefined]  # the last choice returns or raises
-    return model.eval().to(device)  # type: ignore[possibly-undefined]  # the last choice returns or raises
+    model = model.eval().to(device)
+    # Asked here, once, so that no step's forwards include the probe's (an empty model: on the engine's
+    # whole copy once it is filled, `relm.trainer.components`).
+    probe_padding_mask(model)
+    return model
 
 
 def _build(

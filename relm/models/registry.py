@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -233,6 +234,38 @@ def _draft_model_class(config: PretrainedConfig) -> str | None:
     return name
 
 
+def _fixed_training_length(config: PretrainedConfig) -> str | None:
+    """Why a model that trains only on sequences of set lengths cannot train in relm, or None.
+
+    Reformer's chunked attention (local and LSH layers) refuses, in training mode, a sequence length that
+    is not a multiple of its chunk lengths' least common multiple (outside training transformers pads to
+    one itself, which breaks when position ids are given: an `arange` from the padded length to the chunk
+    length), and its axial position embeddings refuse any length but the product of `axial_pos_shape`
+    (65,536 and 524,288 tokens in the published checkpoints), reading positions by column, not by
+    position id. relm trains batches padded to their longest row, of any length.
+    """
+    kinds = set(getattr(config, "attn_layers", None) or [])
+    chunks = [
+        length
+        for kind in ("lsh", "local")
+        if kind in kinds and isinstance(length := getattr(config, f"{kind}_attn_chunk_length", None), int)
+    ]
+    if not chunks:
+        return None
+    multiple = math.lcm(*chunks)
+    shape = getattr(config, "axial_pos_shape", None)
+    if getattr(config, "axial_pos_embds", False) and shape:
+        return (
+            f"trains only on sequences of exactly {math.prod(shape):,} tokens (its axial position embeddings, "
+            f"axial_pos_shape {list(shape)}, refuse other lengths in training) and its chunked attention only "
+            f"on multiples of {multiple}; relm trains batches padded to their longest sequence"
+        )
+    return (
+        f"trains only on sequence lengths that are multiples of {multiple} (its chunked attention refuses "
+        "others in training); relm trains batches padded to their longest sequence"
+    )
+
+
 def non_causal_reason(config: PretrainedConfig, trust_remote_code: bool = False) -> str | None:
     """Why `config` is not a decoder-only text causal LM relm can train (one clause), or None."""
     model_type = getattr(config, "model_type", "")
@@ -250,6 +283,9 @@ def non_causal_reason(config: PretrainedConfig, trust_remote_code: bool = False)
         )
     if getattr(config, "is_encoder_decoder", False):
         return "is an encoder-decoder model; relm trains decoder-only causal LMs"
+    fixed = _fixed_training_length(config)
+    if fixed is not None:
+        return fixed
     encoder_heads = [a for a in architectures if a.endswith(_ENCODER_HEAD_SUFFIXES)]
     causal_heads = [a for a in architectures if a.endswith("ForCausalLM")]
     if model_type in _ENCODER_ONLY_MODEL_TYPES or (encoder_heads and not causal_heads):

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 from relm.errors import UserError
 from relm.models.loading import load_causal_lm, resolve_model_dir
+from relm.models.padding_probe import padding_answer, record_padding_answer
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -148,6 +149,9 @@ def load_value_model(
         empty=empty,
     )
     model = ValueModel(causal_lm)
+    known = padding_answer(causal_lm)  # its backbone's architecture: the same answer (None if empty)
+    if known is not None:
+        record_padding_answer(model, known)
     del causal_lm
     head_file = Path(folder) / VALUE_HEAD_FILE
     if head_file.is_file() and not empty:

@@ -8,14 +8,15 @@ distribution the reported logprob comes from, and what a finished row emits.
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
-from relm.rollout.base import GenerationOutput, SamplingParams, check_generate_args
+from relm.models.padding_probe import reads_padding_mask
+from relm.rollout.base import GenerationOutput, SamplingParams, check_generate_args, concat_outputs
+from relm.rollout.cache_stepper import CacheStepper, batched_steps_match
 from relm.rollout.padding import left_pad
 from relm.rollout.sampling import SampledColumns, filter_top_k_top_p, sample_next_token
 from relm.rollout.tensor_parallel import copy_whole_into
@@ -57,6 +58,11 @@ class HFRolloutEngine:
         self.generator.manual_seed(seed)
         self.heartbeat: Callable[[], None] = _no_progress_listener
         """Called once per decoding step; the trainer's stall watchdog points it at its clock."""
+        # Asked here, before any generation, so a call's forwards are its own: whether a batch's cached
+        # step gives each row its own logits (a recurrent model's state code may mix them: RWKV's; a
+        # probe of two rows, only for recurrent caches), and whether the model reads the attention mask
+        # (measured when it was loaded, `relm.models.padding_probe`).
+        self.steps_match = batched_steps_match(model)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
@@ -76,6 +82,22 @@ class HFRolloutEngine:
             self.model.train(was_training)
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        # A model whose cached step mixes a batch's rows (RWKV) decodes one row at a time.
+        if not self.steps_match:
+            one = dataclasses.replace(params, n=1)
+            return concat_outputs([self._generate_padded([p], one) for p in prompts for _ in range(params.n)])
+        # A model that does not read the attention mask would read left pads into its state: prompts of
+        # one length need none, so each length is generated on its own.
+        if reads_padding_mask(self.model) or len({len(p) for p in prompts}) == 1:
+            return self._generate_padded(prompts, params)
+        groups = equal_length_groups([len(p) for p in prompts])
+        parts = [self._generate_padded([prompts[i] for i in group], params) for group in groups]
+        # Row r of the joined parts is copy k of prompt i: put it back at row i * n + k.
+        n = params.n
+        source = torch.tensor([i * n + k for group in groups for i in group for k in range(n)])
+        return _select_rows(concat_outputs(parts), torch.argsort(source))
+
+    def _generate_padded(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         # Grouped repetition [p0, p0, .., p1, ..] before prefill: each copy is then an ordinary row
         # everywhere below, and the order is the one GenerationOutput promises.
         repeated = [prompt for prompt in prompts for _ in range(params.n)]
@@ -84,7 +106,7 @@ class HFRolloutEngine:
         )  # [N, P]
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [N, P]: left padding does not shift
         num_rows = input_ids.shape[0]
-        forward = _CacheStepper(self.model)
+        forward = CacheStepper(self.model)
         logits = forward(input_ids, attention_mask, position_ids, logits_to_keep=1)  # [N, V]
         next_position = position_ids[:, -1] + 1  # [N]
 
@@ -145,78 +167,22 @@ class HFRolloutEngine:
             copy_whole_into(target, tensor)  # a tensor-parallel copy's parameter takes its own piece
 
 
-class _CacheStepper:
-    """One forward of a decoding loop, with the model's own cache carried from step to step.
+def equal_length_groups(lengths: list[int]) -> list[list[int]]:
+    """Indices of `lengths` grouped by equal value, groups in the order their length first appears."""
+    groups: dict[int, list[int]] = {}
+    for index, length in enumerate(lengths):
+        groups.setdefault(length, []).append(index)
+    return list(groups.values())
 
-    Attention models take a `DynamicCache` as `past_key_values` (built from the config, so hybrid
-    linear-attention layers get their state layers); recurrent ones name their state otherwise:
-    Mamba, Mamba-2, FalconMamba and xLSTM take `cache_params`, RWKV `state`, each returned by the
-    forward for the next step. A model that takes none of these (GPT-1; XLM keeps a `cache` dict of its
-    own), or whose config transformers' cache cannot read (BLT), runs over the whole sequence so far each
-    step with `use_cache=False`, as the trainer's forward does. Position ids and
-    `logits_to_keep` go only to a forward that takes them.
-    """
 
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        parameters = inspect.signature(model.forward).parameters
-        keys = ("past_key_values", "cache_params", "state")
-        self.cache_key = next((key for key in keys if key in parameters), None)
-        self.recurrent = self.cache_key in ("cache_params", "state")
-        self.takes_positions = "position_ids" in parameters
-        self.takes_logits_to_keep = "logits_to_keep" in parameters
-        self.takes_use_cache = "use_cache" in parameters
-        self.cache: object = None
-        if self.cache_key == "past_key_values":
-            try:
-                self.cache = DynamicCache(config=getattr(model, "config", None))
-            except (AttributeError, KeyError, TypeError):
-                # A config a cache cannot read a layer plan from (BLT's four sub-models have no
-                # num_hidden_layers): run over the whole sequence so far each step, as without a cache.
-                self.cache_key, self.recurrent = None, False
-        self.seen: tuple[torch.Tensor, torch.Tensor] | None = None
-        """Without a cache: the ids and positions fed so far."""
-        self.own_cache = False
-        """The model refused a DynamicCache and carries the cache it built (MiniMax)."""
-
-    def __call__(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        logits_to_keep: int | None = None,
-    ) -> torch.Tensor:
-        """The last position's logits [N, V] for `input_ids` [N, Q] after what the cache holds."""
-        kwargs: dict[str, object] = {}
-        if self.cache_key is None:
-            if self.seen is not None:
-                input_ids = torch.cat([self.seen[0], input_ids], dim=1)
-                position_ids = torch.cat([self.seen[1], position_ids], dim=1)
-            self.seen = (input_ids, position_ids)
-            if self.takes_use_cache:
-                kwargs["use_cache"] = False  # it would otherwise build a cache of its own (BLT)
-        else:
-            kwargs |= {self.cache_key: self.cache, "use_cache": True}
-        if self.takes_positions:
-            kwargs["position_ids"] = position_ids
-        if logits_to_keep is not None and self.takes_logits_to_keep:
-            kwargs["logits_to_keep"] = logits_to_keep
-        if self.recurrent:
-            # A recurrent model's mask covers only the tokens it is given (the state holds the rest).
-            attention_mask = attention_mask[:, -input_ids.shape[1] :]
-        try:
-            output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        except ValueError as exc:
-            if self.own_cache or not isinstance(self.cache, DynamicCache) or "cache" not in str(exc):
-                raise
-            # A model that refuses a DynamicCache (MiniMax's own cache class) builds its own when given
-            # none; the forward returns it for the next step.
-            self.own_cache = True
-            kwargs[str(self.cache_key)] = None
-            output = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        if self.recurrent or self.own_cache:
-            self.cache = getattr(output, str(self.cache_key))  # the model's own state for the next step
-        return output.logits[:, -1]
+def _select_rows(output: GenerationOutput, rows: torch.Tensor) -> GenerationOutput:
+    """`output`'s rows in the order `rows` gives (the HF engine's own outputs: no multi-turn fields)."""
+    return GenerationOutput(
+        output.response_ids[rows],
+        output.response_mask[rows],
+        output.logprobs[rows],
+        [output.finish_reasons[int(row)] for row in rows],
+    )
 
 
 def _no_progress_listener() -> None:

@@ -67,6 +67,7 @@ from relm.memory.cpu_batching import default_rows_per_microbatch
 from relm.memory.offload import OffloadedOptimizerStates, Residency
 from relm.models.fused_layers import FusedLayers
 from relm.models.loading import load_causal_lm, pick_dtype, resolve_model_dir
+from relm.models.padding_probe import padding_answer, probe_padding_mask, record_padding_answer
 from relm.models.precision import Precision, copy_in_dtype
 from relm.models.safetensors_rows import SafetensorsFolder
 from relm.models.tokenizer import end_of_turn_ids, load_tokenizer
@@ -378,6 +379,9 @@ def build_components(
         materialize_parameters(engine_model, device, gen_dtype)
         engine_model.to(device)  # its buffers were copied from the actor's before sharding moved them
         fill_from_shards(engine_model, trainees["actor"].module.named_parameters(), device)
+        probe_padding_mask(engine_model)  # built empty with the actor: `load_causal_lm` could not ask
+    critic_module = trainees["critic"].module if "critic" in trainees else None
+    _share_padding_answer(engine_model, [trainees["actor"].module, ref, critic_module])
     trainees["actor"].vocab_limit = len(tokenizer)  # the policy's logprobs cover only ids it can sample
     actor, critic = trainees["actor"].module, trainees.get("critic")
     residency = build_residency(
@@ -520,6 +524,25 @@ def _multi_turn(
         interactions=load_run_interactions(spec.engine.multi_turn),
     )
     return DataParallelMultiTurn(rollout, engine) if isinstance(engine, DataParallelEngine) else rollout
+
+
+def _share_padding_answer(engine_model: nn.Module, modules: list[nn.Module | None]) -> None:
+    """Keep the engine model's answer to whether the model reads the attention mask
+    (`relm.models.padding_probe`) on the modules built on the meta device, which `load_causal_lm` could
+    not ask: the actor and the reference (copies of one model) and a critic of the same model type. The
+    engine's copy is whole, so its probe is a local forward; probing the sharded models themselves (an FSDP
+    forward before their optimizers exist) made the two-process checkpoint save fail (`KeyError` in
+    torch's `get_optimizer_state_dict`, tests/integration/test_distributed.py). A critic of another type
+    built empty keeps the default (it reads the mask, as every attention model does)."""
+    reads_mask = padding_answer(engine_model)
+    if reads_mask is None:  # vLLM's run generates on the actor itself, built empty: nothing to share
+        return
+    model_type = getattr(getattr(engine_model, "config", None), "model_type", None)
+    for module in modules:
+        if module is None or padding_answer(module) is not None:
+            continue
+        if getattr(getattr(module, "config", None), "model_type", None) == model_type:
+            record_padding_answer(module, reads_mask)
 
 
 def reference_model(

@@ -28,6 +28,7 @@ MUST_PASS = (
     "llama",
     "mamba",
     "jamba",
+    "rwkv",  # its forward does not read the attention mask: rows run left-aligned
 )
 
 
@@ -53,7 +54,9 @@ def test_every_causal_lm_type_passes_or_is_refused_in_one_line(tmp_path):
         assert results[model_type].verdicts["default"] in ("pass", "conditional"), results[model_type]
         assert results[model_type].verdicts["native"] in ("pass", "conditional"), results[model_type]
     tally = counts(list(results.values()))
-    assert tally.get("pass", 0) + tally.get("conditional", 0) >= 140, tally  # 140 of 142 run, 2026-12-05
+    failed = {t: r.notes.get("default") for t, r in results.items() if r.verdicts.get("default") == "fail"}
+    # 141 of 141 run, 2026-12-06
+    assert tally.get("pass", 0) + tally.get("conditional", 0) >= 141, (tally, failed)
     (tmp_path / "table.md").write_text(markdown_table(list(results.values()), ENGINES))
     documented = docs_table_rows(DOCS)
     found = {t: cells for t, cells in docs_table_rows_from(tmp_path / "table.md").items()}

@@ -15,10 +15,10 @@ from relm.compat.verdicts import (
     CheckFailed,
     attends_to_later_tokens,
     check_engine_agreement,
-    ignores_left_padding_mask,
 )
 from relm.learner.forward import response_logprobs
 from relm.memory.model_shape import ModelShape
+from relm.models.padding_probe import left_padding_gap, probe_padding_mask
 from relm.models.registry import inspect_model_architecture
 from relm.models.tiny_types import TYPE_KNOBS, causal_lm_types, tiny_config
 from relm.rollout.base import SamplingParams
@@ -30,8 +30,11 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
 
 
 def _model(model_type: str) -> torch.nn.Module:
+    """The tiny model of `model_type`, asked whether it reads the attention mask as `load_causal_lm` asks."""
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
+    probe_padding_mask(model)
+    return model
 
 
 def _trainer_gap(model: torch.nn.Module, out) -> float:
@@ -53,6 +56,8 @@ def test_types_come_from_transformers_mapping_and_shrink():
     config = tiny_config("qwen3_next")
     assert config.num_hidden_layers <= 3 and config.hidden_size == 64  # layers 0, 1 and the first full one
     assert set(config.layer_types) == {"linear_attention", "full_attention"}  # one layer of each kind
+    kimi = tiny_config("kimi_linear")  # its KDA layers' own head knobs shrink too (32 x 128 published)
+    assert (kimi.linear_num_heads, kimi.linear_head_dim) == (4, 16)
 
 
 def test_per_layer_attributes_are_described_not_raised():
@@ -69,7 +74,7 @@ def test_types_whose_defaults_do_not_build_build_with_their_own_knobs(model_type
     assert sum(p.numel() for p in model.parameters()) < 5_000_000
 
 
-@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "openai-gpt", "blt"])
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "openai-gpt", "blt", "rwkv"])
 def test_hf_engine_carries_each_models_own_cache(model_type):
     model = _model(model_type)
     engine = HFRolloutEngine(model, pad_token_id=0, eos_token_ids=[], device="cpu", seed=0)
@@ -102,9 +107,9 @@ def test_causality_probe_refuses_bidirectional_models():
 
 
 def test_padding_probe_names_a_model_that_does_not_read_the_mask():
-    assert ignores_left_padding_mask(_model("llama"), 101, torch.device("cpu")) is None
-    assert ignores_left_padding_mask(_model("mamba"), 101, torch.device("cpu")) is None
-    gap = ignores_left_padding_mask(_model("rwkv"), 101, torch.device("cpu"))  # its forward ignores the mask
+    assert left_padding_gap(_model("llama")) is None
+    assert left_padding_gap(_model("mamba")) is None
+    gap = left_padding_gap(_model("rwkv"))  # its forward ignores the mask
     assert gap is not None and gap > 0.1
 
 
@@ -204,3 +209,18 @@ def test_a_speculative_decoding_draft_model_is_refused_in_one_line():
     reason = non_causal_reason(default_config("gemma4_assistant"))
     assert reason is not None and reason.startswith("is a speculative-decoding draft model")
     assert non_causal_reason(tiny_config("gemma4_text")) is None
+
+
+def test_a_model_that_trains_only_on_fixed_lengths_is_refused_in_one_line():
+    from relm.models.registry import non_causal_reason
+    from relm.models.tiny_types import default_config
+
+    reason = non_causal_reason(default_config("reformer"))  # axial_pos_shape [64, 64], chunks of 64
+    assert reason is not None and reason.startswith("trains only on sequences of exactly 4,096 tokens")
+    assert "multiples of 64" in reason and "\n" not in reason
+    config = tiny_config("reformer")
+    config.axial_pos_embds = False  # plain position embeddings: the chunk length alone still binds
+    assert non_causal_reason(config) == (
+        "trains only on sequence lengths that are multiples of 16 (its chunked attention refuses others in "
+        "training); relm trains batches padded to their longest sequence"
+    )

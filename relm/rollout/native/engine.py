@@ -42,6 +42,7 @@ from transformers.cache_utils import DynamicCache, get_layer_types_and_kwargs
 from relm.config.validate import ROLLOUT_QUANTIZATIONS
 from relm.memory.rollout_budget import check_rollout_memory, rows_within_budget
 from relm.models.fused_layers import FusedLayers
+from relm.models.padding_probe import reads_padding_mask
 from relm.rollout.base import GenerationOutput, SamplingParams, check_generate_args
 from relm.rollout.hf_engine import HFRolloutEngine
 from relm.rollout.native.attention import (
@@ -544,6 +545,11 @@ def _native_blocker(model: nn.Module) -> str | None:
         return (
             f"{type(model).__name__} has {', '.join(stateful)} layers, whose state (recurrent, convolution "
             "or sparse-index keys) the native KV cache does not carry"
+        )
+    if not reads_padding_mask(model):
+        return (
+            f"{type(model).__name__} does not read the attention mask, and the native engine runs prompts "
+            "of different lengths left-padded together"
         )
     register_native_attention()
     return None
