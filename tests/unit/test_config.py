@@ -633,5 +633,6 @@ def test_a_group_estimator_with_one_response_a_prompt_trains_as_in_verl_and_says
     (line,) = [w for w in translate(cfg)[1] if "compares responses" in w]
     assert line.startswith(f"`{RO}.n=1`: `{estimator}` compares responses to the same prompt")
     assert ("0 (verl's vectorised RLOO)" in line) == (estimator == "rloo_vectorized")
-    assert not [w for w in translate(load_config([f"algorithm.adv_estimator={estimator}"]))[1] if "compares" in w]
-
+    assert not [
+        w for w in translate(load_config([f"algorithm.adv_estimator={estimator}"]))[1] if "compares" in w
+    ]
