@@ -16,7 +16,6 @@ one setting for the run: `--chunk-values` (a vocabulary chunk's fp32 values), `-
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import threading
 import time
@@ -24,29 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relm.memory.host_allocator import _glibc, heap_info
+
 MIB = 2**20
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-_libc = ctypes.CDLL("libc.so.6")
-_libc.mallinfo2.argtypes, _libc.mallinfo2.restype = [], _Mallinfo2
 
 
 def reading(phase: str) -> dict[str, Any]:
@@ -57,7 +36,9 @@ def reading(phase: str) -> dict[str, Any]:
         if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem", "Threads"):
             parts = value.split()
             status[key] = int(parts[0]) / 1024 if key != "Threads" else int(parts[0])
-    info = _libc.mallinfo2()
+    info = heap_info()
+    if info is None:
+        raise SystemExit("bench/host_memory_trace.py needs glibc 2.33 or later (mallinfo2)")
     return {
         "t": time.monotonic(),
         "phase": phase,
@@ -121,8 +102,10 @@ def main() -> None:
 
         def mapped_big(world_size: int) -> bool:
             done = setting(world_size)
-            _libc.mallopt(-4, 1 << 20)  # M_MMAP_MAX
-            _libc.mallopt(-3, ns.mmap_threshold)  # M_MMAP_THRESHOLD
+            libc = _glibc()
+            assert libc is not None, "--mmap-threshold needs glibc"
+            libc.mallopt(-4, 1 << 20)  # M_MMAP_MAX
+            libc.mallopt(-3, ns.mmap_threshold)  # M_MMAP_THRESHOLD
             return done
 
         train_command.set_host_allocator = mapped_big

@@ -110,6 +110,17 @@ class _Mallinfo2(ctypes.Structure):
     ]
 
 
+def heap_info() -> _Mallinfo2 | None:
+    """glibc's heap sizes now (`mallinfo2`, summed over every arena), or None where the C library has no
+    mallinfo2 (not glibc, or glibc before 2.33). For measuring what a heap holds (bench/host_memory_trace.py)."""
+    libc = _glibc()
+    mallinfo2 = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if mallinfo2 is None:
+        return None
+    mallinfo2.argtypes, mallinfo2.restype = [], _Mallinfo2
+    return mallinfo2()
+
+
 @dataclass
 class _KeptHeap:
     """The heap `keep_freed_host_memory` told glibc to keep, and how much free memory it may hold."""
