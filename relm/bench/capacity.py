@@ -1,5 +1,9 @@
 """`relm bench capacity`: the largest Qwen2.5 model relm trains on 1, 2, 4, 8 cards of 24, 80 and 141 GB.
 
+With `--model MODEL` (a zoo name, a local folder or a Hub id; only its config is read) the question turns
+round: for each card size, the fewest of those card counts that train MODEL, with the layout and the
+tensor-parallel size of its generation copy the plan chooses there.
+
 No GPU is used: the answer is the memory plan's arithmetic (`relm.memory.capacity`) over the published
 shapes of the Qwen2.5 dense family (each config.json's numbers; the models are built on the meta device to
 count their parameters). The run priced is GRPO with a reference and a KL loss, fp32 master weights, bf16
@@ -15,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from relm.memory.capacity import Candidate, largest, offload_host_bytes
+from relm.memory.capacity import Candidate, fit, largest, offload_host_bytes
 from relm.memory.plan import HOST_SHARE
 
 GB = 10**9
@@ -56,6 +60,45 @@ def candidates() -> list[Candidate]:
         config.architectures = ["Qwen2ForCausalLM"]
         found.append(Candidate(name, ModelShape.from_config(config), heads, kv_heads))
     return found
+
+
+def candidate_of(model: str) -> Candidate:
+    """MODEL's shape and head counts from its config (a zoo entry's without building it)."""
+    from relm.memory.model_shape import ModelShape
+    from relm.models.loading import load_config
+    from relm.models.zoo import is_zoo_path, zoo_config
+
+    config = zoo_config(model) if is_zoo_path(model) else load_config(model)[1]
+    text = config.get_text_config()
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    return Candidate(model, ModelShape.from_config(config), heads, kv_heads)
+
+
+def cards_needed(model: str, cards: list[int], card_gb: list[int], host_gb: int, sequence_length: int) -> str:
+    """For each card size, the fewest of `cards` that train `model`, as a Markdown table."""
+    candidate = candidate_of(model)
+    lines = [
+        f"{model}: {candidate.shape.num_params / 1e9:.2f}B parameters, {candidate.num_heads} attention heads, "
+        f"{candidate.num_kv_heads} key/value heads",
+        "",
+        "| card | fewest cards | how | GiB a card |",
+        "| --- | --- | --- | --- |",
+    ]
+    for size in card_gb:
+        for n in sorted(cards):
+            how = fit(candidate, n, size * GB, host_gb * GB, sequence_length)
+            if how is not None:
+                offload = (
+                    f"; CPU offload holds {how.offloaded_bytes / GB:.0f} GB" if how.offloaded_bytes else ""
+                )
+                lines.append(f"| {size} GB | {n} | {how.layout}{offload} | {how.rank_bytes / 2**30:.0f} |")
+                break
+        else:
+            lines.append(
+                f"| {size} GB | more than {max(cards)} | does not fit {max(cards)} cards on one machine | - |"
+            )
+    return "\n".join(lines)
 
 
 def table(cards: list[int], card_gb: list[int], host_gb: int, sequence_length: int) -> str:
@@ -106,10 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--response-len", type=int, default=256)
+    parser.add_argument(
+        "--model", help="a zoo name, local folder or Hub id: the fewest cards of each size that train it"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     cards = [int(x) for x in args.cards.split(",")]
     sizes = [int(x) for x in args.card_gb.split(",")]
-    print(table(cards, sizes, args.host_gb, args.prompt_len + args.response_len))
+    length = args.prompt_len + args.response_len
+    if args.model:
+        print(cards_needed(args.model, cards, sizes, args.host_gb, length))
+    else:
+        print(table(cards, sizes, args.host_gb, length))
     return 0
 
 

@@ -82,3 +82,17 @@ def test_where_the_shards_fit_only_in_cpu_memory_the_cell_offloads_them_if_the_m
     assert got is not None and (got.rank_bytes, got.offloaded_bytes) == (on_card, 18 * P)
     assert got.layout == "sharded over 2, generation split over 2, CPU offload"
     assert fit(model, 2, card, 50 * 10**9, 512) is None  # 0.7 x 50 = 35 GB < 36 GB
+
+
+def test_relm_bench_capacity_model_names_the_fewest_cards_of_each_size_that_train_a_model(capsys):
+    """The question turned round (issue 31: how many GPUs and which TP size a model needs): the 7B zoo
+    config, read without building weights, trains on one 80 GB card by the one-GPU plan; on 24 GB cards
+    the table's own cells say no 7B fits, so neither does it here."""
+    from relm.bench.capacity import cards_needed, main
+
+    text = cards_needed("zoo:Qwen/Qwen2.5-7B-Instruct", [1, 2, 4, 8], [24, 80], 128, 512)
+    assert "7.62B parameters, 28 attention heads, 4 key/value heads" in text
+    assert "| 80 GB | 1 | one GPU's plan: " in text
+    assert "| 24 GB | more than 8 | does not fit 8 cards on one machine | - |" in text
+    assert main(["--model", "zoo:Qwen/Qwen2.5-0.5B-Instruct", "--card-gb", "24"]) == 0
+    assert "| 24 GB | 1 | one GPU's plan" in capsys.readouterr().out
