@@ -502,7 +502,8 @@ class RewardModelConfig:
     """Score responses with a reward model: its score is the reward (the rule score is still logged)."""
     reward_manager: str = "naive"
     """verl's reward manager: `naive`, `dapo` (with `overlong_buffer`) and `prime` call the function once a
-    response; `batch` once for many (`compute_score(data_sources, solution_strs, ground_truths, extra_infos)`
+    response; `gdpo` too, with `trainer.experiment_name` added to each `extra_info` as `experiment_name`;
+    `batch` once for many (`compute_score(data_sources, solution_strs, ground_truths, extra_infos)`
     returning a list). verl 0.9 spells it `reward.reward_manager.name`."""
     num_workers: int | None = None
     """Reward worker processes (verl 0.9 spells it `reward.num_workers`); unset: the CPU cores, at most 8;

@@ -311,6 +311,7 @@ def reward_spec(cfg: RelmConfig) -> RewardSpec:
         memory_limit_mb=rm.memory_limit_mb,
         overlong=OverlongSpec(shaping.enable, shaping.len, shaping.penalty_factor, shaping.log),
         max_response_length=cfg.data.max_response_length,
+        experiment_name=cfg.trainer.experiment_name,
         model=RewardModelSpec(
             enable=rm.enable,
             path=rm.model.path,
