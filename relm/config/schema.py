@@ -65,7 +65,13 @@ class DataConfig:
     seed: int | None = None
     """Seed for the shuffle; unset uses the top-level `seed`."""
     custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
-    """A user dataset class (not supported yet: a set path is an error)."""
+    """A user's verl dataset class that reads the data files instead of relm's readers."""
+
+    def __post_init__(self) -> None:
+        self.plus_keys: dict[str, Any] = {}
+        """Keys the command line added with Hydra's `+data.KEY=VALUE` that the schema lacks (nested), which
+        verl accepts and passes to its dataset class with the rest of `data`: a `data.custom_cls` class gets
+        them in its `config`. Not a field: no key of its own, set by the loader only."""
 
 
 @dataclass
