@@ -98,6 +98,9 @@ def capture_command_lines(script: Path, verl_dir: Path, work: Path) -> list[list
         stub.chmod(0o755)
     # `set -e`/`-u` would stop a script at its first unset variable (a user's WANDB key, a data folder).
     body = re.sub(r"^\s*set -[a-zA-Z]+.*$", "true", script.read_text(errors="replace"), flags=re.MULTILINE)
+    # The copy runs from `work`; a script that finds the repository from its own place (gdpo_trainer's
+    # `$(dirname "${BASH_SOURCE[0]}")/../..` for its reward file) must still see where it lives.
+    body = body.replace("${BASH_SOURCE[0]}", str(script.resolve()))
     copy = work / script.name
     copy.write_text(body)
     env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(home), "RELM_CAPTURE": str(capture)}

@@ -13,7 +13,10 @@ traceback. Last, optional parts the machine lacks (vLLM, a logger's package) are
 (`relm.config.fallbacks`).
 
 Keys of verl's config that relm does not implement are accepted and reported as warnings (see
-`relm.config.verl_keys`). `load_config` logs them on the "relm" logger; `load_config_with_warnings`
+`relm.config.verl_keys`). So are keys a command line adds to `data` with Hydra's `+` (`+data.KEY=VALUE`,
+which verl accepts and hands to its dataset class with the rest of `data`): they reach a `data.custom_cls`
+class in its `config` (`DataConfig.plus_keys`), and with relm's own dataset one warning names them. Any other
+key the schema lacks stops the run (a typo). `load_config` logs them on the "relm" logger; `load_config_with_warnings`
 returns them for a caller that prints them itself.
 """
 
@@ -84,8 +87,17 @@ def load_config_with_warnings(argv: list[str]) -> tuple[RelmConfig, list[str]]:
         engine_line = engines.engine_warning(engine, named_by, engines.layout_settings(merged))
     renamed = verl_renames.fold(merged, [layer.values for layer in layers if layer.values is not None])
     ignored: dict[str, list[str]] = {}
-    cfg = _build(RelmConfig, merged, "", _Walk(root=merged, ignored=ignored))
+    added = tuple(layer.added for layer in layers if layer.added is not None)
+    walk = _Walk(root=merged, ignored=ignored, added=added)
+    cfg = _build(RelmConfig, merged, "", walk)
     verl_renames.check_built(cfg, renamed)
+    cfg.data.plus_keys = _nested(walk.plus_keys, "data.")
+    if walk.plus_keys and cfg.data.custom_cls.path is None:
+        named = ", ".join(f"`{key}`" for key in walk.plus_keys)
+        warnings.append(
+            f"{named}: added with `+`, not used by relm's built-in dataset (only a `data.custom_cls` dataset class "
+            "reads extra `data.*` keys, in its `config`, as in verl)"
+        )
     if engine_line is not None:
         # The engine's line names it and its layout once; the per-section lines keep its other keys.
         ignored = engines.without_engine_keys(ignored)
@@ -165,6 +177,8 @@ class _Layer:
     deleted: str | None = None
     deleted_value: Any = None
     """For `~key=value`: delete only when the key holds this value (None: whatever it holds)."""
+    added: str | None = None
+    """The dotted key of a `+key=value` / `++key=value` override (Hydra's "add a key"), else None."""
 
 
 _CONFIG_FLAGS = {
@@ -264,8 +278,9 @@ _HOME_PATHS = re.compile(r"(^|[\[,]\s*)(~[^,\]\s]*)")
 def _parse_override(arg: str) -> _Layer:
     """One command-line override in Hydra's grammar: `key=value`, `+key=value`, `++key=value`, `~key`.
 
-    Hydra's `+` (add a key) and `++` (add or override) are both plain assignments here: relm's schema,
-    not a default file, decides which keys exist, so there is nothing for `+` to guard.
+    Hydra's `+` (add a key) and `++` (add or override) are both assignments here: relm's schema, not a
+    default file, decides which keys exist. The layer remembers the key a `+` added: under `data` verl
+    accepts any such key and hands it to the dataset class, so relm does too (`_accept_unimplemented`).
     """
     key, sep, value = arg.partition("=")
     if not sep and not arg.startswith("~"):
@@ -292,7 +307,8 @@ def _parse_override(arg: str) -> _Layer:
         OmegaConf.update(layer, override.key_or_group, override.value(), merge=True, force_add=True)
     except (OmegaConfBaseException, ValueError) as err:
         raise UserError(f"`{arg}`: cannot parse the value ({_one_line(err)})") from err
-    return _Layer(arg, values=layer)
+    adds = override.type in (OverrideType.ADD, OverrideType.FORCE_ADD)
+    return _Layer(arg, values=layer, added=override.key_or_group if adds else None)
 
 
 def _load_file(path: str) -> DictConfig:
@@ -410,6 +426,10 @@ class _Walk:
 
     root: DictConfig
     ignored: dict[str, list[str]]
+    added: tuple[str, ...] = ()
+    """Dotted keys the command line added with `+` / `++`."""
+    plus_keys: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """`data.*` leaves the schema and verl's known keys lack that a `+` added, with their values."""
 
 
 def _build(cls: type, node: DictConfig, prefix: str, walk: _Walk) -> Any:
@@ -451,6 +471,9 @@ def _accept_unimplemented(node: DictConfig, key: str, dotted: str, walk: _Walk) 
     """Record every leaf under a key the schema lacks, or fail on the first that verl does not have."""
     for leaf in _leaf_keys(node, key, dotted):
         pattern = verl_keys.match_accepted(leaf)
+        if pattern is None and _plus_data_key(leaf, walk.added):
+            walk.plus_keys[leaf] = _select(walk.root, leaf)
+            continue
         if pattern is None:
             raise _unknown_key(leaf)
         walk.ignored.setdefault(pattern, []).append(leaf)
@@ -460,6 +483,32 @@ def _accept_unimplemented(node: DictConfig, key: str, dotted: str, walk: _Walk) 
         value = OmegaConf.select(walk.root, leaf, throw_on_resolution_failure=False, throw_on_missing=False)
         if not verl_keys.is_off(leaf, value):
             raise UserError(f"`{leaf}={value}`: {reason}")
+
+
+def _plus_data_key(leaf: str, added: tuple[str, ...]) -> bool:
+    """Whether `leaf` lies under `data` and a `+` override added it (or a section above it)."""
+    return leaf.startswith("data.") and any(leaf == key or leaf.startswith(key + ".") for key in added)
+
+
+def _select(root: DictConfig, dotted: str) -> Any:
+    """The resolved value at `dotted` (a plain container where it is a section)."""
+    try:
+        value = OmegaConf.select(root, dotted, throw_on_missing=True)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    except OmegaConfBaseException as err:
+        raise UserError(f"`{dotted}`: cannot resolve its value ({_one_line(err)})") from err
+
+
+def _nested(leaves: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """`{"data.a.b": 1}` -> `{"a": {"b": 1}}` (with `prefix` "data." taken off)."""
+    tree: dict[str, Any] = {}
+    for dotted, value in leaves.items():
+        *parents, leaf = dotted.removeprefix(prefix).split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
 
 
 def _leaf_keys(node: DictConfig, key: str, dotted: str) -> Iterator[str]:

@@ -65,7 +65,13 @@ class DataConfig:
     seed: int | None = None
     """Seed for the shuffle; unset uses the top-level `seed`."""
     custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
-    """A user dataset class (not supported yet: a set path is an error)."""
+    """A user's verl dataset class that reads the data files instead of relm's readers."""
+
+    def __post_init__(self) -> None:
+        self.plus_keys: dict[str, Any] = {}
+        """Keys the command line added with Hydra's `+data.KEY=VALUE` that the schema lacks (nested), which
+        verl accepts and passes to its dataset class with the rest of `data`: a `data.custom_cls` class gets
+        them in its `config`. Not a field: no key of its own, set by the loader only."""
 
 
 @dataclass
@@ -502,7 +508,8 @@ class RewardModelConfig:
     """Score responses with a reward model: its score is the reward (the rule score is still logged)."""
     reward_manager: str = "naive"
     """verl's reward manager: `naive`, `dapo` (with `overlong_buffer`) and `prime` call the function once a
-    response; `batch` once for many (`compute_score(data_sources, solution_strs, ground_truths, extra_infos)`
+    response; `gdpo` too, with `trainer.experiment_name` added to each `extra_info` as `experiment_name`;
+    `batch` once for many (`compute_score(data_sources, solution_strs, ground_truths, extra_infos)`
     returning a list). verl 0.9 spells it `reward.reward_manager.name`."""
     num_workers: int | None = None
     """Reward worker processes (verl 0.9 spells it `reward.num_workers`); unset: the CPU cores, at most 8;

@@ -333,7 +333,7 @@ class RewardSpec:
     """How responses are scored: the rule or custom function, its worker pool, shaping, the model."""
 
     manager: str
-    """`naive`, `batch`, `prime` or `dapo`."""
+    """`naive`, `batch`, `prime`, `dapo` or `gdpo`."""
     custom_function_path: str | None
     custom_function_name: str
     num_workers: int | None
@@ -344,6 +344,8 @@ class RewardSpec:
     overlong: OverlongSpec
     max_response_length: int
     model: RewardModelSpec
+    experiment_name: str = ""
+    """`trainer.experiment_name`, which the `gdpo` manager adds to each response's `extra_info`."""
 
     @property
     def uses_builtin_scorers(self) -> bool:

@@ -8,6 +8,7 @@ the specs with the start-up warnings of keys that are accepted but do not act wi
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from relm.config import key_table
 from relm.config.async_training import async_spec
@@ -110,8 +111,17 @@ def data_spec(cfg: RelmConfig) -> DataSpec:
         trust_remote_code=data.trust_remote_code,
         seed=data.seed,
         custom_cls=(data.custom_cls.path, data.custom_cls.name or "") if data.custom_cls.path else None,
-        verl_config=dataclasses.asdict(data) if data.custom_cls.path else None,
+        verl_config=_merged(dataclasses.asdict(data), data.plus_keys) if data.custom_cls.path else None,
     )
+
+
+def _merged(base: dict[str, Any], added: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `added`'s keys put in, section by section (a `+data.custom_cls.extra` keeps `path`)."""
+    merged = dict(base)
+    for key, value in added.items():
+        below = merged.get(key)
+        merged[key] = _merged(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return merged
 
 
 def optim_spec(optim: OptimConfig) -> OptimSpec:
@@ -311,6 +321,7 @@ def reward_spec(cfg: RelmConfig) -> RewardSpec:
         memory_limit_mb=rm.memory_limit_mb,
         overlong=OverlongSpec(shaping.enable, shaping.len, shaping.penalty_factor, shaping.log),
         max_response_length=cfg.data.max_response_length,
+        experiment_name=cfg.trainer.experiment_name,
         model=RewardModelSpec(
             enable=rm.enable,
             path=rm.model.path,

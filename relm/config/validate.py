@@ -93,11 +93,12 @@ LOGGERS_NOT_YET = ("swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "fi
 """verl logger names relm knows of but does not provide yet."""
 RESUME_MODES = ("auto", "disable", "resume_path")
 STRATEGIES = ("fsdp", "fsdp2")
-REWARD_MANAGERS = ("naive", "dapo", "prime", "batch")
-"""verl's reward managers relm has the behaviour of: `naive`, `dapo` and `prime` call the rule or custom
-function once a response (`prime` in verl only spreads that over a process pool, as relm's reward workers
-do); `dapo` adds the overlong shaping that `reward_model.overlong_buffer` switches on; `batch` calls a
-batched function once for many responses."""
+REWARD_MANAGERS = ("naive", "dapo", "prime", "gdpo", "batch")
+"""verl's reward managers relm has the behaviour of: `naive`, `dapo`, `prime` and `gdpo` call the rule or
+custom function once a response (`prime` in verl only spreads that over a process pool, as relm's reward
+workers do); `dapo` adds the overlong shaping that `reward_model.overlong_buffer` switches on; `gdpo` adds
+the run's `trainer.experiment_name` to each response's `extra_info` (verl's GDPO example scorer reads it);
+`batch` calls a batched function once for many responses."""
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")

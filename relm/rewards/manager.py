@@ -1,6 +1,7 @@
 """`RewardManager`: decode each response, score it, and place the score on its last token.
 
-This is verl's "naive" reward manager (one call of the scoring function per response) and its "batch"
+This is verl's "naive" reward manager (one call of the scoring function per response), its "gdpo" one
+(the same, with the run's experiment name added to each `extra_info`: `extra_info_fields`) and its "batch"
 one (one call for many). Its other job is to judge what the (often user-written) function does: a
 None or NaN reward that slips through poisons every advantage of the step and surfaces, if ever, as a
 diverged run, while one odd response that makes the function raise should not end a run hours in.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +97,8 @@ class RewardManager:
         pool: Worker processes to score in (None: in this process, with no time limit).
         policy: Failure score and tolerated failure share.
         batched: `compute_score` takes lists (verl's `batch` reward manager).
+        extra_info_fields: Added to every response's `extra_info` (a copy: the prompt's own dict, shared
+            by its `n` responses, is left alone). verl's `gdpo` manager adds `experiment_name`.
     """
 
     def __init__(
@@ -105,12 +108,14 @@ class RewardManager:
         pool: RewardPool | None = None,
         policy: FailurePolicy | None = None,
         batched: bool = False,
+        extra_info_fields: Mapping[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.compute_score = compute_score
         self.pool = pool
         self.policy = policy or FailurePolicy()
         self.batched = batched
+        self.extra_info_fields = dict(extra_info_fields or {})
         self.failure_counts = dict.fromkeys(FAILURE_METRICS, 0)
         """Failed responses by kind since `take_failure_metrics` last read them."""
         self._logged: set[str] = set()
@@ -137,6 +142,8 @@ class RewardManager:
         num_rows = response_ids.shape[0]
         ids = [response_ids[row][response_mask[row].bool()].tolist() for row in range(num_rows)]
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        if self.extra_info_fields:
+            extra_infos = [{**(info or {}), **self.extra_info_fields} for info in extra_infos]
         rows = [
             Row(row, data_sources[row], texts[row], ground_truths[row], extra_infos[row])
             for row in range(num_rows)
@@ -237,12 +244,15 @@ def build_reward_manager(
     CPU a worker, is a measurable share of a 25-second demo on two cores).
     """
     batched = spec.manager == "batch"
+    fields = manager_extra_info(spec)
     policy = FailurePolicy(spec.failure_score, spec.max_failure_share)
     num_workers = spec.num_workers
     if num_workers is None:
         num_workers = 0 if in_process_by_default else min(8, os.cpu_count() or 1)
     if num_workers == 0:
-        return RewardManager(tokenizer, compute_score, policy=policy, batched=batched)
+        return RewardManager(
+            tokenizer, compute_score, policy=policy, batched=batched, extra_info_fields=fields
+        )
     if spec.custom_function_path:
         source = RewardSource(path=spec.custom_function_path, name=spec.custom_function_name, batched=batched)
     else:
@@ -252,4 +262,17 @@ def build_reward_manager(
         "scoring rewards in %d worker processes (reward_model.num_workers), %g s a call (reward_model.timeout)",
         num_workers, spec.timeout_s,
     )  # fmt: skip
-    return RewardManager(tokenizer, compute_score, pool=pool, policy=policy, batched=batched)
+    return RewardManager(
+        tokenizer, compute_score, pool=pool, policy=policy, batched=batched, extra_info_fields=fields
+    )
+
+
+def manager_extra_info(spec: RewardSpec) -> dict[str, Any]:
+    """What the named reward manager adds to each response's `extra_info`.
+
+    verl 0.9.1's `gdpo` manager sets `extra_info["experiment_name"]` to `trainer.experiment_name`: its
+    example scorer (`verl/utils/reward_score/rlla.py`) picks the chat format to strip by whether that name
+    says `qwen` or `llama`. (verl's naive manager's `num_turns` and tool fields come with relm's
+    multi-turn rollouts instead: relm/rollout/multi_turn/driver.py.)
+    """
+    return {"experiment_name": spec.experiment_name} if spec.manager == "gdpo" else {}

@@ -190,3 +190,27 @@ def test_an_optimal_token_baseline_trains_beside_a_top_k_teacher(
     record = result.metrics[0]
     assert "timing_s/old_log_prob" in record and "timing_s/teacher" in record
     assert record["actor/pg_loss"] == record["actor/pg_loss"] and "distillation/loss" in record
+
+
+NAMED_BY_EXPERIMENT = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    # As verl's rlla.py scorer (examples/gdpo_trainer), the chat format comes from the experiment's name.
+    if "qwen" not in extra_info["experiment_name"]:
+        raise NotImplementedError(f"unknown model name: {extra_info['experiment_name']}")
+    fmt = float(len(solution_str) % 2)
+    accuracy = sum(map(ord, solution_str)) % 5 / 4
+    return {"score": fmt + accuracy, "fmt": fmt, "accuracy": accuracy}
+"""
+
+
+def test_the_gdpo_reward_manager_hands_the_scorer_the_experiment_name(
+    train: Callable[..., RunResult], write_reward
+) -> None:
+    reward = write_reward(NAMED_BY_EXPERIMENT)
+    common = (*GDPO, f"custom_reward_function.path={reward}", "trainer.total_training_steps=1")
+    result = train(*common, "reward.reward_manager.name=gdpo", "trainer.experiment_name=qwen3_gdpo")
+    assert result.exit_code == 0, result.stderr
+    assert result.metrics[0]["reward/errors"] == 0 and "actor/pg_loss" in result.metrics[0]
+    result = train(*common, "trainer.experiment_name=qwen3_gdpo")  # naive: no experiment_name
+    assert result.exit_code == 2
+    assert "KeyError: 'experiment_name'" in result.stderr

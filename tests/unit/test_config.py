@@ -636,3 +636,44 @@ def test_a_group_estimator_with_one_response_a_prompt_trains_as_in_verl_and_says
     assert not [
         w for w in translate(load_config([f"algorithm.adv_estimator={estimator}"]))[1] if "compares" in w
     ]
+
+
+def test_a_key_added_to_data_with_plus_is_accepted_as_verl_does_and_named_once():
+    cfg, warnings = load_config_with_warnings(
+        ["+data.min_response_length=4096", "++data.filters.max_digits=3", "data.max_response_length=32"]
+    )
+    assert cfg.data.plus_keys == {"min_response_length": 4096, "filters": {"max_digits": 3}}
+    assert cfg.data.max_response_length == 32
+    lines = [line for line in warnings if "added with `+`" in line]
+    assert lines == [
+        "`data.min_response_length`, `data.filters.max_digits`: added with `+`, not used by relm's built-in "
+        "dataset (only a `data.custom_cls` dataset class reads extra `data.*` keys, in its `config`, as in verl)"
+    ]
+    assert load_config(["data.max_response_length=32"]).data.plus_keys == {}
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("data.min_response_length=4096", "data.min_response_length"),  # no `+`: a typo, as in verl
+        ("+actor_rollout_ref.actor.min_response_length=4", "actor_rollout_ref.actor.min_response_length"),
+        ("+trainer.foo=1", "trainer.foo"),
+    ],
+)
+def test_unknown_keys_without_plus_or_outside_data_still_stop(override: str, key: str):
+    with pytest.raises(UserError, match=rf"^unknown key `{key}`; "):
+        load_config([override])
+
+
+def test_a_custom_dataset_class_gets_the_plus_keys_in_its_config_and_no_warning(tmp_path: Path):
+    from relm.config.translate import translate
+
+    cfg, warnings = load_config_with_warnings([
+        f"data.custom_cls.path={tmp_path / 'mine.py'}", "data.custom_cls.name=Mine",
+        "+data.min_response_length=4096", "+data.custom_cls.note=kept", "data.prompt_key=question",
+    ])  # fmt: skip
+    assert not [line for line in warnings if "added with `+`" in line]
+    config = translate(cfg)[0].data.verl_config
+    assert config is not None
+    assert config["min_response_length"] == 4096 and config["prompt_key"] == "question"
+    assert config["custom_cls"] == {"path": str(tmp_path / "mine.py"), "name": "Mine", "note": "kept"}

@@ -93,3 +93,31 @@ def test_prompt_dataset_renders_the_classes_rows_and_draws_max_samples_when_the_
     assert [item["ground_truth"] for item in whole] == ["7", None]
     assert whole[1]["raw_prompt"] == [{"role": "user", "content": "plain text"}] and whole[0]["prompt_ids"]
     assert len(PromptDataset(["ignored.parquet"], tok, max_samples=1, **common)) == 1  # `Rows` takes none
+
+
+def test_a_plus_key_on_the_command_line_reaches_the_classes_config(tmp_path: Path):
+    """verl hands its whole `data` section to the class, keys added with Hydra's `+` included."""
+    from relm.config.loader import load_config
+    from relm.config.translate import translate
+    from relm.data.dataset import PromptDataset
+    from relm.models.char_tokenizer import build_char_tokenizer
+
+    path = _file(tmp_path, SOURCE + """
+
+class ReadsItsConfig(Rows):
+    def __getitem__(self, index):
+        item = super().__getitem__(0)
+        return dict(item, extra_info={"min_response_length": self.config.min_response_length})
+
+    def __init__(self, data_files, tokenizer, config, processor=None):
+        super().__init__(data_files, tokenizer, config, processor)
+        self.config = config
+""")  # fmt: skip
+    spec = translate(load_config([
+        f"data.custom_cls.path={path}", "data.custom_cls.name=ReadsItsConfig", "+data.min_response_length=96",
+    ]))[0].data  # fmt: skip
+    dataset = PromptDataset(
+        ["ignored.parquet"], build_char_tokenizer(), max_prompt_length=64, custom_cls=spec.custom_cls,
+        verl_config=spec.verl_config,
+    )  # fmt: skip
+    assert [item["extra_info"] for item in dataset] == [{"min_response_length": 96}] * 2

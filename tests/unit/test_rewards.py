@@ -223,3 +223,39 @@ def test_custom_reward_errors(tmp_path):
         load_custom_reward(other, "score_b")(data_source="", solution_str="", ground_truth=1, extra_info={})
         == 1
     )
+
+
+def test_gdpo_manager_adds_the_experiment_name_to_each_extra_info_by_hand(tokenizer):
+    """verl 0.9.1's `gdpo` manager is its naive one plus `extra_info["experiment_name"]` (tests/parity
+    compares with verl's own class)."""
+    from relm.config.loader import load_config
+    from relm.config.translate import translate
+    from relm.rewards.manager import build_reward_manager
+
+    calls = []
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info):
+        calls.append((data_source, solution_str, ground_truth, extra_info))
+        return float(len(solution_str))
+
+    def reward_spec(*overrides: str):
+        return translate(load_config(["reward_model.num_workers=0", *overrides]))[0].reward
+
+    gdpo = reward_spec("reward.reward_manager.name=gdpo", "trainer.experiment_name=qwen3_gdpo")
+    naive = reward_spec("trainer.experiment_name=qwen3_gdpo")
+    ids, mask = _responses(tokenizer, ["ab", "c", "d"], width=4)
+    prompt_info = {"index": 7}  # one prompt's dict, shared by its responses as the rollout repeats it
+    infos = [prompt_info, prompt_info, {"experiment_name": "from the row"}]
+    result = build_reward_manager(tokenizer, compute_score, gdpo)(
+        ids, mask, ["s"] * 3, ["g", "g", None], infos
+    )
+    assert calls == [
+        ("s", "ab", "g", {"index": 7, "experiment_name": "qwen3_gdpo"}),
+        ("s", "c", "g", {"index": 7, "experiment_name": "qwen3_gdpo"}),
+        ("s", "d", None, {"experiment_name": "qwen3_gdpo"}),  # the run's name wins, as verl assigns it
+    ]
+    assert result.scores.tolist() == [2.0, 1.0, 1.0]
+    assert prompt_info == {"index": 7}  # the prompt's own dict is left alone
+    calls.clear()
+    build_reward_manager(tokenizer, compute_score, naive)(ids, mask, ["s"] * 3, ["g", "g", None], infos)
+    assert [call[3] for call in calls] == infos  # naive adds nothing
