@@ -47,7 +47,7 @@ from relm.config.specs import (
     TrainedModelSpec,
     UpdateSpec,
 )
-from relm.config.validate import group_of_one_warnings
+from relm.config.validate import group_of_one_warnings, tensor_parallel_size
 
 CRITIC_SEED_OFFSET = 1
 """The critic's shuffles and rounding draw from `seed + 1`, so they differ from the actor's."""
@@ -84,9 +84,9 @@ def translate(cfg: RelmConfig) -> tuple[RunSpec, list[str]]:
         distillation=distillation,
         asynchronous=async_spec(cfg),
     )
-    return spec, key_table.unused_value_warnings(cfg, spec) + group_of_one_warnings(
-        cfg
-    ) + distillation_warnings
+    tensor_parallel = [line for line in [tensor_parallel_size(cfg)[1]] if line]
+    warnings = key_table.unused_value_warnings(cfg, spec) + group_of_one_warnings(cfg) + tensor_parallel
+    return spec, warnings + distillation_warnings
 
 
 def data_spec(cfg: RelmConfig) -> DataSpec:
@@ -282,7 +282,7 @@ def engine_spec(cfg: RelmConfig) -> EngineSpec:
         response_length=rollout.response_length,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         free_cache_engine=rollout.free_cache_engine,
-        tensor_parallel_size=rollout.tensor_model_parallel_size,
+        tensor_parallel_size=tensor_parallel_size(cfg)[0],
         enforce_eager=rollout.enforce_eager,
         enable_chunked_prefill=rollout.enable_chunked_prefill,
         max_num_batched_tokens=rollout.max_num_batched_tokens,

@@ -541,33 +541,40 @@ def _check_quantization(rollout: RolloutConfig) -> None:
 
 def _check_tensor_parallel(cfg: RelmConfig) -> None:
     """`rollout.tensor_model_parallel_size`: groups of ranks that split the native or HF engine's model
-    (docs/distributed.md#tensor-parallel-generation); the model's own head counts are checked at load."""
+    (docs/distributed.md#tensor-parallel-generation); the model's own head counts are checked at load.
+    Where the run cannot split the model, the size falls back to 1 (`tensor_parallel_size`)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    size = rollout.tensor_model_parallel_size
+    if size != 1 and rollout.name not in ("native", "hf"):
+        raise UserError(
+            f"`actor_rollout_ref.rollout.tensor_model_parallel_size={size}`: relm splits the model over ranks "
+            "on the native and HF engines only; set actor_rollout_ref.rollout.name=native or the size to 1"
+        )
+
+
+def tensor_parallel_size(cfg: RelmConfig) -> tuple[int, str | None]:
+    """The generation copy's tensor-parallel size the run uses, and the line saying why it is not the key's.
+
+    verl's scripts set `tensor_model_parallel_size` for the GPUs they were written for (2 on one 8-GPU
+    machine, with multi-turn too); run on fewer ranks, or with a rollout relm does not split, each rank
+    generates with the whole model, as relm did before it split models at all, and says so."""
     rollout = cfg.actor_rollout_ref.rollout
     size = rollout.tensor_model_parallel_size
     if size == 1:
-        return
-    key = f"actor_rollout_ref.rollout.tensor_model_parallel_size={size}"
-    if rollout.name not in ("native", "hf"):
-        raise UserError(
-            f"`{key}`: relm splits the model over ranks on the native and HF engines only; set "
-            "actor_rollout_ref.rollout.name=native or the size to 1"
-        )
+        return 1, None
     ranks = num_data_parallel_ranks(cfg)
     if ranks % size:
-        raise UserError(
-            f"`{key}` does not divide the run's {ranks} ranks (trainer.n_gpus_per_node x trainer.nnodes); "
-            "use a divisor of it, or 1"
-        )
-    if rollout.quantization is not None:
-        raise UserError(
-            f"`{key}` generates with the model's own weights; drop "
-            f"actor_rollout_ref.rollout.quantization={rollout.quantization} or set the size to 1"
-        )
-    if rollout.multi_turn.enable:
-        raise UserError(
-            f"`{key}`: multi-turn rollouts run each conversation on one rank; set the size to 1 or "
-            "actor_rollout_ref.rollout.multi_turn.enable=false"
-        )
+        reason = f"it does not divide the run's {ranks} rank(s) (trainer.n_gpus_per_node x trainer.nnodes)"
+    elif rollout.quantization is not None:
+        reason = f"generation with actor_rollout_ref.rollout.quantization={rollout.quantization} is not split"
+    elif rollout.multi_turn.enable:
+        reason = "multi-turn rollouts run each conversation on one rank"
+    else:
+        return size, None
+    return 1, (
+        f"`actor_rollout_ref.rollout.tensor_model_parallel_size={size}`: not used, {reason}; each rank "
+        "generates with the whole model (size 1)"
+    )
 
 
 def _check_features(cfg: RelmConfig) -> None:

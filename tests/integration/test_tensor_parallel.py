@@ -103,15 +103,6 @@ def test_relm_train_with_4_ranks_in_tensor_parallel_groups_of_2_trains(tmp_path:
             ["trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"],
             "key/value heads",
         ),
-        (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "does not divide the run's 1 ranks"),
-        (
-            [
-                "trainer.n_gpus_per_node=2",
-                "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-                "actor_rollout_ref.rollout.quantization=fp8",
-            ],
-            "generates with the model's own weights",
-        ),
         # (vLLM with a size above 1 is refused by the same check: tests/unit/test_tensor_parallel_rules.py; where
         # vLLM is not installed, as here, `rollout.name=vllm` falls back to the native engine, which splits.)
     ],
@@ -124,3 +115,14 @@ def test_combinations_relm_does_not_split_end_with_one_line_and_exit_2(tmp_path:
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and culprit in errors[0], done.stderr[-3000:]
     assert "tensor_model_parallel_size" in errors[0]
+
+
+def test_a_size_a_one_process_run_cannot_split_by_trains_with_the_whole_model_and_one_line(tmp_path: Path):
+    """verl's scripts carry `tensor_model_parallel_size=2` for 8 GPUs; on one process they still train
+    (tests/unit/test_tensor_parallel_rules.py has the other fall-backs: fp8, multi-turn)."""
+    command = [sys.executable, "-m", "relm.cli", "train", *TINY, "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+               "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'run'}"]  # fmt: skip
+    done = run(command, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if "tensor_model_parallel_size=2`: not used" in line]
+    assert len(lines) == 1 and "each rank generates with the whole model (size 1)" in lines[0], done.stderr

@@ -74,21 +74,40 @@ def test_the_model_plan_names_the_causal_lms_own_modules_and_their_split_dims_ar
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ([f"{TP}=2"], "does not divide the run's 1 ranks"),
-        ([f"{TP}=3", "trainer.n_gpus_per_node=4"], "does not divide the run's 4 ranks"),
+        ([f"{TP}=2"], "it does not divide the run's 1 rank(s) (trainer.n_gpus_per_node x trainer.nnodes)"),
+        (
+            [f"{TP}=3", "trainer.n_gpus_per_node=4"],
+            "it does not divide the run's 4 rank(s) (trainer.n_gpus_per_node x trainer.nnodes)",
+        ),
         (
             [f"{TP}=2", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.quantization=fp8"],
-            "own weights",
+            "generation with actor_rollout_ref.rollout.quantization=fp8 is not split",
         ),
         (
             [f"{TP}=2", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.multi_turn.enable=true"],
-            "multi-turn",
+            "multi-turn rollouts run each conversation on one rank",
         ),
     ],
 )
-def test_config_combinations_that_do_not_split_are_refused(overrides, message):
-    with pytest.raises(UserError, match=message):
-        validate_config(load_config([*overrides, *MICRO]))
+def test_a_size_the_run_cannot_split_by_falls_back_to_1_with_one_line(overrides, message):
+    """verl's scripts carry the size of the machine they were written for (2 or 4 on 8 GPUs, multi-turn
+    ones too): on fewer ranks, or with a rollout relm does not split, they still run, whole model per rank."""
+    from relm.config.translate import translate
+
+    cfg = load_config([*overrides, *MICRO])
+    validate_config(cfg)
+    spec, warnings = translate(cfg)
+    assert spec.engine.tensor_parallel_size == 1
+    (line,) = [w for w in warnings if w.startswith(f"`{TP}=")]
+    assert f"not used, {message}; each rank generates with the whole model (size 1)" in line
+
+
+def test_a_size_the_run_can_split_by_is_used_without_a_line():
+    from relm.config.translate import translate
+
+    spec, warnings = translate(load_config([f"{TP}=2", "trainer.n_gpus_per_node=2", *MICRO]))
+    assert spec.engine.tensor_parallel_size == 2
+    assert not [w for w in warnings if w.startswith(f"`{TP}=")]
 
 
 def test_vllm_with_a_size_above_1_is_refused():
