@@ -1,9 +1,10 @@
 """`async_training.*` (verl's fully_async_policy keys): their spec, and the combinations this slice refuses.
 
 What is built (docs/async.md): one rollout process beside one training process, whole steps generated ahead
-by at most `floor(staleness_threshold)` weight versions, the weights sent after every step. Everything a
-later slice adds (partial rollouts, data-parallel trainers, multi-turn, LoRA and vLLM on the rollout side)
-is refused here in one line rather than run in a way the user did not ask for.
+by at most `floor(staleness_threshold)` weight versions, the weights sent after every step, and partial
+rollouts (generation continued under weights that arrive mid-step). Everything a later slice adds
+(data-parallel trainers, multi-turn, LoRA and vLLM on the rollout side) is refused here in one line rather
+than run in a way the user did not ask for.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def async_spec(cfg: RelmConfig) -> AsyncSpec:
         staleness_threshold=section.staleness_threshold,
         trigger_parameter_sync_step=section.trigger_parameter_sync_step,
         require_batches=section.require_batches,
+        partial_rollout=section.partial_rollout,
     )
 
 
@@ -27,17 +29,17 @@ def check_async_training(cfg: RelmConfig) -> None:
     """Refuse what this slice of asynchronous training does not do.
 
     Raises:
-        UserError: `partial_rollout=true` (whatever `enable` says: it must not be silently ignored), or with
+        UserError: `partial_rollout=true` without `enable=true` (it must not be silently ignored), or with
             `enable=true` a negative threshold, a sync period other than one step, or a feature the rollout
             process does not carry yet.
     """
     section = cfg.async_training
-    if section.partial_rollout:
-        raise UserError(
-            "`async_training.partial_rollout=true`: partial rollouts (generation continued under new weights) are "
-            "not built yet; set async_training.partial_rollout=false (docs/async.md)"
-        )
     if not section.enable:
+        if section.partial_rollout:
+            raise UserError(
+                "`async_training.partial_rollout=true` continues generation under weights that arrive mid-step, "
+                "which only an asynchronous run has: set async_training.enable=true or partial_rollout=false"
+            )
         return
     if section.staleness_threshold < 0:
         raise UserError(

@@ -314,6 +314,7 @@ SPEC_KEYS: dict[str, str] = {
     "async_training.staleness_threshold": "asynchronous.staleness_threshold",
     "async_training.trigger_parameter_sync_step": "asynchronous.trigger_parameter_sync_step",
     "async_training.require_batches": "asynchronous.require_batches",
+    "async_training.partial_rollout": "asynchronous.partial_rollout",
 }
 """Schema key -> the `RunSpec` field it sets."""
 
@@ -324,7 +325,6 @@ REFUSED_SCHEMA_KEYS: dict[str, str] = {
     "critic.strategy": _STRATEGY,
     "distillation.distillation_loss.policy_loss_mode": "verl's distillation takes only `vanilla`",
     "distillation.teacher_key": "relm routes responses to teachers by their row's `data_source` only",
-    "async_training.partial_rollout": "partial rollouts are not built yet (docs/async.md)",
 }
 """Schema keys relm reads only to refuse values it cannot honour (`relm.config.validate`)."""
 

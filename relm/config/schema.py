@@ -763,7 +763,7 @@ class AsyncTrainingConfig:
     require_batches: int = 1
     """Mini-batches (`actor.ppo_mini_batch_size` prompts each) the trainer takes at once."""
     partial_rollout: bool = False
-    """Interrupt generation for a weight update and continue it under the new weights: not built yet, refused."""
+    """Continue generating under weights that arrive mid-step, in segments of 1/4 of the response length."""
 
 
 @dataclass

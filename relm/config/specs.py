@@ -482,6 +482,8 @@ class AsyncSpec:
     trigger_parameter_sync_step: int | None
     """Checked against one step's mini-batches at start (`relm.config.async_training`); relm syncs every step."""
     require_batches: int
+    partial_rollout: bool
+    """Generate in segments and take up weights that arrive between them (`relm.rollout.partial`)."""
 
     @property
     def max_versions_behind(self) -> int:

@@ -70,6 +70,9 @@ class Rollout:
     finish_reasons: list[str]
     rollout_logprobs: torch.Tensor
     """[N, R] fp32 logprobs the rollout engine reported for the tokens it sampled."""
+    token_versions: torch.Tensor | None = None
+    """[N, R] int64, the weight version that sampled each token (-1 after the end): a partial rollout's
+    (`relm.rollout.partial`, asynchronous training); None when one version sampled the whole batch."""
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -117,6 +120,11 @@ class Rollout:
                 merged[f.name] = torch.cat([left_widen(v, pad_token_id) for v in values])
             elif f.name == "prompt_mask":
                 merged[f.name] = torch.cat([left_widen(v, 0) for v in values])
+            elif f.name == "token_versions":
+                present = [v for v in values if v is not None]
+                if len(present) not in (0, len(values)):
+                    raise ValueError("some rollouts carry token_versions and others do not")
+                merged[f.name] = torch.cat(present) if present else None
             elif isinstance(values[0], torch.Tensor):
                 merged[f.name] = torch.cat(values)
             else:

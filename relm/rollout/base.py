@@ -67,6 +67,9 @@ class GenerationOutput:
     extra_fields: list[dict[str, Any]] | None = None
     """N dicts a multi-turn rollout adds to each response's `extra_info` for the reward function
     (verl's `turn_scores`, `tool_rewards`); None otherwise."""
+    token_versions: torch.Tensor | None = None
+    """[N, R] int64, the weight version that sampled each token, -1 after a response's end: set by a partial
+    rollout (`relm.rollout.partial`), whose responses may span versions; None when one version made them all."""
 
     @property
     def response_lengths(self) -> torch.Tensor:
@@ -82,6 +85,7 @@ class GenerationOutput:
             list(self.finish_reasons),
             model_mask=None if self.model_mask is None else self.model_mask.cpu(),
             extra_fields=None if self.extra_fields is None else list(self.extra_fields),
+            token_versions=None if self.token_versions is None else self.token_versions.cpu(),
         )
 
     @staticmethod
@@ -97,11 +101,12 @@ class GenerationOutput:
 
 def concat_outputs(parts: list[GenerationOutput]) -> GenerationOutput:
     """Several calls' outputs, rows in the order given, as one (the ranks' shares of a data-parallel
-    rollout); `model_mask` and `extra_fields` are kept when every part has them."""
+    rollout); `model_mask`, `extra_fields` and `token_versions` are kept when every part has them."""
     model_masks = [p.model_mask for p in parts if p.model_mask is not None]
     extra_fields = [p.extra_fields for p in parts if p.extra_fields is not None]
-    if len(model_masks) not in (0, len(parts)) or len(extra_fields) not in (0, len(parts)):
-        raise ValueError("some outputs carry model_mask or extra_fields and others do not")
+    versions = [p.token_versions for p in parts if p.token_versions is not None]
+    if any(len(kept) not in (0, len(parts)) for kept in (model_masks, extra_fields, versions)):
+        raise ValueError("some outputs carry model_mask, extra_fields or token_versions and others do not")
     return GenerationOutput(
         torch.cat([p.response_ids for p in parts]),
         torch.cat([p.response_mask for p in parts]),
@@ -109,6 +114,7 @@ def concat_outputs(parts: list[GenerationOutput]) -> GenerationOutput:
         [reason for p in parts for reason in p.finish_reasons],
         model_mask=torch.cat(model_masks) if model_masks else None,
         extra_fields=[field for fields in extra_fields for field in fields] if extra_fields else None,
+        token_versions=torch.cat(versions) if versions else None,
     )
 
 

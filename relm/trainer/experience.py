@@ -57,6 +57,7 @@ def build_rollout(
         ],
         finish_reasons=list(gen.finish_reasons),
         rollout_logprobs=gen.logprobs.float().cpu(),
+        token_versions=None if gen.token_versions is None else gen.token_versions.cpu(),
     )
 
 

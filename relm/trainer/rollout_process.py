@@ -9,12 +9,15 @@ that produced it, into the bounded buffer (a `multiprocessing` queue of `max_ver
 
 Weights arrive on a thread that receives every message the trainer sends (`relm.distributed.weight_channel`)
 and keeps only the newest, so the trainer's sends complete while this process generates; a generation
-always starts from the newest weights that have arrived. A thread watches the parent (the trainer): when
+always starts from the newest weights that have arrived. With `async_training.partial_rollout` the engine
+generates in segments (`relm.rollout.partial.SegmentedEngine`) and loads newer weights between them, each
+token stamped with the version that sampled it. A thread watches the parent (the trainer): when
 it is gone, this process ends, so a killed trainer leaves no rollout process behind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -37,6 +40,8 @@ from relm.distributed.weight_channel import (
 from relm.errors import UserError
 from relm.learner.batch import Scored
 from relm.logs import setup_logging
+from relm.rollout.base import RolloutEngine
+from relm.rollout.partial import SegmentedEngine, segment_tokens, span_metrics, version_span
 from relm.trainer.collect import collect_experience
 from relm.trainer.components import build_rollout_side, pick_device
 
@@ -71,7 +76,8 @@ class FinishedBatch:
     step: int
     scored: Scored
     versions: torch.Tensor
-    """[N] int64: the weight version that generated each response (one per batch until partial rollouts)."""
+    """[N] int64: the weight version that generated each response; in a partial rollout its oldest token's
+    (the version it started under), which is what its staleness counts."""
     metrics: dict[str, float]
     """The rollout phase's metrics (`collect_experience`'s, `timing_s/gen`, the rollout side's wait)."""
     loader_state: dict[str, Any]
@@ -147,6 +153,29 @@ def rollout_process_main(args: RolloutProcessArgs, buffer: Any, taken: Any) -> N
         )
 
 
+class EngineWeights:
+    """The version of the weights the engine holds, and the loading of newer ones that have arrived."""
+
+    def __init__(self, engine: RolloutEngine, weights: LatestWeights, layout: WeightLayout) -> None:
+        self.engine = engine
+        self.weights = weights
+        self.layout = layout
+        self.version = -1
+
+    def load_newest(self, at_least: int) -> int:
+        """Load the newest weights received (waiting until they are version `at_least` or newer) unless the
+        engine holds them already; the version the engine then holds."""
+        newest, flat = self.weights.newest_from(at_least)
+        if newest != self.version:
+            self.engine.sync_weights(self.layout.unflatten(flat))
+            self.version = newest
+        return self.version
+
+    def refresh(self) -> int:
+        """Between a partial rollout's segments: whatever newer weights have arrived, without waiting."""
+        return self.load_newest(self.version)
+
+
 def _generate_steps(args: RolloutProcessArgs, buffer: Any) -> None:
     spec = args.spec
     max_behind = spec.asynchronous.max_versions_behind
@@ -156,14 +185,20 @@ def _generate_steps(args: RolloutProcessArgs, buffer: Any) -> None:
     # The trainer sends its starting weights as version first_step - 1, then one version after each step
     # but the last: the last step's weights generate no batch.
     weights = LatestWeights(group, args.layout, last_version=args.last_step - 1)
-    version, waited = -1, 0.0
+    held = EngineWeights(sources.engine, weights, args.layout)
+    if spec.asynchronous.partial_rollout:
+        segmented = SegmentedEngine(
+            sources.engine,
+            pad_token_id=sources.tokenizer.pad_token_id,
+            segment_tokens=segment_tokens(spec.data.max_response_length),
+            refresh=held.refresh,
+        )
+        sources = dataclasses.replace(sources, engine=segmented)
+    waited = 0.0
     for step in range(args.first_step, args.last_step + 1):
         start = time.perf_counter()
-        newest, flat = weights.newest_from(step - 1 - max_behind)
+        held.load_newest(step - 1 - max_behind)
         waited += time.perf_counter() - start
-        if newest != version:
-            sources.engine.sync_weights(args.layout.unflatten(flat))
-            version = newest
         prompts = sources.loader.next_batch()
         metrics: dict[str, float] = {}
         start = time.perf_counter()
@@ -172,10 +207,16 @@ def _generate_steps(args: RolloutProcessArgs, buffer: Any) -> None:
             sources.engine.release_memory()
         metrics["timing_s/gen"] = time.perf_counter() - start
         metrics["fully_async/rollouter_wait_s"] = waited
+        token_versions = scored.rollout.token_versions
+        if token_versions is None:
+            versions = torch.full((len(scored.rollout),), held.version, dtype=torch.int64)
+        else:
+            versions, newest = version_span(token_versions)
+            metrics.update(span_metrics(versions, newest))
         batch = FinishedBatch(
             step=step,
             scored=scored,
-            versions=torch.full((len(scored.rollout),), version, dtype=torch.int64),
+            versions=versions,
             metrics=metrics,
             loader_state=sources.loader.state_dict(),
         )

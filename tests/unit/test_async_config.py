@@ -60,13 +60,12 @@ def test_what_the_rollout_process_does_not_carry_is_refused(override: str, culpr
     check_async_training(_cfg(override))  # without async_training.enable nothing here is refused
 
 
-@pytest.mark.parametrize("enable", ["true", "false"])
-def test_partial_rollout_is_refused_in_one_line_with_exit_code_2(
-    enable: str, capsys: pytest.CaptureFixture[str], tmp_path
+def test_partial_rollout_without_async_training_is_refused_in_one_line_with_exit_code_2(
+    capsys: pytest.CaptureFixture[str], tmp_path
 ):
     code = main(
         [
-            f"async_training.enable={enable}",
+            "async_training.enable=false",
             "async_training.partial_rollout=true",
             f"trainer.default_local_dir={tmp_path}",
         ]
@@ -74,6 +73,8 @@ def test_partial_rollout_is_refused_in_one_line_with_exit_code_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: `async_training.partial_rollout=true`"), err
+    assert "async_training.enable=true" in err[0]
+    check_async_training(_cfg("async_training.enable=true", "async_training.partial_rollout=true"))
 
 
 def test_staleness_metrics_count_versions_behind_the_trained_weights():

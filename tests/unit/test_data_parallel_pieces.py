@@ -177,5 +177,10 @@ def test_concat_outputs_keeps_the_multi_turn_fields_of_every_share_and_refuses_a
     assert whole.finish_reasons == ["stop"] * 3
     plain = concat_outputs([GenerationOutput.empty(3), GenerationOutput.empty(3)])
     assert plain.model_mask is None and plain.extra_fields is None and plain.response_ids.shape == (0, 3)
-    with pytest.raises(ValueError, match="model_mask or extra_fields"):
+    with pytest.raises(ValueError, match="model_mask, extra_fields or token_versions"):
         concat_outputs([share(1, "a"), GenerationOutput.empty(3)])
+    versioned = GenerationOutput.empty(3)
+    versioned.token_versions = torch.zeros(0, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="token_versions"):
+        concat_outputs([versioned, GenerationOutput.empty(3)])
+    assert concat_outputs([versioned, versioned]).token_versions is not None
