@@ -96,10 +96,13 @@ class AsyncRollout:
             sender = WeightSender(group, layout)
             sender.send(first_step - 1, c.weight_sync.tensors())
             rollout = AsyncRollout(c, process, buffer, sender, last_step)
+            period = spec.asynchronous.trigger_parameter_sync_step  # checked at start: one step's updates
             logger.info(
                 "asynchronous training: rollout process %d generates up to %d step(s) ahead (async_training."
-                "staleness_threshold=%s); a trained batch is at most %d weight version(s) old%s",
+                "staleness_threshold=%s); a trained batch is at most %d weight version(s) old; weights go to it "
+                "after every step (trigger_parameter_sync_step=%s x require_batches=%d mini-batches)%s",
                 process.pid, max_behind, spec.asynchronous.staleness_threshold, max_behind,
+                "unset" if period is None else period, spec.asynchronous.require_batches,
                 "; batches not trained before the stop are regenerated from this checkpoint" if first_step > 1 else "",
             )  # fmt: skip
             yield rollout

@@ -88,6 +88,8 @@ WITH: dict[str, list[str]] = {
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null"
     ],
     "algorithm.rollout_correction.bypass_mode": [],
+    # a size splits only where it divides the ranks (else it falls back to 1 with a line)
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": ["trainer.n_gpus_per_node=8"],
     "data.custom_cls.name": ["data.custom_cls.path=/tmp/dataset.py"],
     "data.custom_cls.path": ["data.custom_cls.name=MyDataset"],
     # the teachers are read only with distillation on, which needs a teacher
@@ -253,7 +255,9 @@ def test_the_five_once_ignored_keys_act_or_warn():
     assert isinstance(TABLE["critic.model.tokenizer_path"], Ignored)
     _, warnings = load_config_with_warnings(["critic.model.tokenizer_path=/tmp/tok"])
     assert any("critic.model.tokenizer_path" in line for line in warnings)
-    cfg, _ = load_config_with_warnings(["actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    cfg, _ = load_config_with_warnings(
+        ["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"]
+    )
     spec, unused = translate(cfg)
     assert spec.engine.tensor_parallel_size == 2
     assert not any("tensor_model_parallel_size" in line for line in unused)
