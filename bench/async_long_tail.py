@@ -9,7 +9,7 @@ of an asynchronous run generates the next step during this step's update. Each r
 per process (`OMP_NUM_THREADS=1`), so on a 2-core machine the asynchronous run's two processes have a core
 each, and the synchronous run one core. Runs one after the other; steps 2..N count (step 1 carries start-up).
 
-Usage (repository root): .venv/bin/python bench/async_long_tail.py [--steps 20] [--bounds 1,2] [--out DIR]
+Usage (repository root): .venv/bin/python bench/async_long_tail.py [--steps 20] [--bounds 1,2] [--out DIR] [--device cpu]
 """
 
 from __future__ import annotations
@@ -73,9 +73,12 @@ def main() -> int:
     parser.add_argument("--bounds", default="1", help="staleness thresholds of the asynchronous runs")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="outputs/async-long-tail")
+    parser.add_argument(
+        "--device", default="cpu", help="trainer.device of every run (cpu: the issue's measurement)"
+    )
     args = parser.parse_args()
     out = Path(args.out)
-    seed = [f"seed={args.seed}"]
+    seed = [f"seed={args.seed}", f"trainer.device={args.device}"]
     rows = [run("sync", seed, args.steps, out)]
     for bound in args.bounds.split(","):
         async_keys = ["async_training.enable=true", f"async_training.staleness_threshold={bound}"]
