@@ -58,12 +58,7 @@ def test_dapo_rewards_with_overlong_penalty_match_verl(verl):
     encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     assert all(1 <= len(ids) <= MAX_RESPONSE_LENGTH for ids in encoded)
     num_rows = len(texts)
-    response_ids = torch.full((num_rows, MAX_RESPONSE_LENGTH), tokenizer.pad_token_id)
-    response_mask = torch.zeros(num_rows, MAX_RESPONSE_LENGTH, dtype=torch.long)
-    for row, ids in enumerate(encoded):
-        response_ids[row, : len(ids)] = torch.tensor(ids)
-        response_mask[row, : len(ids)] = 1
-    prompt_ids = torch.tensor(tokenizer("1+1?", add_special_tokens=False)["input_ids"]).repeat(num_rows, 1)
+    response_ids, response_mask, prompt_ids = _padded_batch(tokenizer, encoded)
 
     data = DataProto.from_dict(
         tensors={
@@ -145,12 +140,7 @@ def test_gdpo_manager_passes_a_custom_scorer_what_verls_does(verl_gdpo):
     texts, references = random_responses(rng, 24)
     encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     num_rows = len(texts)
-    response_ids = torch.full((num_rows, MAX_RESPONSE_LENGTH), tokenizer.pad_token_id)
-    response_mask = torch.zeros(num_rows, MAX_RESPONSE_LENGTH, dtype=torch.long)
-    for row, ids in enumerate(encoded):
-        response_ids[row, : len(ids)] = torch.tensor(ids)
-        response_mask[row, : len(ids)] = 1
-    prompt_ids = torch.tensor(tokenizer("1+1?", add_special_tokens=False)["input_ids"]).repeat(num_rows, 1)
+    response_ids, response_mask, prompt_ids = _padded_batch(tokenizer, encoded)
     sources = [rng.choice(["tool_use", "math_dapo"]) for _ in range(num_rows)]
     infos = [rng.choice([{}, {"index": row, "split": "train"}, {"experiment_name": "the row's"}]) for row in
              range(num_rows)]  # fmt: skip
@@ -188,3 +178,14 @@ def test_gdpo_manager_passes_a_custom_scorer_what_verls_does(verl_gdpo):
     # (verl also files a plain-number score as `acc`; relm's managers report only the dict's numbers.)
     column = [out["reward_extra_info"].get("format_reward", float("nan")) for out in expected]
     assert np.allclose(scored.extra["format_reward"], column, equal_nan=True)
+
+
+def _padded_batch(tokenizer, encoded: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Responses right-padded to MAX_RESPONSE_LENGTH, their mask, and one prompt ("1+1?") per row."""
+    response_ids = torch.full((len(encoded), MAX_RESPONSE_LENGTH), tokenizer.pad_token_id)
+    response_mask = torch.zeros(len(encoded), MAX_RESPONSE_LENGTH, dtype=torch.long)
+    for row, ids in enumerate(encoded):
+        response_ids[row, : len(ids)] = torch.tensor(ids)
+        response_mask[row, : len(ids)] = 1
+    prompt = torch.tensor(tokenizer("1+1?", add_special_tokens=False)["input_ids"])
+    return response_ids, response_mask, prompt.repeat(len(encoded), 1)
