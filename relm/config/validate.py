@@ -435,16 +435,20 @@ def group_of_one_warnings(cfg: RelmConfig) -> list[str]:
     under examples/rollout_correction leave `n` at its default 1), each response measured against a
     baseline of 0, so relm trains it too and says what the advantage then is."""
     estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
-    distill = cfg.distillation
-    if estimator not in GROUP_ESTIMATORS or estimator == "grpo_passk" or n >= 2:
+    if estimator not in GROUP_ESTIMATORS or estimator == "grpo_passk" or n >= 2 or not _advantages_train(cfg):
         return []
-    if distill.enabled and not distill.distillation_loss.use_task_rewards:
-        return []  # the advantages train nothing
     baseline = "0 (verl's vectorised RLOO)" if estimator == "rloo_vectorized" else "its raw score, as in verl"
     return [
         f"`actor_rollout_ref.rollout.n={n}`: `{estimator}` compares responses to the same prompt, and each "
         f"prompt has one, so each response's advantage is {baseline}; set n >= 2 for a group baseline"
     ]
+
+
+def _advantages_train(cfg: RelmConfig) -> bool:
+    """False when distilling without the task's loss: the estimator's advantages then train nothing (verl's
+    OPD scripts run grpo at n=1 so)."""
+    distill = cfg.distillation
+    return not (distill.enabled and not distill.distillation_loss.use_task_rewards)
 
 
 def _check_batches(cfg: RelmConfig) -> None:
@@ -455,10 +459,7 @@ def _check_batches(cfg: RelmConfig) -> None:
             f"`data.train_batch_size={train}` x `rollout.n={n}` = {train * n} responses do not split evenly "
             f"over {ranks} GPUs; make the product a multiple of {ranks}"
         )
-    distill = cfg.distillation
-    advantages_train = not (distill.enabled and not distill.distillation_loss.use_task_rewards)
-    # Distilling without the task's loss, the estimator's advantages train nothing (verl's OPD scripts: grpo, n=1).
-    if cfg.algorithm.adv_estimator == "grpo_passk" and n < 2 and advantages_train:
+    if cfg.algorithm.adv_estimator == "grpo_passk" and n < 2 and _advantages_train(cfg):
         raise UserError(
             f"`actor_rollout_ref.rollout.n={n}`: `grpo_passk` rewards the best of a prompt's responses, so it "
             f"needs n >= 2 (verl's stops too)"
